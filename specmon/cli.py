@@ -1,0 +1,331 @@
+"""The `specmon` command line: ingest, summary, check, theory, simulate, demo, serve.
+
+Exit codes: 0 success; 1 the data says no (a file rejected, a segment at risk or losing); 2 an error
+(bad arguments, unreadable database, nothing to judge).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from specmon import __version__, demo, sampler, summary, theory
+from specmon.faults import SpecmonError
+from specmon.ingest import FORMATS, ingest_file
+from specmon.steplog import DEFAULT_SUM_TOLERANCE
+from specmon.store import DB_ENV, DEFAULT_DB, Store
+
+EXIT_OK, EXIT_FINDING, EXIT_ERROR = 0, 1, 2
+_PAPER_P = "0.38,0.22,0.16,0.12,0.08,0.04"
+_PAPER_Q = "0.30,0.20,0.20,0.10,0.14,0.06"
+
+
+def _err(msg: str) -> None:
+    print(f"specmon: {msg}", file=sys.stderr)
+
+
+def _open_store(args: argparse.Namespace, *, with_demo: bool = False) -> Store:
+    store = Store(args.db)
+    if with_demo and not args.no_demo and demo.ensure_demo(store):
+        _err(f"{store.path} was empty: loaded the demo data (run {demo.DEMO_RUN!r}); it hides once you ingest a log")
+    return store
+
+
+def _progress_bar(label: str):
+    from tqdm import tqdm
+
+    bar = tqdm(total=0, unit="B", unit_scale=True, desc=label, file=sys.stderr, leave=False, disable=None)
+
+    def update(done: int, total: int) -> None:
+        bar.total = total
+        bar.n = done
+        bar.refresh()
+
+    return bar, update
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    status = EXIT_OK
+    with _open_store(args) as store:
+        for path in args.paths:
+            spooled = None
+            name = path
+            if path == "-":
+                # Standard input is spooled to a file: hashing (re-ingest detection) and DuckDB's readers need one.
+                fd, spooled = tempfile.mkstemp(prefix="specmon-stdin-")
+                with os.fdopen(fd, "wb") as out:
+                    shutil.copyfileobj(sys.stdin.buffer, out)
+                path, name = spooled, "<stdin>"
+            bar, update = _progress_bar(Path(name).name)
+            try:
+                result = ingest_file(
+                    store, path, name=name, run=args.run or ("stdin" if spooled else None), template=args.template,
+                    skip_bad=args.skip_bad, report_path=args.report, fmt=args.format, sum_tol=args.sum_tol,
+                    progress=update,
+                )
+            finally:
+                bar.close()
+                if spooled:
+                    os.unlink(spooled)
+            if args.json:
+                print(json.dumps(result.as_dict()))
+            elif result.status == "stored":
+                print(f"{name}: stored {result.steps} steps, {result.positions} drafted positions "
+                      f"in run {result.run!r}" + (f"; {result.rejected} rows rejected, see {result.report_path}"
+                                                  if result.rejected else ""))
+            elif result.status == "already ingested":
+                print(f"{name}: already ingested (same content); nothing changed")
+            if result.status == "rejected":
+                status = EXIT_FINDING
+                _err(f"{name}: rejected, nothing stored ({result.fault_count} fault(s); "
+                     "fix them, or pass --skip-bad to store the good rows)")
+                for fault in result.faults:
+                    _err(f"  {fault}")
+                if result.fault_count > len(result.faults):
+                    _err(f"  ... and {result.fault_count - len(result.faults)} more")
+            for note in result.notes:
+                _err(f"{name}: note: {note}")
+    return status
+
+
+def _fmt(x: float | None, spec: str = ".3f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _print_table(rows: list[dict]) -> None:
+    head = ("run", "template", "day", "k", "steps", "alpha [95% CI]", "beta", "L", "c", "alpha*", "1+kc", "status")
+    table = [head]
+    for r in rows:
+        beta = _fmt(r["beta"]) if r["beta"] is not None else (
+            f"[{_fmt(r['beta_lo'])},{_fmt(r['beta_hi'])}]" if r["beta_lo"] is not None else "-")
+        table.append((
+            r["run"], r["template"] or "-", r["day"] or "-", str(r["k"] or "-"), str(r["steps"]),
+            f"{_fmt(r['alpha'])} [{_fmt(r['alpha_lo'])},{_fmt(r['alpha_hi'])}]", beta, _fmt(r["tokens_per_step"], ".2f"),
+            _fmt(r["c"]), _fmt(r["break_even_alpha"]), _fmt(r["break_even_tokens"], ".2f"), r["status"],
+        ))
+    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+
+
+def cmd_summary(args: argparse.Namespace) -> int:
+    with _open_store(args, with_demo=True) as store:
+        rows = summary.summarize(store, by=args.by, c=args.c)
+        if rows and rows[0]["demo"]:
+            _err("showing the demo data: nothing of your own is ingested yet")
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    elif not rows:
+        print("no data: ingest a step log first (specmon ingest FILE)")
+    else:
+        _print_table(rows)
+        print("alpha: per-token acceptance, 95% Wilson interval widened for clustering by request. "
+              "beta: predicted acceptance (an interval where only top-k logprobs were logged). "
+              "L: tokens per step. alpha*, 1+kc: break-even.")
+    return EXIT_OK
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    with _open_store(args) as store:
+        rows = summary.summarize(store, by="template", c=args.c)
+    if not rows or rows[0]["demo"]:
+        _err(f"nothing to check: {store.path} holds no steps of your own (specmon ingest FILE)")
+        return EXIT_ERROR
+    unknown = [r for r in rows if r["status"] == "unknown"]
+    bad = [r for r in rows if r["status"] in ("at risk", "losing")]
+    if args.json:
+        print(json.dumps([{k: r[k] for k in ("run", "template", "status", "alpha", "alpha_lo", "alpha_hi",
+                                                "break_even_alpha", "c", "k")} for r in rows], indent=2))
+    for r in bad:
+        where = f"run {r['run']!r}, template {r['template'] or '-'!r}"
+        print(f"{r['status'].upper()}: {where}: alpha = {r['alpha']:.3f} [95% CI {r['alpha_lo']:.3f}, "
+              f"{r['alpha_hi']:.3f}] vs break-even alpha* = {_fmt(r['break_even_alpha'])} at k = {r['k']}, "
+              f"c = {r['c']:.3f}", file=sys.stderr if args.json else sys.stdout)
+    if unknown:
+        for r in unknown:
+            _err(f"cannot judge run {r['run']!r}, template {r['template'] or '-'!r}: no draft/target timings "
+                 "in the log, so the draft cost c is unknown; pass --c")
+        return EXIT_ERROR
+    if bad:
+        return EXIT_FINDING
+    if not args.json:
+        print(f"all {len(rows)} segment(s) healthy: acceptance is above break-even")
+    return EXIT_OK
+
+
+def cmd_theory(args: argparse.Namespace) -> int:
+    ks = list(range(1, args.k_max + 1))
+    print(f"speedup S(alpha, k, c = {args.c:g}) under the i.i.d. model; best k per alpha")
+    print("alpha  " + " ".join(f"k={k:<5d}" for k in ks) + "  best k  speedup")
+    for alpha in np.round(np.arange(0.1, 1.0, 0.05), 2):
+        s = [theory.speedup(alpha, k, args.c) for k in ks]
+        k_best, s_best = theory.best_k(alpha, args.c, args.k_max)
+        verdict = f"{k_best:<6d}  {s_best:.2f}x" if s_best > 1 else "none    (every k loses)"
+        print(f"{alpha:5.2f}  " + " ".join(f"{x:<7.2f}" for x in s) + f"  {verdict}")
+    print(f"\nbreak-even at c = {args.c:g}: alpha* (S = 1) and tokens per step 1 + k*c")
+    for k in ks:
+        a = theory.break_even_alpha(k, args.c)
+        a_txt = "none (c > 1: no alpha pays)" if a != a else f"{a:.3f}"
+        print(f"  k={k}: alpha* = {a_txt}, 1+kc = {theory.break_even_tokens(k, args.c):.2f}")
+    return EXIT_OK
+
+
+def _distribution(text: str, flag: str) -> np.ndarray:
+    try:
+        v = np.array([float(x) for x in text.split(",")])
+    except ValueError:
+        raise SpecmonError(f"{flag}: expected comma-separated probabilities, got {text!r}") from None
+    if (v < 0).any() or abs(v.sum() - 1) > 1e-6:
+        raise SpecmonError(f"{flag}: probabilities must be >= 0 and sum to 1 (they sum to {v.sum():g})")
+    return v
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    p, q = _distribution(args.p, "--p"), _distribution(args.q, "--q")
+    if p.shape != q.shape:
+        raise SpecmonError(f"--p has {len(p)} tokens, --q has {len(q)}: they must share a vocabulary")
+    records = sampler.simulate_fixed_pair(p, q, args.k, args.cycles, np.random.default_rng(args.seed),
+                                          template=args.template, distributions=args.distributions, topk=args.topk)
+    if args.out and args.out != "-":
+        with open(args.out, "wb") as out:
+            n = sampler.write_step_log(records, out)
+    else:
+        n = sampler.write_step_log(records, sys.stdout.buffer)
+        sys.stdout.buffer.flush()
+    _err(f"simulated {n} steps: beta = {theory.beta(p, q):.4f}, expected tokens per step at k = {args.k}: "
+         f"{theory.expected_tokens(theory.beta(p, q), args.k):.4f}")
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    if args.write_log:
+        with open(args.write_log, "wb") as out:
+            n = demo.write_demo_log(out)
+        print(f"wrote {n} steps to {args.write_log}")
+        return EXIT_OK
+    with Store(args.db) as store:
+        result = demo.load_demo(store)
+    print(f"{store.path}: demo data {result.status} (run {demo.DEMO_RUN!r}, {result.steps} steps)")
+    return EXIT_OK
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    app = Path(__file__).resolve().parent.parent / "app.py"
+    if not app.is_file():
+        raise SpecmonError(f"cannot find the app at {app}; run specmon serve from a checkout of the project")
+    env = dict(os.environ)
+    if args.db:
+        env[DB_ENV] = args.db
+    cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.address", args.address,
+           "--server.port", str(args.port), "--server.headless", "true"]
+    return subprocess.call(cmd, env=env)
+
+
+def _positive_int(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
+def _cost(text: str) -> float:
+    v = float(text)
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"c is a cost ratio >= 0, got {text}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="specmon", description="Is speculative decoding paying off? Acceptance, break-even and drift.",
+        epilog=f"The database is --db, else ${DB_ENV}, else ./{DEFAULT_DB}.")
+    parser.add_argument("--version", action="version", version=f"specmon {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    db = argparse.ArgumentParser(add_help=False)
+    db.add_argument("--db", help=f"DuckDB file (default: ${DB_ENV}, else ./{DEFAULT_DB})")
+
+    p = sub.add_parser("ingest", parents=[db], help="store step logs (JSONL, or flat CSV/Parquet)",
+                       description="Store step logs. Each file is one transaction: a file with any fault stores "
+                                   "nothing (exit 1) unless --skip-bad. Re-ingesting the same content is a no-op.")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="files to ingest; - reads standard input")
+    p.add_argument("--run", help="run to store into (default: the file name without extension)")
+    p.add_argument("--template", help="template for steps whose log line names none")
+    p.add_argument("--skip-bad", action="store_true", help="store the good rows; write rejected ones to --report")
+    p.add_argument("--report", help="where --skip-bad writes rejected rows (default: ./FILE.rejected.jsonl)")
+    p.add_argument("--format", choices=FORMATS, help="skip format detection")
+    p.add_argument("--sum-tol", type=float, default=DEFAULT_SUM_TOLERANCE,
+                   help=f"how far a distribution may sum from 1 (default {DEFAULT_SUM_TOLERANCE:g})")
+    p.add_argument("--json", action="store_true", help="one JSON object per file on stdout")
+    p.set_defaults(func=cmd_ingest)
+
+    p = sub.add_parser("summary", parents=[db], help="acceptance, break-even and status per segment",
+                       description="Per segment: alpha with a cluster-robust 95% interval, predicted beta, "
+                                   "per-position rates, tokens per step, c, break-even and status. Shows the demo "
+                                   "data while nothing of your own is ingested.")
+    p.add_argument("--json", action="store_true", help="a JSON array of segment objects (keys in the README)")
+    p.add_argument("--by", choices=summary.GROUPINGS, default="template", help="segment by run, run+template "
+                   "(default), or run+template+day")
+    p.add_argument("--c", type=_cost, help="draft cost / target cost, overriding the one measured from timings")
+    p.add_argument("--no-demo", action="store_true", help="do not load the demo data into an empty database")
+    p.set_defaults(func=cmd_summary)
+
+    p = sub.add_parser("check", parents=[db], help="exit 1 if any segment is at risk or losing (for cron and CI)",
+                       description="Exit 0: every segment healthy. 1: some segment at risk or losing (printed). "
+                                   "2: error, or c unknown for a segment (pass --c).")
+    p.add_argument("--c", type=_cost, help="draft cost / target cost, overriding the measured one")
+    p.add_argument("--json", action="store_true", help="statuses as JSON on stdout")
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("theory", help="speedup table, best k and break-even for a draft cost c",
+                       description="The i.i.d. model's speedup S = (1 - a^(k+1)) / ((1 - a)(1 + k c)).")
+    p.add_argument("--c", type=_cost, required=True, help="draft step cost / target step cost")
+    p.add_argument("--k-max", type=_positive_int, default=8, help="largest draft length to consider (default 8)")
+    p.set_defaults(func=cmd_theory)
+
+    p = sub.add_parser("simulate", help="write a step log of a simulated fixed (p, q) pair",
+                       description="Run Leviathan's Algorithm 1 on one fixed target/draft pair and write a step "
+                                   "log (JSON Lines) to stdout or --out. Pipe it into specmon ingest -.")
+    p.add_argument("--cycles", type=_positive_int, default=50000, help="verification steps (default 50000)")
+    p.add_argument("--k", type=_positive_int, default=4, help="draft length (default 4)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--p", default=_PAPER_P, help=f"target distribution (default {_PAPER_P})")
+    p.add_argument("--q", default=_PAPER_Q, help=f"draft distribution (default {_PAPER_Q})")
+    p.add_argument("--distributions", choices=sampler.DISTRIBUTION_MODES, default="dense",
+                   help="what to log per position: full p and q, top-k logprobs, beta only, or none")
+    p.add_argument("--topk", type=_positive_int, default=20, help="logprobs per position with --distributions topk")
+    p.add_argument("--template", default="sim")
+    p.add_argument("--out", help="output file (default stdout)")
+    p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("demo", parents=[db], help="load the demo data (or write its step log)",
+                       description="Load data/demo_steplog.jsonl as the demo run; --write-log regenerates it.")
+    p.add_argument("--write-log", metavar="PATH", help="write the demo step log from its seed instead")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("serve", parents=[db], help="start the dashboard (streamlit run app.py)")
+    p.add_argument("--port", type=int, default=8501)
+    p.add_argument("--address", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.set_defaults(func=cmd_serve)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except SpecmonError as exc:
+        _err(str(exc))
+        return EXIT_ERROR
+    except BrokenPipeError:
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

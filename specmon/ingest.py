@@ -1,0 +1,305 @@
+"""Ingest a log file into the store: detect its format, validate it, and store it in one transaction.
+
+A file is all-or-nothing: on any fault nothing of it is stored, unless skip_bad is set, in which case the good
+rows are stored and the rejected ones are written, with their reasons, to a report file. A file whose bytes
+were ingested before (same sha256) is a no-op. JSON Lines stream through in batches, so memory stays bounded
+by the batch size, not the file size.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import orjson
+import pyarrow as pa
+
+from specmon import flatlog, steplog
+from specmon.faults import Fault, RowFault, SpecmonError
+from specmon.store import Store, get_or_create_run, get_or_create_segment, next_step_id
+
+FORMATS = ("steplog-jsonl", "flat-csv", "flat-parquet")
+MAX_FAULTS_KEPT = 20
+_BATCH_STEPS = 16384
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass
+class IngestResult:
+    file: str
+    status: str  # "stored", "already ingested" or "rejected"
+    source_format: str
+    run: str = ""
+    rows_read: int = 0
+    steps: int = 0
+    positions: int = 0
+    rejected: int = 0
+    fault_count: int = 0
+    faults: list[Fault] = field(default_factory=list)  # the first MAX_FAULTS_KEPT
+    notes: list[str] = field(default_factory=list)
+    report_path: str | None = None
+
+    def as_dict(self) -> dict:
+        d = {k: v for k, v in self.__dict__.items() if k != "faults"}
+        d["faults"] = [f.as_dict() for f in self.faults]
+        return d
+
+
+class _Rejected(Exception):
+    """Raised inside the transaction to roll a faulty file back."""
+
+
+def detect_format(path: str) -> str:
+    """Tell a step log's form from the file's first bytes: Parquet magic, a JSON object, or CSV text."""
+    with open(path, "rb") as fh:
+        head = fh.read(4096)
+    if head.startswith(b"PAR1"):
+        return "flat-parquet"
+    if head.lstrip()[:1] in (b"{", b""):
+        return "steplog-jsonl"
+    return "flat-csv"
+
+
+def file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _utc_now() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+class _StepBatch:
+    """Columns of steps and positions gathered in Python and appended to DuckDB as Arrow tables."""
+
+    STEP_COLUMNS = (
+        "step_id", "ingest_id", "segment_id", "request_id", "ts", "ts_inferred", "k", "g", "accepted", "checked",
+        "temperature", "target_ms", "draft_ms", "beta_lo_sum", "beta_hi_sum", "emitted_tokens", "pit_below",
+        "pit_mass", "extra",
+    )
+    STEP_SCHEMA = pa.schema([
+        ("step_id", pa.int64()), ("ingest_id", pa.int32()), ("segment_id", pa.int32()), ("request_id", pa.string()),
+        ("ts", pa.timestamp("us")), ("ts_inferred", pa.bool_()), ("k", pa.int32()), ("g", pa.int32()),
+        ("accepted", pa.int32()), ("checked", pa.int32()), ("temperature", pa.float64()),
+        ("target_ms", pa.float64()), ("draft_ms", pa.float64()), ("beta_lo_sum", pa.float64()),
+        ("beta_hi_sum", pa.float64()), ("emitted_tokens", pa.list_(pa.int32())),
+        ("pit_below", pa.list_(pa.float64())), ("pit_mass", pa.list_(pa.float64())), ("extra", pa.string()),
+    ])
+    POSITION_SCHEMA = pa.schema([
+        ("step_id", pa.int64()), ("segment_id", pa.int32()), ("position", pa.int16()), ("draft_token", pa.int32()),
+        ("checked", pa.bool_()), ("accepted", pa.bool_()), ("beta_lo", pa.float64()), ("beta_hi", pa.float64()),
+        ("p_token", pa.float64()), ("q_token", pa.float64()),
+    ])
+
+    def __init__(self) -> None:
+        self.steps = {c: [] for c in self.STEP_SCHEMA.names}
+        self.pos = {c: [] for c in self.POSITION_SCHEMA.names}
+
+    def __len__(self) -> int:
+        return len(self.steps["step_id"])
+
+    def add(self, s: steplog.Step, step_id: int, ingest_id: int, segment_id: int, ts: datetime, inferred: bool) -> None:
+        g, checked = s.g, s.checked
+        lo_sum = hi_sum = None
+        if s.beta_lo is not None:
+            lo_sum = sum(s.beta_lo[:checked])
+            hi_sum = sum(s.beta_hi[:checked])
+        for col, value in zip(self.STEP_COLUMNS, (
+            step_id, ingest_id, segment_id, s.request_id, ts, inferred, s.k, g, s.accepted, checked,
+            s.temperature, s.target_ms, s.draft_ms, lo_sum, hi_sum, s.emitted_tokens, s.pit_below, s.pit_mass,
+            s.extra,
+        )):
+            self.steps[col].append(value)
+        if not g:
+            return
+        none = [None] * g
+        p = self.pos
+        p["step_id"] += [step_id] * g
+        p["segment_id"] += [segment_id] * g
+        p["position"] += range(1, g + 1)
+        p["draft_token"] += s.draft_tokens
+        p["checked"] += [i < checked for i in range(g)]
+        p["accepted"] += [i < s.accepted for i in range(g)]
+        p["beta_lo"] += s.beta_lo if s.beta_lo is not None else none
+        p["beta_hi"] += s.beta_hi if s.beta_hi is not None else none
+        p["p_token"] += s.p_token if s.p_token is not None else none
+        p["q_token"] += s.q_token if s.q_token is not None else none
+
+    def flush(self, cur) -> int:
+        """Append the gathered rows; returns how many positions were written."""
+        steps = pa.Table.from_pydict(self.steps, schema=self.STEP_SCHEMA)
+        positions = pa.Table.from_pydict(self.pos, schema=self.POSITION_SCHEMA)
+        cur.register("batch_steps", steps)
+        cur.register("batch_positions", positions)
+        cols = ", ".join(self.STEP_COLUMNS)
+        cur.execute(f"INSERT INTO steps ({cols}) SELECT {cols} FROM batch_steps")
+        cur.execute("INSERT INTO positions SELECT * FROM batch_positions")
+        cur.unregister("batch_steps")
+        cur.unregister("batch_positions")
+        n = positions.num_rows
+        self.__init__()
+        return n
+
+
+def _ingest_jsonl(cur, path, name, result, *, ingest_id, run_id, default_template, skip_bad, sum_tol,
+                  rejected_out, progress, ingest_time):
+    total = os.path.getsize(path)
+    segments: dict[str, int] = {}
+    step_id = next_step_id(cur)
+    batch = _StepBatch()
+    done = 0
+    inferred = 0
+    writing = True
+    with open(path, "rb") as fh:
+        for line_no, raw in enumerate(fh, start=1):
+            done += len(raw)
+            if not raw.strip():
+                continue
+            result.rows_read += 1
+            try:
+                try:
+                    obj = orjson.loads(raw)
+                except orjson.JSONDecodeError as exc:
+                    raise RowFault("", f"invalid JSON ({exc})") from None
+                step = steplog.parse_step(obj, sum_tol)
+            except RowFault as fault:
+                result.fault_count += 1
+                if len(result.faults) < MAX_FAULTS_KEPT:
+                    result.faults.append(Fault(name, line_no, fault.field, fault.reason))
+                if skip_bad:
+                    result.rejected += 1
+                    rejected_out.append({"file": name, "line": line_no, "field": fault.field, "reason": fault.reason,
+                                         "raw": raw.decode("utf-8", "replace").rstrip("\n")})
+                else:
+                    writing = False  # keep validating to report more faults, but store nothing
+                continue
+            if not writing:
+                continue
+            template = step.template if step.template is not None else default_template
+            seg = segments.get(template)
+            if seg is None:
+                seg = segments[template] = get_or_create_segment(cur, run_id, template)
+            ts = step.ts
+            if ts is None:
+                ts = ingest_time
+                inferred += 1
+            batch.add(step, step_id, ingest_id, seg, ts, step.ts is None)
+            step_id += 1
+            if len(batch) >= _BATCH_STEPS:
+                result.steps += len(batch)
+                result.positions += batch.flush(cur)
+                if progress:
+                    progress(done, total)
+    if writing and len(batch):
+        result.steps += len(batch)
+        result.positions += batch.flush(cur)
+    if progress:
+        progress(total, total)
+    return inferred
+
+
+def _ingest_flat(cur, path, fmt, name, result, *, ingest_id, run_id, default_template, skip_bad,
+                 rejected_out, progress, ingest_time):
+    try:
+        flat, faults = flatlog.load(cur, path, fmt, name)
+    except Exception as exc:  # DuckDB's reader errors name the problem; put the file in front of it
+        raise _Rejected([Fault(name, 0, "", f"cannot read as {fmt}: {str(exc).splitlines()[0]}")]) from None
+    if flat is None:
+        raise _Rejected(faults)
+    result.rows_read = flat.rows + len(faults)
+    if flat.ignored_columns:
+        result.notes.append(f"columns not in the flat form were ignored: {', '.join(flat.ignored_columns)}")
+    row_faults = flatlog.check(cur, flat, name)
+    all_faults = faults + row_faults
+    result.fault_count = len(all_faults)
+    result.faults = all_faults[:MAX_FAULTS_KEPT]
+    if all_faults and not skip_bad:
+        raise _Rejected(all_faults)
+    for fault in faults:  # unreadable lines never reached a table
+        rejected_out.append({**fault.as_dict(), "raw": None})
+    for line, field_name, reason, row in flatlog.reject_bad_steps(cur):
+        rejected_out.append({"file": name, "line": line, "field": field_name, "reason": reason, "raw": row})
+    result.rejected = len(rejected_out)
+    steps, positions, inferred = flatlog.insert(
+        cur, ingest_id=ingest_id, default_template=default_template, first_step_id=next_step_id(cur),
+        ingest_time=ingest_time.isoformat(), segment_for=lambda t: get_or_create_segment(cur, run_id, t),
+    )
+    result.steps, result.positions = steps, positions
+    if progress:
+        progress(1, 1)
+    return inferred
+
+
+def ingest_file(
+    store: Store,
+    path: str,
+    *,
+    name: str | None = None,
+    run: str | None = None,
+    template: str | None = None,
+    skip_bad: bool = False,
+    report_path: str | None = None,
+    fmt: str | None = None,
+    sum_tol: float = steplog.DEFAULT_SUM_TOLERANCE,
+    progress: Progress | None = None,
+    demo: bool = False,
+) -> IngestResult:
+    """Ingest one file as one transaction. `name` is how messages refer to it (default: the path)."""
+    name = name or path
+    if not os.path.isfile(path):
+        raise SpecmonError(f"{name}: no such file")
+    fmt = fmt or detect_format(path)
+    if fmt not in FORMATS:
+        raise SpecmonError(f"{name}: unknown format {fmt!r} (known: {', '.join(FORMATS)})")
+    run = run or Path(name).stem or "default"
+    result = IngestResult(file=name, status="stored", source_format=fmt, run=run)
+    sha = file_sha256(path)
+    rejected_out: list[dict] = []
+    ingest_time = _utc_now()
+    default_template = template or ""
+    try:
+        with store.transaction() as cur:
+            if cur.execute("SELECT 1 FROM ingests WHERE sha256 = ?", [sha]).fetchone():
+                result.status = "already ingested"
+                result.notes.append("this exact file content was ingested before; nothing changed")
+                return result
+            run_id = get_or_create_run(cur, run, "steplog", demo, None)
+            ingest_id = cur.execute(
+                "INSERT INTO ingests (file_name, sha256, ingested_at, source_format, run_id, rows_read, steps, "
+                "positions, rejected) VALUES (?, ?, ?, ?, ?, 0, 0, 0, 0) RETURNING ingest_id",
+                [Path(name).name, sha, ingest_time, fmt, run_id],
+            ).fetchone()[0]
+            common = dict(ingest_id=ingest_id, run_id=run_id, default_template=default_template,
+                          skip_bad=skip_bad, rejected_out=rejected_out, progress=progress, ingest_time=ingest_time)
+            if fmt == "steplog-jsonl":
+                inferred = _ingest_jsonl(cur, path, name, result, sum_tol=sum_tol, **common)
+                if result.fault_count and not skip_bad:
+                    raise _Rejected(result.faults)
+            else:
+                inferred = _ingest_flat(cur, path, fmt, name, result, **common)
+            if inferred:
+                result.notes.append(f"{inferred} steps had no ts; the ingest time {ingest_time:%Y-%m-%d %H:%M:%S} UTC was used")
+            if rejected_out:
+                result.report_path = report_path or f"{Path(name).name}.rejected.jsonl"
+                with open(result.report_path, "wb") as out:
+                    for rec in rejected_out:
+                        out.write(orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE))
+            cur.execute(
+                "UPDATE ingests SET rows_read = ?, steps = ?, positions = ?, rejected = ?, notes = ? WHERE ingest_id = ?",
+                [result.rows_read, result.steps, result.positions, result.rejected,
+                 "; ".join(result.notes) or None, ingest_id],
+            )
+    except _Rejected as rej:
+        faults = rej.args[0]
+        result.status = "rejected"
+        result.fault_count = max(result.fault_count, len(faults))
+        result.faults = faults[:MAX_FAULTS_KEPT]
+        result.steps = result.positions = 0
+    return result

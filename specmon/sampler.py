@@ -1,0 +1,123 @@
+"""Leviathan et al.'s Algorithm 1 on numpy arrays, and a simulator that writes a step log.
+
+The simulator is how specmon checks itself: with one fixed (p, q) pair every quantity in math.md has a known
+value (beta, alpha, tokens per step, the distribution of emitted tokens), so the whole pipeline from step log
+to summary can be tested against theory.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import IO
+
+import numpy as np
+import orjson
+
+from specmon import theory
+
+DISTRIBUTION_MODES = ("dense", "topk", "beta", "none")
+
+
+@dataclass(frozen=True)
+class StepResult:
+    draft_tokens: list[int]
+    accepted: int
+    emitted_tokens: list[int]
+
+
+def sample(row: np.ndarray, rng: np.random.Generator) -> int:
+    """One token from a probability row (inverse-CDF, one uniform draw)."""
+    cdf = np.cumsum(row)
+    return min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), len(row) - 1)
+
+
+def verify(draft: list[int], p_rows: np.ndarray, q_rows: np.ndarray, rng: np.random.Generator) -> StepResult:
+    """The target's check of g drafted tokens (Algorithm 1, lines after the parallel target pass).
+
+    p_rows has g + 1 rows (the last one for the bonus token), q_rows has g rows. Position i is accepted while
+    r_i <= p_i(x_i) / q_i(x_i); the first rejected position is resampled from norm(max(0, p_i - q_i)).
+    """
+    g = len(draft)
+    if p_rows.shape[0] < g + 1 or q_rows.shape[0] < g:
+        raise ValueError(f"need {g + 1} target rows and {g} draft rows, got {p_rows.shape[0]} and {q_rows.shape[0]}")
+    for i, tok in enumerate(draft):
+        if rng.random() * q_rows[i, tok] > p_rows[i, tok]:
+            fix = sample(theory.residual(p_rows[i], q_rows[i]), rng)
+            return StepResult(list(draft), i, list(draft[:i]) + [fix])
+    return StepResult(list(draft), g, list(draft) + [sample(p_rows[g], rng)])
+
+
+def speculative_step(p_rows: np.ndarray, q_rows: np.ndarray, rng: np.random.Generator) -> StepResult:
+    """Draft one token per q row from the draft distribution, then verify them against p."""
+    draft = [sample(row, rng) for row in q_rows]
+    return verify(draft, p_rows, q_rows, rng)
+
+
+def _topk_logprobs(row: np.ndarray, k: int) -> dict[str, float]:
+    idx = np.argsort(-row, kind="stable")[:k]
+    return {str(int(i)): math.log(row[i]) for i in idx if row[i] > 0}
+
+
+def simulate_fixed_pair(
+    p: np.ndarray,
+    q: np.ndarray,
+    k: int,
+    cycles: int,
+    rng: np.random.Generator,
+    *,
+    steps_per_request: int = 50,
+    template: str | None = "sim",
+    distributions: str = "dense",
+    topk: int = 20,
+    start: datetime = datetime(2026, 1, 1, tzinfo=timezone.utc),
+    step_seconds: float = 0.05,
+) -> Iterator[dict]:
+    """Run `cycles` speculative steps of one fixed (p, q) pair with draft length k; yield step-log records.
+
+    distributions: "dense" logs the full p (k + 1 rows) and q (k rows), "topk" their top-`topk` logprobs,
+    "beta" only the per-position beta, "none" nothing beyond tokens and acceptance.
+    """
+    if distributions not in DISTRIBUTION_MODES:
+        raise ValueError(f"distributions must be one of {DISTRIBUTION_MODES}, got {distributions!r}")
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    p = np.asarray(p, dtype=float)
+    q = np.asarray(q, dtype=float)
+    p_rows = np.tile(p, (k + 1, 1))
+    q_rows = np.tile(q, (k, 1))
+    extra: dict = {}
+    if distributions == "dense":
+        extra = {"target_probs": p_rows.tolist(), "draft_probs": q_rows.tolist()}
+    elif distributions == "topk":
+        extra = {
+            "target_logprobs": [_topk_logprobs(p, topk)] * (k + 1),
+            "draft_logprobs": [_topk_logprobs(q, topk)] * k,
+        }
+    elif distributions == "beta":
+        extra = {"beta": [theory.beta(p, q)] * k}
+    for i in range(cycles):
+        step = speculative_step(p_rows, q_rows, rng)
+        ts = start + timedelta(seconds=i * step_seconds)
+        record = {
+            "request_id": f"sim-{i // steps_per_request}",
+            "ts": ts.isoformat().replace("+00:00", "Z"),
+            "k": k,
+            "draft_tokens": step.draft_tokens,
+            "accepted": step.accepted,
+            "emitted_tokens": step.emitted_tokens,
+            **extra,
+        }
+        if template is not None:
+            record["template"] = template
+        yield record
+
+
+def write_step_log(records: Iterator[dict], out: IO[bytes]) -> int:
+    """Write records as JSON Lines; returns how many were written."""
+    n = 0
+    for rec in records:
+        out.write(orjson.dumps(rec, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE))
+        n += 1
+    return n

@@ -1,0 +1,273 @@
+"""specmon's step-log contract (shared/spec/formats.md §1): one JSON object per verification step.
+
+parse_step turns one decoded JSON object into a validated Step, or raises RowFault naming the field.
+The JSON Schema of the same contract ships as specmon/schema/steplog.schema.json.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+from specmon import theory
+from specmon.faults import RowFault
+
+SCHEMA_PATH = Path(__file__).parent / "schema" / "steplog.schema.json"
+
+KNOWN_FIELDS = frozenset(
+    {
+        "request_id", "draft_tokens", "accepted", "ts", "template", "k", "temperature",
+        "target_probs", "draft_probs", "target_logprobs", "draft_logprobs", "beta",
+        "target_ms", "draft_ms", "emitted_tokens",
+    }
+)
+
+# A logged distribution must sum to 1 within this (float32 softmax over a 150k vocabulary stays well inside).
+DEFAULT_SUM_TOLERANCE = 1e-3
+# Epoch values above this are not seconds (they would be after the year 5138): most likely milliseconds.
+_MAX_EPOCH_SECONDS = 1e11
+
+
+@dataclass(slots=True)
+class Step:
+    request_id: str
+    draft_tokens: list[int]
+    accepted: int
+    ts: datetime | None = None
+    template: str | None = None
+    k: int | None = None
+    temperature: float | None = None
+    beta_lo: list[float] | None = None  # per drafted position; equal to beta_hi where beta is exact
+    beta_hi: list[float] | None = None
+    p_token: list[float | None] | None = None  # p_i(x_i) and q_i(x_i) where the distributions say
+    q_token: list[float | None] | None = None
+    target_ms: float | None = None
+    draft_ms: float | None = None
+    emitted_tokens: list[int] | None = None
+    pit_below: list[float] | None = None  # F_t(x_t - 1) and p_t(x_t) of each emitted token, for the PIT
+    pit_mass: list[float] | None = None
+    extra: str | None = None  # unknown fields, as JSON
+
+    @property
+    def g(self) -> int:
+        return len(self.draft_tokens)
+
+    @property
+    def checked(self) -> int:
+        """Positions the target checked: the accepted prefix plus the first rejection, if any."""
+        return min(self.accepted + 1, len(self.draft_tokens))
+
+
+def _type_name(v: object) -> str:
+    return "null" if v is None else type(v).__name__
+
+
+def _is_int(v: object) -> bool:
+    return type(v) is int
+
+
+def _is_number(v: object) -> bool:
+    return (type(v) is int or type(v) is float) and math.isfinite(v)
+
+
+def _int_list(obj: dict, field: str) -> list[int]:
+    v = obj[field]
+    if type(v) is not list:
+        raise RowFault(field, f"expected a list of token ids, got {_type_name(v)}")
+    for i, t in enumerate(v):
+        if type(t) is not int or t < 0:
+            raise RowFault(field, f"item {i} is {t!r}; token ids are integers >= 0")
+    return v
+
+
+def _number(obj: dict, field: str, *, minimum: float = 0.0) -> float | None:
+    v = obj.get(field)
+    if v is None:
+        return None
+    if not _is_number(v) or v < minimum:
+        raise RowFault(field, f"expected a finite number >= {minimum:g}, got {v!r}")
+    return float(v)
+
+
+def parse_ts(v: object) -> datetime:
+    """An ISO-8601 string or epoch seconds, as a naive UTC datetime (naive ISO strings are taken as UTC)."""
+    if type(v) is str:
+        try:
+            ts = datetime.fromisoformat(v)
+        except ValueError:
+            raise RowFault("ts", f"{v!r} is not an ISO-8601 timestamp") from None
+        return ts.astimezone(timezone.utc).replace(tzinfo=None) if ts.tzinfo else ts
+    if _is_number(v):
+        if abs(v) > _MAX_EPOCH_SECONDS:
+            raise RowFault("ts", f"{v!r} is not epoch seconds (milliseconds? divide by 1000)")
+        return datetime.fromtimestamp(v, tz=timezone.utc).replace(tzinfo=None)
+    raise RowFault("ts", f"expected an ISO-8601 string or epoch seconds, got {_type_name(v)}")
+
+
+def _dense_rows(obj: dict, field: str, rows_allowed: tuple[int, ...], tol: float) -> np.ndarray:
+    v = obj[field]
+    if type(v) is not list:
+        raise RowFault(field, f"expected a list of probability lists, got {_type_name(v)}")
+    if len(v) not in rows_allowed:
+        want = " or ".join(str(n) for n in rows_allowed)
+        raise RowFault(field, f"has {len(v)} positions; draft_tokens implies {want}")
+    if not v:
+        return np.empty((0, 0))
+    try:
+        arr = np.array(v, dtype=np.float64)
+    except (ValueError, TypeError):
+        raise RowFault(field, "positions must be lists of numbers of one common length (the vocabulary)") from None
+    if arr.ndim != 2:
+        raise RowFault(field, "positions must be lists of numbers of one common length (the vocabulary)")
+    bad = ~np.isfinite(arr)
+    if bad.any():
+        i, j = np.argwhere(bad)[0]
+        raise RowFault(field, f"position {i + 1} has a NaN or infinite probability at token {j}")
+    if (arr < 0).any():
+        i, j = np.argwhere(arr < 0)[0]
+        raise RowFault(field, f"position {i + 1} has a negative probability {arr[i, j]:g} at token {j}")
+    sums = arr.sum(axis=1)
+    off = np.abs(sums - 1.0) > tol
+    if off.any():
+        i = int(np.argmax(off))
+        raise RowFault(field, f"position {i + 1} sums to {sums[i]:.6g}, not 1 (tolerance {tol:g})")
+    return arr
+
+
+def _topk_rows(obj: dict, field: str, rows_allowed: tuple[int, ...], tol: float) -> list[dict[str, float]]:
+    """Validate top-k logprob dicts and return them as {token: probability}."""
+    v = obj[field]
+    if type(v) is not list:
+        raise RowFault(field, f"expected a list of {{token_id: logprob}} objects, got {_type_name(v)}")
+    if len(v) not in rows_allowed:
+        want = " or ".join(str(n) for n in rows_allowed)
+        raise RowFault(field, f"has {len(v)} positions; draft_tokens implies {want}")
+    out = []
+    for i, d in enumerate(v):
+        if type(d) is not dict:
+            raise RowFault(field, f"position {i + 1} is {_type_name(d)}, expected a {{token_id: logprob}} object")
+        probs = {}
+        mass = 0.0
+        for tok, lp in d.items():
+            if not _is_number(lp) or lp > 1e-6:
+                raise RowFault(field, f"position {i + 1}, token {tok}: logprob {lp!r} is not a finite number <= 0")
+            pr = math.exp(lp)
+            probs[tok] = pr
+            mass += pr
+        if mass > 1.0 + tol:
+            raise RowFault(field, f"position {i + 1}: listed probabilities sum to {mass:.6g} > 1 (tolerance {tol:g})")
+        out.append(probs)
+    return out
+
+
+def parse_step(obj: object, sum_tol: float = DEFAULT_SUM_TOLERANCE) -> Step:
+    """Validate one decoded step-log object. Raises RowFault(field, reason) at the first fault."""
+    if type(obj) is not dict:
+        raise RowFault("", f"expected a JSON object per line, got {_type_name(obj)}")
+    for field in ("request_id", "draft_tokens", "accepted"):
+        if field not in obj:
+            raise RowFault(field, "required field is missing")
+    request_id = obj["request_id"]
+    if type(request_id) is not str or not request_id:
+        raise RowFault("request_id", f"expected a non-empty string, got {request_id!r}")
+    draft = _int_list(obj, "draft_tokens")
+    g = len(draft)
+    accepted = obj["accepted"]
+    if not _is_int(accepted):
+        raise RowFault("accepted", f"expected an integer, got {_type_name(accepted)} {accepted!r}")
+    if not 0 <= accepted <= g:
+        raise RowFault("accepted", f"{accepted} is outside 0..g (g = {g}, the length of draft_tokens)")
+    step = Step(request_id, draft, accepted)
+
+    if obj.get("ts") is not None:
+        step.ts = parse_ts(obj["ts"])
+    template = obj.get("template")
+    if template is not None:
+        if type(template) is not str:
+            raise RowFault("template", f"expected a string, got {_type_name(template)}")
+        step.template = template
+    k = obj.get("k")
+    if k is not None:
+        if not _is_int(k) or k < 1:
+            raise RowFault("k", f"expected an integer >= 1, got {k!r}")
+        if g > k:
+            raise RowFault("k", f"k = {k} but {g} tokens were drafted")
+        step.k = k
+    step.temperature = _number(obj, "temperature")
+    step.target_ms = _number(obj, "target_ms")
+    draft_ms = obj.get("draft_ms")
+    if type(draft_ms) is list:
+        if not all(_is_number(x) and x >= 0 for x in draft_ms):
+            raise RowFault("draft_ms", "expected a number or a list of numbers >= 0")
+        step.draft_ms = float(sum(draft_ms))
+    else:
+        step.draft_ms = _number(obj, "draft_ms")
+
+    p_dense = q_dense = None
+    if obj.get("target_probs") is not None:
+        p_dense = _dense_rows(obj, "target_probs", (g, g + 1), sum_tol)
+    if obj.get("draft_probs") is not None:
+        q_dense = _dense_rows(obj, "draft_probs", (g,), sum_tol)
+    for name, rows in (("target_probs", p_dense), ("draft_probs", q_dense)):
+        if rows is not None and g and rows.shape[1] <= max(draft):
+            raise RowFault(name, f"vocabulary of {rows.shape[1]} tokens, but draft token {max(draft)} was drafted")
+    if p_dense is not None and q_dense is not None and g and p_dense.shape[1] != q_dense.shape[1]:
+        raise RowFault("draft_probs", f"vocabulary of {q_dense.shape[1]}, target_probs has {p_dense.shape[1]}")
+
+    idx = np.arange(g)
+    if p_dense is not None and g:
+        step.p_token = p_dense[idx, draft].tolist()
+    if q_dense is not None and g:
+        step.q_token = q_dense[idx, draft].tolist()
+
+    if p_dense is not None and q_dense is not None:
+        b = theory.beta(p_dense[:g], q_dense).tolist() if g else []
+        step.beta_lo = step.beta_hi = b
+    elif obj.get("beta") is not None:
+        b = obj["beta"]
+        if type(b) is not list or len(b) != g:
+            raise RowFault("beta", f"expected a list of {g} numbers (one per drafted token)")
+        if not all(_is_number(x) and 0.0 <= x <= 1.0 for x in b):
+            raise RowFault("beta", "every value must be a number in [0, 1]")
+        step.beta_lo = step.beta_hi = [float(x) for x in b]
+
+    p_top = q_top = None
+    if obj.get("target_logprobs") is not None:
+        p_top = _topk_rows(obj, "target_logprobs", (g, g + 1), sum_tol)
+    if obj.get("draft_logprobs") is not None:
+        q_top = _topk_rows(obj, "draft_logprobs", (g,), sum_tol)
+    if p_top is not None and step.p_token is None:
+        step.p_token = [p_top[i].get(str(t)) for i, t in enumerate(draft)]
+    if q_top is not None and step.q_token is None:
+        step.q_token = [q_top[i].get(str(t)) for i, t in enumerate(draft)]
+    if p_top is not None and q_top is not None and step.beta_lo is None:
+        bounds = [theory.beta_bounds_from_topk_probs(p_top[i], q_top[i]) for i in range(g)]
+        step.beta_lo = [b[0] for b in bounds]
+        step.beta_hi = [b[1] for b in bounds]
+
+    if obj.get("emitted_tokens") is not None:
+        emitted = _int_list(obj, "emitted_tokens")
+        if len(emitted) > accepted + 1:
+            raise RowFault("emitted_tokens", f"{len(emitted)} tokens, but a step emits at most accepted + 1 = {accepted + 1}")
+        if emitted[:accepted] != draft[: min(accepted, len(emitted))]:
+            raise RowFault("emitted_tokens", "must begin with the accepted draft tokens")
+        step.emitted_tokens = emitted
+        # The emitted token at index j was drawn from target row j (accepted draft, correction or bonus).
+        emitted = emitted[: 0 if p_dense is None else p_dense.shape[0]]
+        if emitted:
+            rows = p_dense[: len(emitted)]
+            if max(emitted) >= p_dense.shape[1]:
+                raise RowFault("emitted_tokens", f"token {max(emitted)} is outside the vocabulary of {p_dense.shape[1]}")
+            j = np.arange(len(emitted))
+            mass = rows[j, emitted]
+            step.pit_below = (np.cumsum(rows, axis=1)[j, emitted] - mass).tolist()
+            step.pit_mass = mass.tolist()
+
+    unknown = obj.keys() - KNOWN_FIELDS
+    if unknown:
+        step.extra = orjson.dumps({key: obj[key] for key in sorted(unknown)}).decode()
+    return step

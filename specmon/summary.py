@@ -1,0 +1,223 @@
+"""Per-segment acceptance summaries: DuckDB does the aggregation, specmon.stats and specmon.theory the rest.
+
+A segment is a run and a template (optionally a day). For each it reports the four acceptance numbers of
+math.md kept apart: per-token alpha (with a cluster-robust interval, requests as clusters), the conditional and
+cumulative rates per position, and the tokens per step L; predicted beta beside them; the draft cost c and the
+break-even figures; and a status.
+"""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from specmon import stats, theory
+from specmon.store import Store
+
+GROUPINGS = ("run", "template", "day")
+STATUSES = ("healthy", "at risk", "losing", "unknown")
+CONFIDENCE = 0.95
+# |z| above this says observed and predicted acceptance differ beyond sampling noise (two-sided p ~ 0.003).
+GAP_Z_LIMIT = 3.0
+
+_KEYS = {"run": ("r.name", "NULL::VARCHAR", "NULL::DATE"),
+         "template": ("r.name", "sg.template", "NULL::DATE"),
+         "day": ("r.name", "sg.template", "st.ts::DATE")}
+
+_STEPS_SQL = """
+WITH s AS (
+    SELECT {run} AS run, {template} AS template, {day} AS day, r.demo, st.*
+    FROM steps st JOIN segments sg USING (segment_id) JOIN runs r USING (run_id)
+    WHERE r.demo = ?
+), per_request AS (
+    SELECT run, template, day, request_id,
+           count(*)::DOUBLE AS steps, sum(accepted)::DOUBLE AS accepted, sum(checked)::DOUBLE AS checked,
+           sum(accepted) FILTER (WHERE beta_lo_sum IS NOT NULL)::DOUBLE AS b_accepted,
+           sum(checked) FILTER (WHERE beta_lo_sum IS NOT NULL)::DOUBLE AS b_checked,
+           sum(beta_lo_sum) AS b_lo, sum(beta_hi_sum) AS b_hi
+    FROM s GROUP BY run, template, day, request_id
+), by_request AS (
+    SELECT run, template, day, count(*) AS requests,
+           sum(accepted * accepted) AS saa, sum(accepted * checked) AS san, sum(checked * checked) AS snn,
+           sum(b_checked) AS b_checked, sum(b_lo) AS b_lo, sum(b_hi) AS b_hi,
+           sum(b_accepted - b_lo) AS d_lo, sum(pow(b_accepted - b_lo, 2)) AS dd_lo,
+           sum(b_accepted - b_hi) AS d_hi, sum(pow(b_accepted - b_hi, 2)) AS dd_hi
+    FROM per_request GROUP BY run, template, day
+), by_step AS (
+    SELECT run, template, day, any_value(demo) AS demo,
+           count(*) AS steps, sum(g) AS drafted, sum(checked) AS checked, sum(accepted) AS accepted,
+           max(coalesce(k, g)) AS k, avg(g) AS mean_g,
+           median(draft_ms / g) FILTER (WHERE g > 0) AS draft_step_ms, median(target_ms) AS target_ms,
+           min(ts) AS first_ts, max(ts) AS last_ts, count(*) FILTER (WHERE ts_inferred) AS ts_inferred
+    FROM s GROUP BY run, template, day
+)
+SELECT b.*, q.* EXCLUDE (run, template, day) FROM by_step b JOIN by_request q
+  ON b.run = q.run AND b.template IS NOT DISTINCT FROM q.template AND b.day IS NOT DISTINCT FROM q.day
+ORDER BY b.run, b.template, b.day
+"""
+
+_POSITIONS_SQL = """
+SELECT {run} AS run, {template} AS template, {day} AS day, p.position,
+       count(*) FILTER (WHERE p.checked) AS checked, count(*) FILTER (WHERE p.accepted) AS accepted,
+       avg(p.beta_lo) FILTER (WHERE p.checked) AS beta_lo, avg(p.beta_hi) FILTER (WHERE p.checked) AS beta_hi
+FROM positions p JOIN segments sg USING (segment_id) JOIN runs r USING (run_id) {join_steps}
+WHERE r.demo = ?
+GROUP BY ALL ORDER BY 1, 2, 3, 4
+"""
+
+
+def _finite(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+def segment_status(alpha_lo: float, alpha_hi: float, break_even: float) -> str:
+    """healthy: alpha's interval lies above alpha*; losing: below it; at risk: it straddles alpha*.
+
+    break_even is nan where c > 1: then even perfect acceptance cannot pay for the drafts.
+    """
+    if math.isnan(break_even):
+        return "losing"
+    if alpha_lo > break_even:
+        return "healthy"
+    if alpha_hi < break_even:
+        return "losing"
+    return "at risk"
+
+
+def _gap(row: dict) -> tuple[float | None, str | None]:
+    """z of observed acceptance against predicted beta's interval (0 inside it); cluster-robust."""
+    if not row["b_checked"]:
+        return None, None
+    z_lo = stats.cluster_z(row["d_lo"], row["dd_lo"])
+    z_hi = stats.cluster_z(row["d_hi"], row["dd_hi"])
+    z = z_lo if z_lo < 0 else (z_hi if z_hi > 0 else 0.0)
+    if math.isnan(z):
+        return None, None
+    return _finite(z), "agrees" if abs(z) <= GAP_Z_LIMIT else "differs"
+
+
+def demo_only(store: Store) -> bool:
+    """Summaries show demo data only while the user has stored nothing of their own."""
+    return not store.has_user_data()
+
+
+def summarize(store: Store, by: str = "template", c: float | None = None) -> list[dict]:
+    """One dict per segment with the keys documented in the README (`specmon summary --json`)."""
+    if by not in GROUPINGS:
+        raise ValueError(f"by must be one of {GROUPINGS}, got {by!r}")
+    run_key, template_key, day_key = _KEYS[by]
+    demo = demo_only(store)
+    fmt = dict(run=run_key, template=template_key, day=day_key)
+    step_rows = store.query_df(_STEPS_SQL.format(**fmt), [demo]).to_dict("records")
+    join_steps = "JOIN steps st USING (step_id)" if by == "day" else ""
+    pos_df = store.query_df(_POSITIONS_SQL.format(join_steps=join_steps, **fmt), [demo])
+    per_position: dict[tuple, list[dict]] = {}
+    for rec in map(_clean, pos_df.to_dict("records")):
+        per_position.setdefault((rec["run"], rec["template"], rec["day"]), []).append(rec)
+    return [_segment(row, per_position.get((row["run"], row["template"], row["day"]), []), c, by)
+            for row in (_clean(r) for r in step_rows)]
+
+
+def _clean(row: dict) -> dict:
+    """pandas gives NaN/NaT/NA for SQL NULL; make them None."""
+    out = {}
+    for key, value in row.items():
+        try:
+            missing = value is None or value != value  # NaN, NaT and pd.NA are not equal to themselves
+        except TypeError:
+            missing = True
+        out[key] = None if missing else value
+    return out
+
+
+def _segment(row: dict, positions: list[dict], c_given: float | None, by: str) -> dict:
+    steps = int(row["steps"])
+    checked = int(row["checked"])
+    accepted = int(row["accepted"])
+    k = int(row["k"]) if row["k"] else None
+    interval = stats.cluster_robust_interval_from_sums(
+        int(row["requests"]), accepted, checked, row["saa"], row["san"], row["snn"], CONFIDENCE)
+    alpha = _finite(interval.estimate)
+    alpha_lo, alpha_hi = _finite(interval.lo), _finite(interval.hi)
+
+    b_checked = row["b_checked"] or 0
+    beta_lo = row["b_lo"] / b_checked if b_checked else None
+    beta_hi = row["b_hi"] / b_checked if b_checked else None
+    beta = beta_lo if beta_lo is not None and abs(beta_hi - beta_lo) < 1e-9 else None
+    gap_z, agreement = _gap(row)
+
+    measured_c = None
+    if row["draft_step_ms"] is not None and row["target_ms"]:
+        measured_c = row["draft_step_ms"] / row["target_ms"]
+    c = c_given if c_given is not None else measured_c
+    c_source = "given" if c_given is not None else ("measured" if measured_c is not None else None)
+    be_alpha = be_tokens = s_iid = s_measured = None
+    status = "unknown"
+    if c is not None and k:
+        be_alpha_raw = theory.break_even_alpha(k, c)
+        be_alpha = _finite(be_alpha_raw)
+        if alpha_lo is not None:
+            status = segment_status(alpha_lo, alpha_hi, be_alpha_raw)
+        be_tokens = theory.break_even_tokens(k, c)
+        if alpha is not None:
+            s_iid = float(theory.speedup(alpha, k, c))
+    tokens_per_step = 1.0 + accepted / steps if steps else None
+    if c is not None and tokens_per_step is not None:
+        # Model-free: measured tokens per step over the cost of the drafts actually made.
+        s_measured = tokens_per_step / (1.0 + row["mean_g"] * c)
+
+    deff = interval.design_effect if math.isfinite(interval.design_effect) else 1.0
+    pos_out = []
+    for p in positions:
+        cond_lo = cond_hi = None
+        if p["checked"]:
+            # Wilson at the segment's effective sample size: the per-request correlation widens every position.
+            n_eff = p["checked"] / deff
+            cond_lo, cond_hi = stats.wilson_interval(p["accepted"] / p["checked"] * n_eff, n_eff, CONFIDENCE)
+        p_lo, p_hi = p["beta_lo"], p["beta_hi"]
+        pos_out.append({
+            "position": int(p["position"]),
+            "checked": int(p["checked"]),
+            "accepted": int(p["accepted"]),
+            "conditional": p["accepted"] / p["checked"] if p["checked"] else None,
+            "conditional_lo": _finite(cond_lo),
+            "conditional_hi": _finite(cond_hi),
+            "cumulative": p["accepted"] / steps if steps else None,
+            "beta": _finite(p_lo) if p_lo is not None and p_hi is not None and abs(p_hi - p_lo) < 1e-9 else None,
+            "beta_lo": _finite(p_lo),
+            "beta_hi": _finite(p_hi),
+        })
+    return {
+        "run": row["run"],
+        "template": (row["template"] or None) if by != "run" else None,
+        "day": pd.Timestamp(row["day"]).date().isoformat() if row["day"] is not None else None,
+        "demo": bool(row["demo"]),
+        "k": k,
+        "steps": steps,
+        "requests": int(row["requests"]),
+        "drafted": int(row["drafted"]),
+        "checked": checked,
+        "accepted": accepted,
+        "alpha": alpha,
+        "alpha_lo": alpha_lo,
+        "alpha_hi": alpha_hi,
+        "design_effect": _finite(interval.design_effect),
+        "beta": _finite(beta),
+        "beta_lo": _finite(beta_lo),
+        "beta_hi": _finite(beta_hi),
+        "gap_z": gap_z,
+        "agreement": agreement,
+        "tokens_per_step": tokens_per_step,
+        "mean_draft_len": _finite(row["mean_g"]),
+        "c": _finite(c),
+        "c_source": c_source,
+        "break_even_alpha": be_alpha,
+        "break_even_tokens": be_tokens,
+        "speedup_iid": s_iid,
+        "speedup_measured": _finite(s_measured),
+        "status": status,
+        "first_ts": row["first_ts"].isoformat() if row["first_ts"] is not None else None,
+        "last_ts": row["last_ts"].isoformat() if row["last_ts"] is not None else None,
+        "ts_inferred_steps": int(row["ts_inferred"]),
+        "per_position": pos_out,
+    }

@@ -1,0 +1,136 @@
+"""The acceptance and economics formulas of speculative decoding (shared/spec/math.md).
+
+Pure functions on numbers and numpy arrays; no I/O. Sources: Leviathan, Kalman & Matias (arXiv:2211.17192),
+Chen et al. (arXiv:2302.01318).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from scipy.optimize import brentq
+
+ArrayLike = float | np.ndarray
+
+# Rows of a dense distribution are summed in blocks of this many rows, so the elementwise minimum never
+# materialises a full (rows x vocab) temporary: 64 rows of a 32k vocabulary stay in cache.
+_BETA_BLOCK_ROWS = 64
+
+
+def expected_tokens(alpha: ArrayLike, k: ArrayLike) -> ArrayLike:
+    """Tokens emitted per verification step under the i.i.d. model: (1 - alpha^(k+1)) / (1 - alpha).
+
+    At alpha = 1 every draft survives and the step emits k + 1 tokens.
+    """
+    a = np.asarray(alpha, dtype=float)
+    kk = np.asarray(k, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        e = np.where(a >= 1.0, kk + 1.0, (1.0 - a ** (kk + 1.0)) / (1.0 - a))
+    return e.item() if e.ndim == 0 else e
+
+
+def speedup(alpha: ArrayLike, k: ArrayLike, c: ArrayLike) -> ArrayLike:
+    """Walltime speedup over plain decoding: expected_tokens(alpha, k) / (1 + k*c)."""
+    s = np.asarray(expected_tokens(alpha, k)) / (1.0 + np.asarray(k, dtype=float) * np.asarray(c, dtype=float))
+    return s.item() if s.ndim == 0 else s
+
+
+def best_k(alpha: float, c: float, k_max: int = 8) -> tuple[int, float]:
+    """The draft length in 1..k_max with the highest speedup, and that speedup (which may be below 1)."""
+    if k_max < 1:
+        raise ValueError(f"k_max must be at least 1, got {k_max}")
+    ks = np.arange(1, k_max + 1)
+    s = np.asarray(speedup(alpha, ks, c))
+    i = int(np.argmax(s))
+    return int(ks[i]), float(s[i])
+
+
+def break_even_tokens(k: ArrayLike, c: ArrayLike) -> ArrayLike:
+    """Model-free break-even: a step must emit more than 1 + k*c tokens on average to pay for itself."""
+    t = 1.0 + np.asarray(k, dtype=float) * np.asarray(c, dtype=float)
+    return t.item() if t.ndim == 0 else t
+
+
+def break_even_alpha(k: int, c: float) -> float:
+    """The per-token acceptance alpha* at which speedup(alpha*, k, c) = 1.
+
+    0 at c = 0 (any acceptance wins); nan when even alpha = 1 loses (c > 1), since no alpha breaks even.
+    """
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    if c < 0 or not math.isfinite(c):
+        raise ValueError(f"c must be a finite cost ratio >= 0, got {c}")
+    if c == 0:
+        return 0.0
+    if speedup(1.0, k, c) < 1.0:
+        return math.nan
+    # S is increasing in alpha with S(0) = 1/(1+kc) < 1, so the root in (0, 1] is unique.
+    return float(brentq(lambda a: speedup(a, k, c) - 1.0, 0.0, 1.0, xtol=1e-12))
+
+
+def beta(p: np.ndarray, q: np.ndarray) -> np.ndarray | float:
+    """Probability that a token drawn from q is accepted against p: sum_x min(p(x), q(x)), per row."""
+    p = np.asarray(p)
+    q = np.asarray(q)
+    if p.shape != q.shape:
+        raise ValueError(f"p and q must have the same shape, got {p.shape} and {q.shape}")
+    if p.ndim == 1:
+        return float(np.minimum(p, q).sum())
+    rows = p.reshape(-1, p.shape[-1])
+    qrows = q.reshape(-1, q.shape[-1])
+    out = np.empty(rows.shape[0], dtype=np.result_type(rows.dtype, np.float32))
+    buf = np.empty((min(_BETA_BLOCK_ROWS, rows.shape[0]), rows.shape[1]), dtype=np.result_type(rows, qrows))
+    for start in range(0, rows.shape[0], _BETA_BLOCK_ROWS):
+        stop = min(start + _BETA_BLOCK_ROWS, rows.shape[0])
+        block = buf[: stop - start]
+        np.minimum(rows[start:stop], qrows[start:stop], out=block)
+        block.sum(axis=1, out=out[start:stop])
+    return out.reshape(p.shape[:-1])
+
+
+def beta_bounds_from_topk_probs(p_top: Mapping, q_top: Mapping) -> tuple[float, float]:
+    """beta's bounds from top-k *probabilities* {token: p}; see beta_bounds_topk."""
+    lo = p_mass = q_mass = 0.0
+    for tok in p_top.keys() & q_top.keys():
+        pp, qq = p_top[tok], q_top[tok]
+        lo += pp if pp < qq else qq
+        p_mass += pp
+        q_mass += qq
+    return lo, lo + max(min(1.0 - p_mass, 1.0 - q_mass), 0.0)
+
+
+def _probs(logprobs: Mapping) -> dict:
+    return {tok: math.exp(lp) for tok, lp in logprobs.items()}
+
+
+def beta_bounds_topk(
+    p_top: Mapping | Sequence[Mapping], q_top: Mapping | Sequence[Mapping]
+) -> tuple[float, float] | tuple[np.ndarray, np.ndarray]:
+    """Bounds on beta when only the top-k log-probabilities of p and q are known.
+
+    With S the tokens listed in both, beta lies in
+    [sum_S min(p, q), sum_S min(p, q) + min(1 - sum_S p, 1 - sum_S q)]: the unlisted mass of either side
+    caps what the rest of the vocabulary can add. Arguments are {token: logprob} mappings, or sequences of them
+    (one per position), which give arrays.
+    """
+    if isinstance(p_top, Mapping):
+        return beta_bounds_from_topk_probs(_probs(p_top), _probs(q_top))
+    if len(p_top) != len(q_top):
+        raise ValueError(f"p_top and q_top must have the same length, got {len(p_top)} and {len(q_top)}")
+    pairs = [beta_bounds_from_topk_probs(_probs(a), _probs(b)) for a, b in zip(p_top, q_top)]
+    arr = np.array(pairs, dtype=float).reshape(-1, 2)
+    return arr[:, 0], arr[:, 1]
+
+
+def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """The distribution a rejected position resamples from: norm(max(0, p - q)), per row.
+
+    Where p <= q everywhere (so rejection has probability 0) the residual is undefined; p is returned there,
+    which is what a sampler needs if rounding ever lands it in that branch.
+    """
+    p = np.asarray(p, dtype=float)
+    d = np.maximum(p - np.asarray(q, dtype=float), 0.0)
+    total = d.sum(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(total > 0, d / np.where(total > 0, total, 1.0), p)
