@@ -1,0 +1,38 @@
+"""Shared helpers for the benchmarks: machine description and peak memory of a child process."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+
+def machine() -> str:
+    import duckdb
+    import numpy
+
+    cpu = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as fh:
+            cpu = next(line.split(":", 1)[1].strip() for line in fh if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return (f"{cpu}, {os.cpu_count()} cores, {mem:.0f} GiB; Python {platform.python_version()}, "
+            f"numpy {numpy.__version__}, duckdb {duckdb.__version__}")
+
+
+def run_child(code: str) -> dict:
+    """Run Python code in a fresh process; it must print one JSON object. Adds wall seconds and peak RSS."""
+    wrapper = code + "\nimport resource, json as _j\nprint(_j.dumps({'peak_rss_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))"
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", wrapper], check=True, capture_output=True, text=True).stdout
+    wall = time.perf_counter() - t0
+    result = {}
+    for line in out.splitlines():
+        if line.startswith("{"):
+            result.update(json.loads(line))
+    result["wall_s"] = wall
+    return result

@@ -1,0 +1,1 @@
+"""The Streamlit dashboard: page functions that only lay out what specmon's modules compute."""

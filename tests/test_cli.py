@@ -1,0 +1,126 @@
+"""The CLI as a user meets it: separate processes, exit codes, messages on stderr."""
+import json
+import subprocess
+import sys
+
+import jsonschema
+import orjson
+import pytest
+
+from specmon import demo
+from specmon.steplog import SCHEMA_PATH
+
+SUMMARY_KEYS = {"run", "template", "k", "steps", "drafted", "checked", "accepted", "alpha", "alpha_lo", "alpha_hi",
+                "beta", "beta_lo", "beta_hi", "tokens_per_step", "c", "break_even_alpha", "break_even_tokens",
+                "status", "per_position"}
+POSITION_KEYS = {"position", "checked", "accepted", "conditional", "cumulative", "beta"}
+
+
+def run(cmd, *args, stdin=None):
+    return subprocess.run([*cmd, *args], input=stdin, capture_output=True, timeout=300)
+
+
+def test_simulate_pipe_ingest_reproduces_beta_and_tokens_per_step(tmp_path, specmon_cmd):
+    db = str(tmp_path / "s.duckdb")
+    sim = run(specmon_cmd, "simulate", "--cycles", "50000", "--seed", "3")
+    assert sim.returncode == 0 and b"beta = 0.8800" in sim.stderr
+    ing = run(specmon_cmd, "ingest", "--db", db, "-", stdin=sim.stdout)
+    assert ing.returncode == 0, ing.stderr
+    assert b"<stdin>: stored 50000 steps, 200000 drafted positions" in ing.stdout
+    out = run(specmon_cmd, "summary", "--db", db, "--json")
+    rows = json.loads(out.stdout)
+    assert len(rows) == 1 and SUMMARY_KEYS <= rows[0].keys()
+    seg = rows[0]
+    assert seg["beta"] == pytest.approx(0.88, abs=1e-9)
+    assert seg["tokens_per_step"] == pytest.approx(3.9356, abs=0.03)
+    assert seg["alpha_lo"] < 0.88 < seg["alpha_hi"] or abs(seg["alpha"] - 0.88) < 0.005
+    assert [p["position"] for p in seg["per_position"]] == [1, 2, 3, 4]
+    assert POSITION_KEYS <= seg["per_position"][0].keys()
+    # L = 1 + sum of cumulative rates, exactly
+    assert seg["tokens_per_step"] == pytest.approx(1 + sum(p["cumulative"] for p in seg["per_position"]))
+    assert seg["status"] == "unknown" and seg["c"] is None
+    again = run(specmon_cmd, "ingest", "--db", db, "-", stdin=sim.stdout)
+    assert again.returncode == 0 and b"already ingested" in again.stdout
+
+
+def test_ingest_exit_codes_and_messages(tmp_path, specmon_cmd):
+    db = str(tmp_path / "e.duckdb")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"request_id": "a", "draft_tokens": [1, 2], "accepted": 5}\n')
+    r = run(specmon_cmd, "ingest", "--db", db, str(bad))
+    assert r.returncode == 1
+    assert f"{bad}:1: field 'accepted': 5 is outside 0..g (g = 2".encode() in r.stderr
+    assert b"nothing stored" in r.stderr and b"Traceback" not in r.stderr
+    r = run(specmon_cmd, "ingest", "--db", db, str(tmp_path / "missing.jsonl"))
+    assert r.returncode == 2 and b"missing.jsonl: no such file" in r.stderr
+    r = run(specmon_cmd, "ingest", "--db", db, "--skip-bad", "--report", str(tmp_path / "rep.jsonl"), str(bad))
+    assert r.returncode == 0 and b"1 rows rejected" in r.stdout
+
+
+def test_check_exit_codes(tmp_path, specmon_cmd):
+    db = str(tmp_path / "c.duckdb")
+    r = run(specmon_cmd, "check", "--db", db)
+    assert r.returncode == 2 and b"holds no steps of your own" in r.stderr
+    sim = run(specmon_cmd, "simulate", "--cycles", "2000", "--distributions", "none").stdout
+    run(specmon_cmd, "ingest", "--db", db, "-", stdin=sim)
+    r = run(specmon_cmd, "check", "--db", db)
+    assert r.returncode == 2 and b"c is unknown; pass --c" in r.stderr
+    r = run(specmon_cmd, "check", "--db", db, "--c", "0.1")
+    assert r.returncode == 0 and b"healthy" in r.stdout
+    r = run(specmon_cmd, "check", "--db", db, "--c", "0.5")  # alpha* at k = 4, c = 0.5 is about 0.74 < 0.88
+    assert r.returncode == 0
+    r = run(specmon_cmd, "check", "--db", db, "--c", "0.9")  # alpha* about 0.94: losing
+    assert r.returncode == 1 and b"LOSING: run 'stdin'" in r.stdout
+    r = run(specmon_cmd, "check", "--db", db, "--c", "-1")
+    assert r.returncode == 2 and b"c is a cost ratio" in r.stderr
+
+
+def test_check_on_the_demo_template_change(tmp_path, specmon_cmd):
+    db = str(tmp_path / "d.duckdb")
+    r = run(specmon_cmd, "ingest", "--db", db, "--run", "prod", str(demo.DEMO_LOG))
+    assert r.returncode == 0
+    r = run(specmon_cmd, "check", "--db", db)
+    assert r.returncode == 1
+    assert b"LOSING: run 'prod', template 'v2'" in r.stdout and b"'v1'" not in r.stdout
+
+
+def test_summary_loads_the_demo_into_an_empty_database(tmp_path, specmon_cmd):
+    db = str(tmp_path / "new.duckdb")
+    r = run(specmon_cmd, "summary", "--db", db)
+    assert r.returncode == 0 and b"loaded the demo data" in r.stderr and b"demo (synthetic)" in r.stdout
+    rows = json.loads(run(specmon_cmd, "summary", "--db", db, "--json").stdout)
+    assert {(s["template"], s["status"]) for s in rows} == {("v1", "healthy"), ("v2", "losing")}
+    assert all(s["demo"] for s in rows)
+    r = run(specmon_cmd, "summary", "--db", str(tmp_path / "empty.duckdb"), "--no-demo")
+    assert r.returncode == 0 and b"no data: ingest a step log first" in r.stdout
+
+
+def test_theory_table(specmon_cmd):
+    r = run(specmon_cmd, "theory", "--c", "0.1")
+    assert r.returncode == 0
+    assert b"k=2: alpha* = 0.171" in r.stdout and b"k=8: alpha* = 0.445" in r.stdout
+    assert b" 0.40  1.27    1.30" in r.stdout
+    r = run(specmon_cmd, "theory", "--c", "0.5", "--k-max", "3")
+    assert b"0.40  0.93" in r.stdout and b"every k loses" in r.stdout
+
+
+def test_every_command_has_help(specmon_cmd):
+    for command in ("ingest", "summary", "check", "theory", "simulate", "demo", "serve"):
+        r = run(specmon_cmd, command, "--help")
+        assert r.returncode == 0 and b"usage: specmon " + command.encode() in r.stdout
+    r = run(specmon_cmd, "simulate", "--k", "0")
+    assert r.returncode == 2 and b"must be at least 1" in r.stderr
+
+
+def test_demo_log_is_reproducible_and_valid(tmp_path, specmon_cmd):
+    out = tmp_path / "demo.jsonl"
+    r = run(specmon_cmd, "demo", "--write-log", str(out))
+    assert r.returncode == 0
+    assert out.read_bytes() == demo.DEMO_LOG.read_bytes()
+    schema = json.loads(SCHEMA_PATH.read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    lines = out.read_bytes().splitlines()
+    for line in lines[:: max(1, len(lines) // 300)]:
+        validator.validate(orjson.loads(line))
+    with pytest.raises(jsonschema.ValidationError):
+        validator.validate({"request_id": "a", "draft_tokens": ["x"], "accepted": 0})

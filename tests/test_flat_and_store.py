@@ -1,0 +1,146 @@
+"""The flat form (CSV, Parquet), the schema's migrations, and queries that never paste user text into SQL."""
+import duckdb
+import numpy as np
+import pandas as pd
+import pytest
+
+from specmon import sampler, store as store_mod
+from specmon.faults import SpecmonError
+from specmon.ingest import ingest_file
+from specmon.store import Store
+from specmon.summary import summarize
+from conftest import PAPER_P, PAPER_Q
+
+
+def flat_rows(n_steps=2000, seed=0):
+    """The fixed pair's steps, flattened to one row per drafted position."""
+    rows = []
+    for i, rec in enumerate(sampler.simulate_fixed_pair(PAPER_P, PAPER_Q, 4, n_steps, np.random.default_rng(seed),
+                                                        distributions="none")):
+        for pos, tok in enumerate(rec["draft_tokens"], start=1):
+            rows.append({"request_id": rec["request_id"], "ts": rec["ts"], "template": "flat", "step": i,
+                         "position": pos, "draft_token": tok, "accepted": pos <= rec["accepted"], "beta": 0.88})
+    return pd.DataFrame(rows)
+
+
+def counts(store):
+    return store.query("SELECT (SELECT count(*) FROM ingests), (SELECT count(*) FROM steps), (SELECT count(*) FROM positions)")[0]
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_flat_form_round_trips_to_the_same_summary_as_jsonl(store, tmp_path, fmt):
+    df = flat_rows()
+    path = tmp_path / f"flat.{fmt}"
+    df.to_csv(path, index=False) if fmt == "csv" else df.to_parquet(path)
+    res = ingest_file(store, str(path))
+    assert (res.status, res.source_format, res.steps, res.positions) == ("stored", f"flat-{fmt}", 2000, 8000)
+    seg = summarize(store)[0]
+    accepted = df.groupby("step")["accepted"].sum()
+    assert seg["accepted"] == accepted.sum()
+    assert seg["checked"] == np.minimum(accepted + 1, 4).sum()
+    assert seg["beta"] == pytest.approx(0.88)
+    assert seg["tokens_per_step"] == pytest.approx(1 + accepted.mean())
+
+
+def test_zero_based_positions_are_shifted(store, tmp_path):
+    df = flat_rows(50)
+    df["position"] -= 1
+    df.to_csv(tmp_path / "zero.csv", index=False)
+    ingest_file(store, str(tmp_path / "zero.csv"))
+    assert store.query("SELECT min(position), max(position) FROM positions")[0] == (1, 4)
+
+
+def set_cell(row, column, value):
+    def mutate(df):
+        df = df.astype({column: object})
+        df.loc[row, column] = value
+        return df
+    return mutate
+
+
+# (label, mutation, CSV line of the fault: data row + 2 for the header, field, reason)
+CSV_FAULTS = [
+    ("bad int", set_cell(5, "step", "five"), 7, "step", "expected an integer, got five"),
+    ("bad bool", set_cell(2, "accepted", "maybe"), 4, "accepted", "expected true or false, got maybe"),
+    ("beta range", set_cell(3, "beta", 1.5), 5, "beta", "outside [0, 1]"),
+    ("not a prefix", set_cell(3, "accepted", True), 5, "accepted", "must be a prefix"),
+    ("bad ts", set_cell(9, "ts", "soon"), 11, "ts", "soon"),
+    ("duplicate position", set_cell(1, "position", 1), 3, "position", "appears twice"),
+]
+
+
+@pytest.mark.parametrize("label,mutate,line,field,reason", CSV_FAULTS, ids=[f[0] for f in CSV_FAULTS])
+def test_csv_faults_name_the_line_and_field(store, tmp_path, label, mutate, line, field, reason):
+    df = flat_rows(20)
+    df.loc[0:3, "accepted"] = [True, True, False, False]  # a step whose prefix the mutations can break
+    df = mutate(df)
+    path = tmp_path / "bad.csv"
+    df.to_csv(path, index=False)
+    res = ingest_file(store, str(path))
+    assert res.status == "rejected"
+    # A fault may cause others (a bad step number leaves a gap in its step): the direct one must be among them.
+    assert any((f.line, f.field) == (line, field) and reason in f.reason for f in res.faults), res.faults
+    assert str(res.faults[0]).startswith(f"{path}:")
+    assert counts(store) == (0, 0, 0)
+
+
+def test_csv_missing_column_and_unreadable_line(store, tmp_path):
+    (tmp_path / "nocol.csv").write_text("request_id,step,position,accepted\nr,0,1,true\n")
+    res = ingest_file(store, str(tmp_path / "nocol.csv"))
+    assert res.status == "rejected" and res.faults[0].field == "draft_token"
+    (tmp_path / "ragged.csv").write_text(
+        "request_id,step,position,draft_token,accepted\nr,0,1,5,true\nr,0,2,5,false,extra\nr,1,1,3,false\n")
+    res = ingest_file(store, str(tmp_path / "ragged.csv"))
+    assert res.status == "rejected" and res.faults[0].line == 3 and "unreadable CSV line" in res.faults[0].reason
+    res = ingest_file(store, str(tmp_path / "ragged.csv"), skip_bad=True, report_path=str(tmp_path / "rep.jsonl"))
+    # line 3 is unreadable; line 2 belongs to the same step and cannot stand alone? It can: step 0 is then g = 1.
+    assert res.status == "stored" and res.steps == 2 and res.rejected == 1
+    assert store.query("SELECT ts_inferred FROM steps LIMIT 1")[0][0] is True
+
+
+def test_skip_bad_drops_the_whole_step_of_a_bad_row(store, tmp_path):
+    df = flat_rows(10)
+    df.loc[5, "draft_token"] = -3
+    df.to_parquet(tmp_path / "bad.parquet")
+    report = tmp_path / "rep.jsonl"
+    res = ingest_file(store, str(tmp_path / "bad.parquet"), skip_bad=True, report_path=str(report))
+    assert (res.steps, res.rejected) == (9, 4)
+    lines = report.read_text().splitlines()
+    assert '"line":6' in lines[1] and "negative" in lines[1]  # Parquet: line = row number, from 1
+
+
+def test_migrations_upgrade_an_older_file_and_refuse_a_newer_one(tmp_path):
+    path = str(tmp_path / "old.duckdb")
+    con = store_mod.connect(path)
+    store_mod.migrate(con, path, upto=store_mod.SCHEMA_VERSION - 1)
+    assert store_mod.schema_version(con) == store_mod.SCHEMA_VERSION - 1
+    con.close()
+    with Store(path) as s:
+        assert store_mod.schema_version(s._conn) == store_mod.SCHEMA_VERSION
+    con = duckdb.connect(path)
+    con.execute("INSERT INTO schema_version VALUES (?, now()::TIMESTAMP)", [store_mod.SCHEMA_VERSION + 1])
+    con.close()
+    with pytest.raises(SpecmonError, match=r"schema version \d+ is newer than this specmon understands"):
+        Store(path)
+
+
+def test_user_text_is_data_not_sql(store, tmp_path):
+    evil = "x'; DROP TABLE steps; --"
+    path = tmp_path / "e.jsonl"
+    path.write_text('{"request_id": "a", "draft_tokens": [1], "accepted": 1}\n')
+    res = ingest_file(store, str(path), run=evil, template=evil)
+    assert res.status == "stored"
+    seg = summarize(store)[0]
+    assert (seg["run"], seg["template"]) == (evil, evil)
+    assert store.query("SELECT count(*) FROM steps")[0][0] == 1
+
+
+def test_demo_is_shown_only_until_the_user_stores_data(store, tmp_path):
+    from specmon import demo
+    demo.ensure_demo(store)
+    assert all(s["demo"] for s in summarize(store))
+    assert demo.ensure_demo(store) is None  # not loaded twice
+    path = tmp_path / "mine.jsonl"
+    path.write_text('{"request_id": "a", "draft_tokens": [1], "accepted": 1}\n')
+    ingest_file(store, str(path))
+    assert [s["run"] for s in summarize(store)] == ["mine"]

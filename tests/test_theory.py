@@ -1,0 +1,83 @@
+"""Reference values from math.md and from the literature."""
+import math
+
+import numpy as np
+import pytest
+
+from specmon import theory
+from conftest import PAPER_P, PAPER_Q
+
+
+def test_beta_of_the_paper_pair():
+    assert theory.beta(PAPER_P, PAPER_Q) == pytest.approx(0.88, abs=1e-12)
+    assert theory.expected_tokens(0.88, 4) == pytest.approx(3.9356, abs=1e-4)
+
+
+@pytest.mark.parametrize("alpha,k,expected", [(0.4, 2, 1.30), (0.4, 8, 0.93), (0.9, 8, 3.40)])
+def test_speedup_reference_values_at_c_0_1(alpha, k, expected):
+    assert theory.speedup(alpha, k, 0.10) == pytest.approx(expected, abs=0.005)
+
+
+@pytest.mark.parametrize("c,k,expected,tol", [
+    (0.10, 2, 0.171, 5e-4), (0.10, 4, 0.287, 5e-4), (0.10, 8, 0.445, 5e-4),
+    (0.30, 2, 0.42, 5e-3), (0.30, 4, 0.57, 5e-3), (0.30, 8, 0.72, 5e-3),
+])
+def test_break_even_alpha(c, k, expected, tol):
+    a = theory.break_even_alpha(k, c)
+    assert a == pytest.approx(expected, abs=tol)
+    assert theory.speedup(a, k, c) == pytest.approx(1.0, abs=1e-9)
+
+
+def test_best_k_at_c_0_3():
+    k, s = theory.best_k(0.8, 0.3)
+    assert (k, round(s, 2)) == (3, 1.55)
+    k, s = theory.best_k(0.9, 0.3)
+    assert (k, round(s, 2)) == (5, 1.87)
+
+
+def test_every_k_loses_at_alpha_0_4_c_0_5():
+    k, s = theory.best_k(0.4, 0.5)
+    assert k == 1 and s == pytest.approx(0.933, abs=5e-4) and s < 1
+
+
+def test_break_even_edges():
+    assert theory.break_even_alpha(4, 0.0) == 0.0
+    assert math.isnan(theory.break_even_alpha(4, 1.5))
+    assert theory.break_even_tokens(4, 0.25) == 2.0
+    assert theory.expected_tokens(1.0, 4) == 5.0
+    with pytest.raises(ValueError):
+        theory.break_even_alpha(0, 0.1)
+
+
+def test_expected_tokens_is_vectorised():
+    e = theory.expected_tokens(np.array([0.0, 0.5, 1.0]), 3)
+    np.testing.assert_allclose(e, [1.0, 1.875, 4.0])
+
+
+def test_beta_over_rows_matches_numpy_in_float32():
+    rng = np.random.default_rng(0)
+    p = rng.dirichlet(np.ones(1000), size=200).astype(np.float32)
+    q = rng.dirichlet(np.ones(1000), size=200).astype(np.float32)
+    np.testing.assert_allclose(theory.beta(p, q), np.minimum(p, q).sum(axis=1), rtol=1e-5)
+
+
+def test_topk_bounds_contain_the_exact_beta():
+    rng = np.random.default_rng(1)
+    p = rng.dirichlet(np.ones(50) * 0.3)
+    q = rng.dirichlet(np.ones(50) * 0.3)
+    exact = theory.beta(p, q)
+    for k in (1, 5, 20, 50):
+        top_p = {str(i): math.log(p[i]) for i in np.argsort(-p)[:k]}
+        top_q = {str(i): math.log(q[i]) for i in np.argsort(-q)[:k]}
+        lo, hi = theory.beta_bounds_topk(top_p, top_q)
+        assert lo - 1e-12 <= exact <= hi + 1e-12
+    assert lo == pytest.approx(exact) and hi == pytest.approx(exact)  # k = vocabulary: exact
+    los, his = theory.beta_bounds_topk([top_p, top_p], [top_q, top_p])
+    assert his[1] == pytest.approx(1.0) and los[0] == pytest.approx(exact)
+
+
+def test_residual_is_a_distribution_and_falls_back_to_p():
+    r = theory.residual(PAPER_P, PAPER_Q)
+    assert r.sum() == pytest.approx(1.0) and (r >= 0).all()
+    np.testing.assert_allclose(r, np.maximum(PAPER_P - PAPER_Q, 0) / 0.12)
+    np.testing.assert_allclose(theory.residual(PAPER_P, PAPER_P), PAPER_P)
