@@ -8,17 +8,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from specmon import __version__, demo, sampler, summary, theory
 from specmon.faults import SpecmonError
-from specmon.ingest import FORMATS, ingest_file
+from specmon.ingest import FORMATS, ingest_file, ingest_stream
 from specmon.steplog import DEFAULT_SUM_TOLERANCE
 from specmon.store import DB_ENV, DEFAULT_DB, Store
 
@@ -55,25 +53,18 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     status = EXIT_OK
     with _open_store(args) as store:
         for path in args.paths:
-            spooled = None
-            name = path
-            if path == "-":
-                # Standard input is spooled to a file: hashing (re-ingest detection) and DuckDB's readers need one.
-                fd, spooled = tempfile.mkstemp(prefix="specmon-stdin-")
-                with os.fdopen(fd, "wb") as out:
-                    shutil.copyfileobj(sys.stdin.buffer, out)
-                path, name = spooled, "<stdin>"
+            name = "<stdin>" if path == "-" else path
             bar, update = _progress_bar(Path(name).name)
+            options = dict(run=args.run or ("stdin" if path == "-" else None), template=args.template,
+                           skip_bad=args.skip_bad, report_path=args.report, fmt=args.format, sum_tol=args.sum_tol,
+                           progress=update)
             try:
-                result = ingest_file(
-                    store, path, name=name, run=args.run or ("stdin" if spooled else None), template=args.template,
-                    skip_bad=args.skip_bad, report_path=args.report, fmt=args.format, sum_tol=args.sum_tol,
-                    progress=update,
-                )
+                if path == "-":
+                    result = ingest_stream(store, sys.stdin.buffer, name, **options)
+                else:
+                    result = ingest_file(store, path, **options)
             finally:
                 bar.close()
-                if spooled:
-                    os.unlink(spooled)
             if args.json:
                 print(json.dumps(result.as_dict()))
             elif result.status == "stored":

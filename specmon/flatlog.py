@@ -140,18 +140,22 @@ def check(cur: duckdb.DuckDBPyConnection, flat: FlatFile, name: str) -> list[Fau
             )
     if "beta_lo" in cols and "beta_hi" in cols:
         checks.append("SELECT line, 'beta_lo', 'beta_lo exceeds beta_hi' FROM flat_typed WHERE beta_lo > beta_hi")
-    # Per step: no repeated position, positions base..base+g-1, accepted a prefix, one template.
+    # Per step, from one sort: no repeated position, positions base..base+g-1, accepted a prefix.
+    cur.execute(
+        "CREATE OR REPLACE TEMP TABLE flat_order AS SELECT line, request_id, step, position, accepted, "
+        "lag(position) OVER w AS prev_position, "
+        "bool_and(accepted) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before_ok "
+        "FROM flat_typed WHERE request_id IS NOT NULL AND step IS NOT NULL AND position IS NOT NULL "
+        "WINDOW w AS (PARTITION BY request_id, step ORDER BY position, line)"
+    )
     checks += [
         "SELECT line, 'position', 'position ' || position || ' appears twice in step ' || step || ' of request ' "
-        "|| request_id FROM (SELECT line, request_id, step, position, row_number() OVER "
-        "(PARTITION BY request_id, step, position ORDER BY line) AS dup FROM flat_typed) WHERE dup > 1",
+        "|| request_id FROM flat_order WHERE position = prev_position",
         f"SELECT min(line), 'position', 'positions of step ' || step || ' of request ' || request_id || ' are not "
-        f"{base}..g without gaps' FROM flat_typed WHERE request_id IS NOT NULL AND step IS NOT NULL "
-        f"GROUP BY request_id, step HAVING max(position) - {base} + 1 <> count(DISTINCT position)",
+        f"{base}..g without gaps' FROM flat_order GROUP BY request_id, step "
+        f"HAVING max(position) - {base} + 1 <> count(DISTINCT position)",
         "SELECT line, 'accepted', 'accepted at position ' || position || ' after a rejected position in step ' "
-        "|| step || ' (the accepted positions must be a prefix)' FROM (SELECT line, request_id, step, position, "
-        "accepted, bool_and(accepted) OVER (PARTITION BY request_id, step ORDER BY position ROWS BETWEEN UNBOUNDED "
-        "PRECEDING AND 1 PRECEDING) AS before_ok FROM flat_typed) WHERE accepted AND before_ok = false",
+        "|| step || ' (the accepted positions must be a prefix)' FROM flat_order WHERE accepted AND NOT before_ok",
     ]
     if "template" in cols:
         checks.append(

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
+from typing import IO
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -303,3 +306,24 @@ def ingest_file(
         result.faults = faults[:MAX_FAULTS_KEPT]
         result.steps = result.positions = 0
     return result
+
+
+def ingest_stream(store: Store, stream: IO[bytes], name: str, **options) -> IngestResult:
+    """Ingest an upload or standard input: spooled to a temporary file (hashing and DuckDB's readers need one),
+    ingested by ingest_file under `name`, then removed."""
+    fd, spooled = tempfile.mkstemp(prefix="specmon-upload-")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            shutil.copyfileobj(stream, out)
+        return ingest_file(store, spooled, name=name, **options)
+    finally:
+        os.unlink(spooled)
+
+
+def ingest_history(store: Store):
+    """Past ingests, newest first, as a DataFrame."""
+    return store.query_df(
+        "SELECT i.ingested_at, i.file_name, r.name AS run, r.demo, i.source_format, i.rows_read, i.steps, "
+        "i.positions, i.rejected, i.notes, i.sha256 FROM ingests i JOIN runs r USING (run_id) "
+        "ORDER BY i.ingested_at DESC, i.ingest_id DESC"
+    )

@@ -15,53 +15,53 @@ from specmon import stats, theory
 from specmon.store import Store
 
 GROUPINGS = ("run", "template", "day")
+# Time buckets for timelines: name -> DuckDB interval (a fixed list, so no user text reaches the SQL).
+BUCKETS = {"hour": "1 hour", "6 hours": "6 hours", "day": "1 day", "week": "7 days"}
 STATUSES = ("healthy", "at risk", "losing", "unknown")
 CONFIDENCE = 0.95
 # |z| above this says observed and predicted acceptance differ beyond sampling noise (two-sided p ~ 0.003).
 GAP_Z_LIMIT = 3.0
 
-_KEYS = {"run": ("r.name", "NULL::VARCHAR", "NULL::DATE"),
-         "template": ("r.name", "sg.template", "NULL::DATE"),
-         "day": ("r.name", "sg.template", "st.ts::DATE")}
+_NO_BUCKET = "NULL::TIMESTAMP"
 
 _STEPS_SQL = """
 WITH s AS (
-    SELECT {run} AS run, {template} AS template, {day} AS day, r.demo, st.*
+    SELECT r.name AS run, {template} AS template, {bucket} AS bucket, r.demo, st.*
     FROM steps st JOIN segments sg USING (segment_id) JOIN runs r USING (run_id)
-    WHERE r.demo = ?
+    WHERE r.demo = ? AND (? IS NULL OR r.name = ?)
 ), per_request AS (
-    SELECT run, template, day, request_id,
+    SELECT run, template, bucket, request_id,
            count(*)::DOUBLE AS steps, sum(accepted)::DOUBLE AS accepted, sum(checked)::DOUBLE AS checked,
            sum(accepted) FILTER (WHERE beta_lo_sum IS NOT NULL)::DOUBLE AS b_accepted,
            sum(checked) FILTER (WHERE beta_lo_sum IS NOT NULL)::DOUBLE AS b_checked,
            sum(beta_lo_sum) AS b_lo, sum(beta_hi_sum) AS b_hi
-    FROM s GROUP BY run, template, day, request_id
+    FROM s GROUP BY run, template, bucket, request_id
 ), by_request AS (
-    SELECT run, template, day, count(*) AS requests,
+    SELECT run, template, bucket, count(*) AS requests,
            sum(accepted * accepted) AS saa, sum(accepted * checked) AS san, sum(checked * checked) AS snn,
            sum(b_checked) AS b_checked, sum(b_lo) AS b_lo, sum(b_hi) AS b_hi,
            sum(b_accepted - b_lo) AS d_lo, sum(pow(b_accepted - b_lo, 2)) AS dd_lo,
            sum(b_accepted - b_hi) AS d_hi, sum(pow(b_accepted - b_hi, 2)) AS dd_hi
-    FROM per_request GROUP BY run, template, day
+    FROM per_request GROUP BY run, template, bucket
 ), by_step AS (
-    SELECT run, template, day, any_value(demo) AS demo,
+    SELECT run, template, bucket, any_value(demo) AS demo,
            count(*) AS steps, sum(g) AS drafted, sum(checked) AS checked, sum(accepted) AS accepted,
            max(coalesce(k, g)) AS k, avg(g) AS mean_g,
            median(draft_ms / g) FILTER (WHERE g > 0) AS draft_step_ms, median(target_ms) AS target_ms,
            min(ts) AS first_ts, max(ts) AS last_ts, count(*) FILTER (WHERE ts_inferred) AS ts_inferred
-    FROM s GROUP BY run, template, day
+    FROM s GROUP BY run, template, bucket
 )
-SELECT b.*, q.* EXCLUDE (run, template, day) FROM by_step b JOIN by_request q
-  ON b.run = q.run AND b.template IS NOT DISTINCT FROM q.template AND b.day IS NOT DISTINCT FROM q.day
-ORDER BY b.run, b.template, b.day
+SELECT b.*, q.* EXCLUDE (run, template, bucket) FROM by_step b JOIN by_request q
+  ON b.run = q.run AND b.template IS NOT DISTINCT FROM q.template AND b.bucket IS NOT DISTINCT FROM q.bucket
+ORDER BY b.run, b.template, b.bucket
 """
 
 _POSITIONS_SQL = """
-SELECT {run} AS run, {template} AS template, {day} AS day, p.position,
+SELECT r.name AS run, {template} AS template, {bucket} AS bucket, p.position,
        count(*) FILTER (WHERE p.checked) AS checked, count(*) FILTER (WHERE p.accepted) AS accepted,
        avg(p.beta_lo) FILTER (WHERE p.checked) AS beta_lo, avg(p.beta_hi) FILTER (WHERE p.checked) AS beta_hi
 FROM positions p JOIN segments sg USING (segment_id) JOIN runs r USING (run_id) {join_steps}
-WHERE r.demo = ?
+WHERE r.demo = ? AND (? IS NULL OR r.name = ?)
 GROUP BY ALL ORDER BY 1, 2, 3, 4
 """
 
@@ -101,20 +101,30 @@ def demo_only(store: Store) -> bool:
     return not store.has_user_data()
 
 
-def summarize(store: Store, by: str = "template", c: float | None = None) -> list[dict]:
-    """One dict per segment with the keys documented in the README (`specmon summary --json`)."""
+def summarize(store: Store, by: str = "template", c: float | None = None, *, run: str | None = None,
+              bucket: str | None = None) -> list[dict]:
+    """One dict per segment with the keys documented in the README (`specmon summary --json`).
+
+    by: "run", "template" (run and template) or "day" (run, template and UTC day). bucket (a key of BUCKETS)
+    splits each run/template segment into time buckets instead, for timelines; run restricts to one run.
+    """
     if by not in GROUPINGS:
         raise ValueError(f"by must be one of {GROUPINGS}, got {by!r}")
-    run_key, template_key, day_key = _KEYS[by]
-    demo = demo_only(store)
-    fmt = dict(run=run_key, template=template_key, day=day_key)
-    step_rows = store.query_df(_STEPS_SQL.format(**fmt), [demo]).to_dict("records")
-    join_steps = "JOIN steps st USING (step_id)" if by == "day" else ""
-    pos_df = store.query_df(_POSITIONS_SQL.format(join_steps=join_steps, **fmt), [demo])
+    if bucket is not None and bucket not in BUCKETS:
+        raise ValueError(f"bucket must be one of {tuple(BUCKETS)}, got {bucket!r}")
+    day_output = by == "day"
+    if day_output:
+        by, bucket = "template", "day"
+    bucket_key = f"time_bucket(INTERVAL '{BUCKETS[bucket]}', st.ts)" if bucket else _NO_BUCKET
+    fmt = dict(template="NULL::VARCHAR" if by == "run" else "sg.template", bucket=bucket_key)
+    params = [demo_only(store), run, run]
+    step_rows = store.query_df(_STEPS_SQL.format(**fmt), params).to_dict("records")
+    join_steps = "JOIN steps st USING (step_id)" if bucket else ""
+    pos_df = store.query_df(_POSITIONS_SQL.format(join_steps=join_steps, **fmt), params)
     per_position: dict[tuple, list[dict]] = {}
     for rec in map(_clean, pos_df.to_dict("records")):
-        per_position.setdefault((rec["run"], rec["template"], rec["day"]), []).append(rec)
-    return [_segment(row, per_position.get((row["run"], row["template"], row["day"]), []), c, by)
+        per_position.setdefault((rec["run"], rec["template"], rec["bucket"]), []).append(rec)
+    return [_segment(row, per_position.get((row["run"], row["template"], row["bucket"]), []), c, by, day_output)
             for row in (_clean(r) for r in step_rows)]
 
 
@@ -130,7 +140,7 @@ def _clean(row: dict) -> dict:
     return out
 
 
-def _segment(row: dict, positions: list[dict], c_given: float | None, by: str) -> dict:
+def _segment(row: dict, positions: list[dict], c_given: float | None, by: str, day_output: bool) -> dict:
     steps = int(row["steps"])
     checked = int(row["checked"])
     accepted = int(row["accepted"])
@@ -190,7 +200,8 @@ def _segment(row: dict, positions: list[dict], c_given: float | None, by: str) -
     return {
         "run": row["run"],
         "template": (row["template"] or None) if by != "run" else None,
-        "day": pd.Timestamp(row["day"]).date().isoformat() if row["day"] is not None else None,
+        "day": pd.Timestamp(row["bucket"]).date().isoformat() if day_output else None,
+        "bucket_start": pd.Timestamp(row["bucket"]).isoformat() if row["bucket"] is not None else None,
         "demo": bool(row["demo"]),
         "k": k,
         "steps": steps,
@@ -221,3 +232,12 @@ def _segment(row: dict, positions: list[dict], c_given: float | None, by: str) -
         "ts_inferred_steps": int(row["ts_inferred"]),
         "per_position": pos_out,
     }
+
+
+def template_changes(store: Store, run: str | None = None):
+    """When each template first appears in each run (a template change is an event on the timeline)."""
+    return store.query_df(
+        "SELECT r.name AS run, sg.template, min(st.ts) AS first_ts FROM steps st JOIN segments sg USING (segment_id) "
+        "JOIN runs r USING (run_id) WHERE r.demo = ? AND (? IS NULL OR r.name = ?) GROUP BY 1, 2 ORDER BY 1, 3",
+        [demo_only(store), run, run],
+    )
