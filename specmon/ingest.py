@@ -11,6 +11,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+import uuid
 from collections.abc import Callable
 from typing import IO
 from dataclasses import dataclass, field
@@ -83,12 +84,12 @@ class _StepBatch:
     """Columns of steps and positions gathered in Python and appended to DuckDB as Arrow tables."""
 
     STEP_COLUMNS = (
-        "step_id", "ingest_id", "segment_id", "request_id", "ts", "ts_inferred", "k", "g", "accepted", "checked",
+        "load_id", "local_step", "template", "request_id", "ts", "ts_inferred", "k", "g", "accepted", "checked",
         "temperature", "target_ms", "draft_ms", "beta_lo_sum", "beta_hi_sum", "emitted_tokens", "pit_below",
         "pit_mass", "extra",
     )
     STEP_SCHEMA = pa.schema([
-        ("step_id", pa.int64()), ("ingest_id", pa.int32()), ("segment_id", pa.int32()), ("request_id", pa.string()),
+        ("load_id", pa.string()), ("local_step", pa.int64()), ("template", pa.string()), ("request_id", pa.string()),
         ("ts", pa.timestamp("us")), ("ts_inferred", pa.bool_()), ("k", pa.int32()), ("g", pa.int32()),
         ("accepted", pa.int32()), ("checked", pa.int32()), ("temperature", pa.float64()),
         ("target_ms", pa.float64()), ("draft_ms", pa.float64()), ("beta_lo_sum", pa.float64()),
@@ -96,7 +97,8 @@ class _StepBatch:
         ("pit_below", pa.list_(pa.float64())), ("pit_mass", pa.list_(pa.float64())), ("extra", pa.string()),
     ])
     POSITION_SCHEMA = pa.schema([
-        ("step_id", pa.int64()), ("segment_id", pa.int32()), ("position", pa.int16()), ("draft_token", pa.int32()),
+        ("load_id", pa.string()), ("local_step", pa.int64()), ("template", pa.string()), ("position", pa.int16()),
+        ("draft_token", pa.int32()),
         ("checked", pa.bool_()), ("accepted", pa.bool_()), ("beta_lo", pa.float64()), ("beta_hi", pa.float64()),
         ("p_token", pa.float64()), ("q_token", pa.float64()),
     ])
@@ -106,16 +108,16 @@ class _StepBatch:
         self.pos = {c: [] for c in self.POSITION_SCHEMA.names}
 
     def __len__(self) -> int:
-        return len(self.steps["step_id"])
+        return len(self.steps["local_step"])
 
-    def add(self, s: steplog.Step, step_id: int, ingest_id: int, segment_id: int, ts: datetime, inferred: bool) -> None:
+    def add(self, s: steplog.Step, load_id: str, local_step: int, template: str, ts: datetime, inferred: bool) -> None:
         g, checked = s.g, s.checked
         lo_sum = hi_sum = None
         if s.beta_lo is not None:
             lo_sum = sum(s.beta_lo[:checked])
             hi_sum = sum(s.beta_hi[:checked])
         for col, value in zip(self.STEP_COLUMNS, (
-            step_id, ingest_id, segment_id, s.request_id, ts, inferred, s.k, g, s.accepted, checked,
+            load_id, local_step, template, s.request_id, ts, inferred, s.k, g, s.accepted, checked,
             s.temperature, s.target_ms, s.draft_ms, lo_sum, hi_sum, s.emitted_tokens, s.pit_below, s.pit_mass,
             s.extra,
         )):
@@ -124,8 +126,9 @@ class _StepBatch:
             return
         none = [None] * g
         p = self.pos
-        p["step_id"] += [step_id] * g
-        p["segment_id"] += [segment_id] * g
+        p["load_id"] += [load_id] * g
+        p["local_step"] += [local_step] * g
+        p["template"] += [template] * g
         p["position"] += range(1, g + 1)
         p["draft_token"] += s.draft_tokens
         p["checked"] += [i < checked for i in range(g)]
@@ -136,14 +139,14 @@ class _StepBatch:
         p["q_token"] += s.q_token if s.q_token is not None else none
 
     def flush(self, cur) -> int:
-        """Append the gathered rows; returns how many positions were written."""
+        """Append the gathered rows to the staging tables (committed at once); returns the positions written."""
         steps = pa.Table.from_pydict(self.steps, schema=self.STEP_SCHEMA)
         positions = pa.Table.from_pydict(self.pos, schema=self.POSITION_SCHEMA)
         cur.register("batch_steps", steps)
         cur.register("batch_positions", positions)
         cols = ", ".join(self.STEP_COLUMNS)
-        cur.execute(f"INSERT INTO steps ({cols}) SELECT {cols} FROM batch_steps")
-        cur.execute("INSERT INTO positions SELECT * FROM batch_positions")
+        cur.execute(f"INSERT INTO staging_steps ({cols}) SELECT {cols} FROM batch_steps")
+        cur.execute("INSERT INTO staging_positions SELECT * FROM batch_positions")
         cur.unregister("batch_steps")
         cur.unregister("batch_positions")
         n = positions.num_rows
@@ -151,16 +154,34 @@ class _StepBatch:
         return n
 
 
-def _ingest_jsonl(cur, path, name, result, *, ingest_id, run_id, default_template, skip_bad, sum_tol,
-                  rejected_out, progress, ingest_time):
+class _RejectReport:
+    """The --skip-bad report: rejected rows with their reasons, written as they are found (JSON Lines)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.count = 0
+        self._out = None
+
+    def add(self, fault: Fault, raw: object) -> None:
+        if self._out is None:
+            self._out = open(self.path, "wb")
+        self._out.write(orjson.dumps({**fault.as_dict(), "raw": raw}, option=orjson.OPT_APPEND_NEWLINE))
+        self.count += 1
+
+    def close(self) -> None:
+        if self._out is not None:
+            self._out.close()
+
+
+def _stage_jsonl(store: Store, path: str, name: str, result: IngestResult, *, load_id: str, default_template: str,
+                 skip_bad: bool, sum_tol: float, report: _RejectReport, progress: Progress | None,
+                 ingest_time: datetime) -> int:
+    """Validate a JSON Lines step log and append its steps to the staging tables. Returns steps without ts."""
     total = os.path.getsize(path)
-    segments: dict[str, int] = {}
-    step_id = next_step_id(cur)
     batch = _StepBatch()
-    done = 0
-    inferred = 0
+    done = inferred = local_step = 0
     writing = True
-    with open(path, "rb") as fh:
+    with store.cursor() as cur, open(path, "rb") as fh:
         for line_no, raw in enumerate(fh, start=1):
             done += len(raw)
             if not raw.strip():
@@ -172,44 +193,66 @@ def _ingest_jsonl(cur, path, name, result, *, ingest_id, run_id, default_templat
                 except orjson.JSONDecodeError as exc:
                     raise RowFault("", f"invalid JSON ({exc})") from None
                 step = steplog.parse_step(obj, sum_tol)
-            except RowFault as fault:
+            except RowFault as row_fault:
+                fault = Fault(name, line_no, row_fault.field, row_fault.reason)
                 result.fault_count += 1
                 if len(result.faults) < MAX_FAULTS_KEPT:
-                    result.faults.append(Fault(name, line_no, fault.field, fault.reason))
+                    result.faults.append(fault)
                 if skip_bad:
-                    result.rejected += 1
-                    rejected_out.append({"file": name, "line": line_no, "field": fault.field, "reason": fault.reason,
-                                         "raw": raw.decode("utf-8", "replace").rstrip("\n")})
+                    report.add(fault, raw.decode("utf-8", "replace").rstrip("\n"))
                 else:
                     writing = False  # keep validating to report more faults, but store nothing
                 continue
             if not writing:
                 continue
             template = step.template if step.template is not None else default_template
-            seg = segments.get(template)
-            if seg is None:
-                seg = segments[template] = get_or_create_segment(cur, run_id, template)
-            ts = step.ts
-            if ts is None:
-                ts = ingest_time
-                inferred += 1
-            batch.add(step, step_id, ingest_id, seg, ts, step.ts is None)
-            step_id += 1
+            inferred += step.ts is None
+            batch.add(step, load_id, local_step, template, step.ts or ingest_time, step.ts is None)
+            local_step += 1
             if len(batch) >= _BATCH_STEPS:
                 result.steps += len(batch)
                 result.positions += batch.flush(cur)
                 if progress:
                     progress(done, total)
-    if writing and len(batch):
-        result.steps += len(batch)
-        result.positions += batch.flush(cur)
+        if writing and len(batch):
+            result.steps += len(batch)
+            result.positions += batch.flush(cur)
     if progress:
         progress(total, total)
     return inferred
 
 
-def _ingest_flat(cur, path, fmt, name, result, *, ingest_id, run_id, default_template, skip_bad,
-                 rejected_out, progress, ingest_time):
+def _publish_staged(cur, load_id: str, run_id: int, ingest_id: int) -> None:
+    """Move a load's staged rows into steps and positions (inside the caller's transaction)."""
+    templates = [r[0] for r in cur.execute(
+        "SELECT DISTINCT template FROM staging_steps WHERE load_id = ?", [load_id]).fetchall()]
+    cur.execute("CREATE OR REPLACE TEMP TABLE load_segments (template VARCHAR, segment_id INTEGER)")
+    for t in templates:
+        cur.execute("INSERT INTO load_segments VALUES (?, ?)", [t, get_or_create_segment(cur, run_id, t)])
+    base = next_step_id(cur)
+    cols = ("request_id, ts, ts_inferred, k, g, accepted, checked, temperature, target_ms, draft_ms, beta_lo_sum, "
+            "beta_hi_sum, emitted_tokens, pit_below, pit_mass, extra")
+    cur.execute(
+        f"INSERT INTO steps (step_id, ingest_id, segment_id, {cols}) SELECT ? + s.local_step, ?, m.segment_id, {cols} "
+        "FROM staging_steps s JOIN load_segments m USING (template) WHERE s.load_id = ? ORDER BY s.local_step",
+        [base, ingest_id, load_id])
+    cur.execute(
+        "INSERT INTO positions SELECT ? + p.local_step, m.segment_id, p.position, p.draft_token, p.checked, "
+        "p.accepted, p.beta_lo, p.beta_hi, p.p_token, p.q_token FROM staging_positions p "
+        "JOIN load_segments m USING (template) WHERE p.load_id = ? ORDER BY p.local_step, p.position",
+        [base, load_id])
+    _discard_staged(cur, load_id)
+
+
+def _discard_staged(cur, load_id: str) -> None:
+    cur.execute("DELETE FROM staging_steps WHERE load_id = ?", [load_id])
+    cur.execute("DELETE FROM staging_positions WHERE load_id = ?", [load_id])
+
+
+def _ingest_flat(cur, path: str, fmt: str, name: str, result: IngestResult, *, ingest_id: int, run_id: int,
+                 default_template: str, skip_bad: bool, report: _RejectReport, progress: Progress | None,
+                 ingest_time: datetime) -> int:
+    """Load, check and insert a flat-form file inside the caller's transaction. Returns steps without ts."""
     try:
         flat, faults = flatlog.load(cur, path, fmt, name)
     except Exception as exc:  # DuckDB's reader errors name the problem; put the file in front of it
@@ -226,10 +269,9 @@ def _ingest_flat(cur, path, fmt, name, result, *, ingest_id, run_id, default_tem
     if all_faults and not skip_bad:
         raise _Rejected(all_faults)
     for fault in faults:  # unreadable lines never reached a table
-        rejected_out.append({**fault.as_dict(), "raw": None})
+        report.add(fault, None)
     for line, field_name, reason, row in flatlog.reject_bad_steps(cur):
-        rejected_out.append({"file": name, "line": line, "field": field_name, "reason": reason, "raw": row})
-    result.rejected = len(rejected_out)
+        report.add(Fault(name, line, field_name, reason), row)
     steps, positions, inferred = flatlog.insert(
         cur, ingest_id=ingest_id, default_template=default_template, first_step_id=next_step_id(cur),
         ingest_time=ingest_time.isoformat(), segment_for=lambda t: get_or_create_segment(cur, run_id, t),
@@ -254,7 +296,7 @@ def ingest_file(
     progress: Progress | None = None,
     demo: bool = False,
 ) -> IngestResult:
-    """Ingest one file as one transaction. `name` is how messages refer to it (default: the path)."""
+    """Ingest one file; it becomes visible in one transaction or not at all. `name` names it in messages."""
     name = name or path
     if not os.path.isfile(path):
         raise SpecmonError(f"{name}: no such file")
@@ -264,47 +306,65 @@ def ingest_file(
     run = run or Path(name).stem or "default"
     result = IngestResult(file=name, status="stored", source_format=fmt, run=run)
     sha = file_sha256(path)
-    rejected_out: list[dict] = []
+    if store.query("SELECT 1 FROM ingests WHERE sha256 = ?", [sha]):
+        return _already(result)
     ingest_time = _utc_now()
     default_template = template or ""
+    report = _RejectReport(report_path or f"{Path(name).name}.rejected.jsonl")
+    load_id = uuid.uuid4().hex
+    staged = fmt == "steplog-jsonl"
+    published = False
     try:
+        if staged:
+            inferred = _stage_jsonl(store, path, name, result, load_id=load_id, default_template=default_template,
+                                    skip_bad=skip_bad, sum_tol=sum_tol, report=report, progress=progress,
+                                    ingest_time=ingest_time)
+            if result.fault_count and not skip_bad:
+                raise _Rejected(result.faults)
         with store.transaction() as cur:
             if cur.execute("SELECT 1 FROM ingests WHERE sha256 = ?", [sha]).fetchone():
-                result.status = "already ingested"
-                result.notes.append("this exact file content was ingested before; nothing changed")
-                return result
+                _discard_staged(cur, load_id)
+                return _already(result)  # another session stored the same file meanwhile
             run_id = get_or_create_run(cur, run, "steplog", demo, None)
             ingest_id = cur.execute(
                 "INSERT INTO ingests (file_name, sha256, ingested_at, source_format, run_id, rows_read, steps, "
                 "positions, rejected) VALUES (?, ?, ?, ?, ?, 0, 0, 0, 0) RETURNING ingest_id",
                 [Path(name).name, sha, ingest_time, fmt, run_id],
             ).fetchone()[0]
-            common = dict(ingest_id=ingest_id, run_id=run_id, default_template=default_template,
-                          skip_bad=skip_bad, rejected_out=rejected_out, progress=progress, ingest_time=ingest_time)
-            if fmt == "steplog-jsonl":
-                inferred = _ingest_jsonl(cur, path, name, result, sum_tol=sum_tol, **common)
-                if result.fault_count and not skip_bad:
-                    raise _Rejected(result.faults)
+            if staged:
+                _publish_staged(cur, load_id, run_id, ingest_id)
             else:
-                inferred = _ingest_flat(cur, path, fmt, name, result, **common)
+                inferred = _ingest_flat(cur, path, fmt, name, result, ingest_id=ingest_id, run_id=run_id,
+                                        default_template=default_template, skip_bad=skip_bad, report=report,
+                                        progress=progress, ingest_time=ingest_time)
+            result.rejected = report.count
+            if report.count:
+                result.report_path = report.path
             if inferred:
                 result.notes.append(f"{inferred} steps had no ts; the ingest time {ingest_time:%Y-%m-%d %H:%M:%S} UTC was used")
-            if rejected_out:
-                result.report_path = report_path or f"{Path(name).name}.rejected.jsonl"
-                with open(result.report_path, "wb") as out:
-                    for rec in rejected_out:
-                        out.write(orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE))
             cur.execute(
                 "UPDATE ingests SET rows_read = ?, steps = ?, positions = ?, rejected = ?, notes = ? WHERE ingest_id = ?",
                 [result.rows_read, result.steps, result.positions, result.rejected,
                  "; ".join(result.notes) or None, ingest_id],
             )
+        published = True
     except _Rejected as rej:
         faults = rej.args[0]
         result.status = "rejected"
         result.fault_count = max(result.fault_count, len(faults))
         result.faults = faults[:MAX_FAULTS_KEPT]
         result.steps = result.positions = 0
+    finally:
+        report.close()
+        if staged and not published:
+            with store.transaction() as cur:  # a load that was not published leaves nothing behind
+                _discard_staged(cur, load_id)
+    return result
+
+
+def _already(result: IngestResult) -> IngestResult:
+    result.status = "already ingested"
+    result.notes.append("this exact file content was ingested before; nothing changed")
     return result
 
 

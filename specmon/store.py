@@ -18,6 +18,9 @@ from specmon.faults import SpecmonError
 
 DEFAULT_DB = "specmon.duckdb"
 DB_ENV = "SPECMON_DB"
+# DuckDB's own default is 80% of RAM; a dashboard shares the machine, so cap it (queries spill to disk beyond it).
+DEFAULT_MEMORY_LIMIT = "2GB"
+MEMORY_ENV = "SPECMON_MEMORY_LIMIT"
 
 # Each entry upgrades the schema from version i to i + 1. Append; never edit a released migration.
 MIGRATIONS: list[str] = [
@@ -91,6 +94,22 @@ MIGRATIONS: list[str] = [
         q_token     DOUBLE
     );
     """,
+    # 2: staging tables. A JSON Lines ingest appends its batches here, each committed on its own so memory stays
+    # bounded (DuckDB keeps a transaction's appends in memory), then moves them into steps and positions in one
+    # transaction. Rows of a load that never finished are deleted when the database is next opened.
+    """
+    CREATE TABLE staging_steps (
+        load_id VARCHAR NOT NULL, local_step BIGINT NOT NULL, template VARCHAR NOT NULL, request_id VARCHAR NOT NULL,
+        ts TIMESTAMP NOT NULL, ts_inferred BOOLEAN NOT NULL, k INTEGER, g INTEGER NOT NULL, accepted INTEGER NOT NULL,
+        checked INTEGER NOT NULL, temperature DOUBLE, target_ms DOUBLE, draft_ms DOUBLE, beta_lo_sum DOUBLE,
+        beta_hi_sum DOUBLE, emitted_tokens INTEGER[], pit_below DOUBLE[], pit_mass DOUBLE[], extra JSON
+    );
+    CREATE TABLE staging_positions (
+        load_id VARCHAR NOT NULL, local_step BIGINT NOT NULL, template VARCHAR NOT NULL, position SMALLINT NOT NULL,
+        draft_token INTEGER, checked BOOLEAN NOT NULL, accepted BOOLEAN NOT NULL, beta_lo DOUBLE, beta_hi DOUBLE,
+        p_token DOUBLE, q_token DOUBLE
+    );
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -139,6 +158,7 @@ def connect(path: str) -> duckdb.DuckDBPyConnection:
     except duckdb.IOException as exc:
         raise SpecmonError(f"{path}: cannot open the database ({exc}). Is another specmon process writing it?") from None
     conn.execute("SET TimeZone = 'UTC'")
+    conn.execute("SET memory_limit = ?", [os.environ.get(MEMORY_ENV) or DEFAULT_MEMORY_LIMIT])
     return conn
 
 
@@ -150,6 +170,8 @@ class Store:
         self._conn = connect(self.path)
         self._write_lock = threading.Lock()
         migrate(self._conn, self.path)
+        # No other process can hold this file open for writing, so staged rows are leftovers of a killed ingest.
+        self._conn.execute("DELETE FROM staging_steps; DELETE FROM staging_positions")
         self._generation = 0
 
     @property

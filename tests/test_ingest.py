@@ -9,6 +9,7 @@ import pytest
 
 from specmon import sampler
 from specmon.ingest import ingest_file
+from specmon.store import Store
 from specmon.summary import summarize
 from conftest import PAPER_P, PAPER_Q
 
@@ -186,3 +187,9 @@ def test_killed_ingest_leaves_the_database_as_it_was(tmp_path, specmon_cmd):
     con = duckdb.connect(db)
     assert con.execute("SELECT count(*) FROM steps").fetchone()[0] == 1
     assert con.execute("SELECT count(*) FROM ingests").fetchone()[0] == 1
+    assert con.execute("SELECT count(*) FROM staging_steps").fetchone()[0] > 0  # it was killed mid-load
+    con.close()
+    with Store(db) as s:  # the next open removes what the killed load staged
+        assert s.query("SELECT count(*) FROM staging_steps")[0][0] == 0
+        assert s.query("SELECT count(*) FROM staging_positions")[0][0] == 0
+        assert s.query("SELECT count(*) FROM positions")[0][0] == 2
