@@ -1,7 +1,12 @@
-"""specmon's dashboard: `streamlit run app.py`. Pages live in specmon/ui; this file only wires navigation."""
+"""specmon's dashboard: `streamlit run app.py`. Page files live in specmon/ui; this file only wires navigation."""
 import streamlit as st
 
-from specmon.ui import overview
-
 st.set_page_config(page_title="specmon", page_icon="⚡", layout="wide")
-st.navigation([st.Page(overview.render, title="Overview", url_path="overview", default=True)]).run()
+st.navigation([
+    st.Page("specmon/ui/overview.py", title="Overview", url_path="overview", default=True),
+    st.Page("specmon/ui/acceptance.py", title="Acceptance", url_path="acceptance"),
+    st.Page("specmon/ui/economics_page.py", title="Economics", url_path="economics"),
+    st.Page("specmon/ui/drift_page.py", title="Drift", url_path="drift"),
+    st.Page("specmon/ui/upload.py", title="Ingest", url_path="ingest"),
+    st.Page("specmon/ui/lossless_page.py", title="Losslessness", url_path="losslessness"),
+]).run()

@@ -26,8 +26,8 @@ _NO_BUCKET = "NULL::TIMESTAMP"
 
 _STEPS_SQL = """
 WITH s AS (
-    SELECT r.name AS run, {template} AS template, {bucket} AS bucket, r.demo, st.*
-    FROM steps st JOIN segments sg USING (segment_id) JOIN runs r USING (run_id)
+    SELECT r.name AS run, {template} AS template, {bucket} AS bucket, r.demo, i.ingested_at, st.*
+    FROM steps st JOIN segments sg USING (segment_id) JOIN runs r USING (run_id) JOIN ingests i USING (ingest_id)
     WHERE r.demo = ? AND (? IS NULL OR r.name = ?)
 ), per_request AS (
     SELECT run, template, bucket, request_id,
@@ -48,7 +48,8 @@ WITH s AS (
            count(*) AS steps, sum(g) AS drafted, sum(checked) AS checked, sum(accepted) AS accepted,
            max(coalesce(k, g)) AS k, avg(g) AS mean_g,
            median(draft_ms / g) FILTER (WHERE g > 0) AS draft_step_ms, median(target_ms) AS target_ms,
-           min(ts) AS first_ts, max(ts) AS last_ts, count(*) FILTER (WHERE ts_inferred) AS ts_inferred
+           min(ts) AS first_ts, max(ts) AS last_ts, count(*) FILTER (WHERE ts_inferred) AS ts_inferred,
+           max(ingested_at) AS last_ingest
     FROM s GROUP BY run, template, bucket
 )
 SELECT b.*, q.* EXCLUDE (run, template, bucket) FROM by_step b JOIN by_request q
@@ -230,6 +231,7 @@ def _segment(row: dict, positions: list[dict], c_given: float | None, by: str, d
         "first_ts": row["first_ts"].isoformat() if row["first_ts"] is not None else None,
         "last_ts": row["last_ts"].isoformat() if row["last_ts"] is not None else None,
         "ts_inferred_steps": int(row["ts_inferred"]),
+        "last_ingest": row["last_ingest"].isoformat(),
         "per_position": pos_out,
     }
 

@@ -1,25 +1,19 @@
 """Overview: every segment with its status, acceptance interval, prediction and break-even."""
 from __future__ import annotations
 
-import logging
-
 import altair as alt
 import pandas as pd
 import streamlit as st
 
 from specmon.ui import data
-
-log = logging.getLogger(__name__)
-
-STATUS_BADGE = {"healthy": "🟢 healthy", "at risk": "🟠 at risk", "losing": "🔴 losing", "unknown": "⚪ unknown"}
-STATUS_COLOURS = {"healthy": "#2e7d32", "at risk": "#ef6c00", "losing": "#c62828", "unknown": "#9e9e9e"}
+from specmon.ui.widgets import EMPTY, STATUS_BADGE, STATUS_COLOURS, demo_banner, fmt, guarded, segment_label
 
 
 def segments_frame(rows: list[dict]) -> pd.DataFrame:
     """The Overview table: one row per segment, numbers rounded for reading, nothing recomputed."""
     return pd.DataFrame([{
         "run": r["run"],
-        "template": r["template"] or "(none)",
+        "template": r["template"] or "(no template)",
         "status": STATUS_BADGE[r["status"]],
         "alpha": r["alpha"],
         "alpha 95% CI": f"{r['alpha_lo']:.3f} – {r['alpha_hi']:.3f}" if r["alpha_lo"] is not None else "",
@@ -30,14 +24,16 @@ def segments_frame(rows: list[dict]) -> pd.DataFrame:
         "c": r["c"],
         "break-even alpha*": r["break_even_alpha"],
         "speedup (measured)": r["speedup_measured"],
+        "speedup (i.i.d. model)": r["speedup_iid"],
         "steps": r["steps"],
         "last step (UTC)": r["last_ts"],
+        "last ingest (UTC)": r["last_ingest"],
     } for r in rows])
 
 
 def _chart(rows: list[dict]) -> alt.Chart:
     df = pd.DataFrame([{
-        "segment": f"{r['run']} / {r['template'] or '(none)'}", "alpha": r["alpha"], "lo": r["alpha_lo"],
+        "segment": segment_label(r), "alpha": r["alpha"], "lo": r["alpha_lo"],
         "hi": r["alpha_hi"], "break_even": r["break_even_alpha"], "status": r["status"]} for r in rows])
     colour = alt.Color("status:N", scale=alt.Scale(domain=list(STATUS_COLOURS), range=list(STATUS_COLOURS.values())))
     y = alt.Y("segment:N", title=None)
@@ -53,36 +49,36 @@ def _chart(rows: list[dict]) -> alt.Chart:
     return (bars + points + ticks).properties(height=alt.Step(40))
 
 
+@guarded
 def render() -> None:
     st.title("Is speculative decoding paying off?")
-    try:
-        rows = data.summaries()
-    except Exception:
-        log.exception("overview query failed")
-        st.error("The summary could not be computed; the server log has the details.")
-        return
+    rows = data.summaries()
     if not rows:
-        st.info("No steps stored yet. Ingest a step log (`specmon ingest FILE`) to see acceptance here.")
+        st.info(EMPTY)
         return
-    if rows[0]["demo"]:
-        st.warning("**Demo data.** Nothing of your own is stored yet, so this is the synthetic demo log "
-                   "(a template change at v2 pushes acceptance below break-even). It hides once you ingest a log.")
+    demo_banner(rows)
     losing = [r for r in rows if r["status"] in ("losing", "at risk")]
     cols = st.columns(3)
     cols[0].metric("segments", len(rows))
     cols[1].metric("losing or at risk", len(losing))
     cols[2].metric("steps", f"{sum(r['steps'] for r in rows):,}")
     for r in losing:
-        st.error(f"**{r['run']} / {r['template'] or '(none)'}** is {r['status']}: alpha = {r['alpha']:.3f} "
+        st.error(f"**{segment_label(r)}** is {r['status']}: alpha = {r['alpha']:.3f} "
                  f"(95% CI {r['alpha_lo']:.3f}–{r['alpha_hi']:.3f}) against break-even alpha* = "
-                 f"{r['break_even_alpha']:.3f} at k = {r['k']}, c = {r['c']:.3f}.")
-    st.altair_chart(_chart(rows), use_container_width=True)
+                 f"{fmt(r['break_even_alpha'])} at k = {r['k']}, c = {fmt(r['c'])}.")
+    st.altair_chart(_chart(rows), width="stretch")
     st.caption("Point: per-token acceptance alpha (accepted / checked positions); bar: its 95% Wilson interval, "
                "widened for correlation within a request. Black tick: break-even alpha* for the segment's k and c.")
-    st.dataframe(segments_frame(rows), hide_index=True, use_container_width=True, column_config={
+    st.dataframe(segments_frame(rows), hide_index=True, width="stretch", column_config={
         "alpha": st.column_config.NumberColumn(format="%.3f", help="accepted / checked draft positions"),
         "tokens/step L": st.column_config.NumberColumn(format="%.2f", help="1 + mean accepted prefix per step"),
         "c": st.column_config.NumberColumn(format="%.3f", help="draft step time / target verification time"),
         "break-even alpha*": st.column_config.NumberColumn(format="%.3f", help="alpha at which speedup = 1"),
         "speedup (measured)": st.column_config.NumberColumn(format="%.2fx", help="L / (1 + mean draft length x c)"),
+        "speedup (i.i.d. model)": st.column_config.NumberColumn(
+            format="%.2fx", help="(1 - alpha^(k+1)) / ((1 - alpha)(1 + k c)): what alpha predicts"),
     })
+
+
+if __name__ == "__main__":  # Streamlit runs a page file as __main__
+    render()

@@ -1,0 +1,93 @@
+"""Economics: the speedup surface, break-even curves, and the segment's own operating point on them."""
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from specmon import economics
+from specmon.ui import data
+from specmon.ui.widgets import demo_banner, fmt, guarded, pick_segment
+
+_SPEEDUP_SCALE = alt.Scale(scheme="redyellowgreen", domainMid=1.0, type="log")
+
+
+def _heatmap(df: pd.DataFrame, y: str, y_title: str) -> alt.Chart:
+    return alt.Chart(df).mark_rect().encode(
+        x=alt.X("alpha:O", title="per-token acceptance alpha", axis=alt.Axis(values=[0.0, 0.2, 0.4, 0.6, 0.8])),
+        y=alt.Y(f"{y}:O", title=y_title, sort="descending" if y == "c" else "ascending",
+                axis=alt.Axis(values=[0.0, 0.2, 0.4, 0.6, 0.8, 1.0]) if y == "c" else alt.Axis()),
+        color=alt.Color("speedup:Q", scale=_SPEEDUP_SCALE, title="speedup (x)"),
+        stroke=alt.condition(alt.datum.wins, alt.value(None), alt.value("#7f0000")),
+        tooltip=[alt.Tooltip("alpha:Q", format=".2f"), alt.Tooltip(f"{y}:Q"), alt.Tooltip("speedup:Q", format=".2f")],
+    ).properties(height=320)
+
+
+def _break_even_chart(curves: pd.DataFrame, point: pd.DataFrame) -> alt.Chart:
+    lines = alt.Chart(curves).mark_line().encode(
+        x=alt.X("c:Q", title="draft cost c (draft step / target step)", scale=alt.Scale(domain=[0, 1])),
+        y=alt.Y("break_even_alpha:Q", title="break-even alpha*", scale=alt.Scale(domain=[0, 1])),
+        color=alt.Color("k:N", title="k"),
+        tooltip=["k", alt.Tooltip("c:Q", format=".2f"), alt.Tooltip("break_even_alpha:Q", format=".3f")])
+    dot = alt.Chart(point).mark_point(shape="diamond", size=200, filled=True, color="black").encode(
+        x="c:Q", y="alpha:Q", tooltip=["label", alt.Tooltip("alpha:Q", format=".3f"), alt.Tooltip("c:Q", format=".3f")])
+    text = alt.Chart(point).mark_text(dx=10, align="left").encode(x="c:Q", y="alpha:Q", text="label")
+    return (lines + dot + text).properties(height=340)
+
+
+@guarded
+def render() -> None:
+    st.title("Economics")
+    st.caption("Speedup under the i.i.d. model: S = (1 − α^(k+1)) / ((1 − α)(1 + k·c)). Speculation loses where "
+               "S < 1 (red, outlined). c = cost of one draft step / cost of one target step on your hardware.")
+    rows = data.summaries()
+    seg = None
+    if rows:
+        demo_banner(rows)
+        seg = pick_segment(rows, key="economics_segment")
+    seg_c = seg["c"] if seg and seg["c"] is not None else 0.10
+    seg_k = seg["k"] if seg and seg["k"] else 4
+    left, right = st.columns(2)
+    c = left.slider("draft cost c", 0.0, 1.0, float(round(seg_c, 2)), 0.01, key="economics_c",
+                    help="defaults to the segment's measured c")
+    k = right.slider("draft length k", 1, 12, int(min(seg_k, 12)), key="economics_k")
+
+    a, b = st.columns(2)
+    a.markdown(f"**Speedup over (alpha, k) at c = {c:.2f}**")
+    a.altair_chart(_heatmap(economics.surface_alpha_k(c), "k", "draft length k"), width="stretch")
+    b.markdown(f"**Speedup over (alpha, c) at k = {k}**")
+    b.altair_chart(_heatmap(economics.surface_alpha_c(k), "c", "draft cost c"), width="stretch")
+
+    st.markdown("**Break-even alpha\\*(c)**: above its curve, a draft length pays for itself")
+    ks = tuple(sorted(set(economics.REFERENCE_KS) | {k}))
+    point = pd.DataFrame([{"c": c, "alpha": seg["alpha"], "label": "your segment"}]) if seg and seg["alpha"] is not None \
+        else pd.DataFrame(columns=["c", "alpha", "label"])
+    st.altair_chart(_break_even_chart(economics.break_even_curves(ks), point), width="stretch")
+
+    if seg is None or seg["alpha"] is None:
+        st.info("Ingest a step log to see your own operating point on these charts.")
+        return
+    op = economics.operating_point(seg["alpha"], k, c, seg["tokens_per_step"])
+    st.subheader("Your operating point")
+    m1, m2, m3, m4 = st.columns(4)
+    m1.metric("speedup at this k", f"{op.speedup_iid:.2f}x", help="i.i.d. model, measured alpha, chosen c")
+    m2.metric("best k", op.best_k, help="argmax over k = 1..12 of S(alpha, k, c)")
+    m3.metric("speedup at best k", f"{op.best_speedup:.2f}x", delta=f"{(op.gain_from_best_k - 1) * 100:+.0f}%")
+    m4.metric("break-even tokens 1 + k·c", f"{op.tokens_break_even:.2f}")
+    if op.best_speedup < 1:
+        st.error(f"At alpha = {seg['alpha']:.3f} and c = {c:.2f} every k from 1 to 12 loses: turn speculation off "
+                 "for this segment, or find a cheaper or better-matched draft.")
+    if seg["k"] == k and op.tokens_measured is not None:
+        st.markdown(
+            f"**Measured against the model.** Measured tokens per step L = {op.tokens_measured:.2f} against the "
+            f"model-free break-even 1 + k·c = {op.tokens_break_even:.2f}: speculation "
+            f"{'pays' if op.tokens_measured > op.tokens_break_even else 'does not pay'} at this c. "
+            f"The i.i.d. model predicts L = {op.tokens_iid:.2f} from alpha, "
+            f"{fmt(op.iid_error * 100 if op.iid_error is not None else None, '+.1f')}% from the measurement "
+            "(acceptance that varies by request or position makes the i.i.d. model err).")
+    else:
+        st.caption(f"The segment ran at k = {seg['k']}; set k to {seg['k']} to compare with its measured L.")
+
+
+if __name__ == "__main__":  # Streamlit runs a page file as __main__
+    render()

@@ -1,0 +1,78 @@
+"""Ingest: upload step logs in the browser; they go through the same code as `specmon ingest`."""
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pandas as pd
+import streamlit as st
+
+from specmon.ingest import ingest_stream
+from specmon.ui import data
+from specmon.ui.widgets import guarded
+
+
+def result_message(result) -> tuple[str, str]:
+    """(level, text) for one file's outcome."""
+    if result.status == "already ingested":
+        return "info", f"**{result.file}**: already ingested (same content); nothing changed."
+    if result.status == "rejected":
+        return "error", (f"**{result.file}**: rejected, nothing stored — {result.fault_count} fault(s). Fix them, or "
+                         "tick *store the good rows* to skip bad rows.")
+    text = f"**{result.file}**: stored {result.steps:,} steps ({result.positions:,} drafted positions) in run " \
+           f"**{result.run}**."
+    if result.rejected:
+        text += f" {result.rejected:,} rows were rejected (listed below)."
+    return "success", text
+
+
+@guarded
+def render() -> None:
+    st.title("Ingest")
+    st.caption("Step logs as JSON Lines (the specmon contract, see the README), or the flat form as CSV or "
+               "Parquet. Each file is stored whole or not at all; a file already stored is recognised by its "
+               "content and skipped.")
+    with st.form("ingest", clear_on_submit=True):
+        files = st.file_uploader("Step logs", accept_multiple_files=True, type=["jsonl", "json", "ndjson", "csv", "parquet"])
+        c1, c2 = st.columns(2)
+        run = c1.text_input("Run name", placeholder="default: the file name", help="steps of one deployment or experiment")
+        template = c2.text_input("Template", placeholder="for steps whose log names none")
+        skip_bad = st.checkbox("Store the good rows and list the rejected ones", value=False)
+        submitted = st.form_submit_button("Ingest", type="primary")
+    if submitted and not files:
+        st.warning("Choose one or more files first.")
+    if submitted and files:
+        store = data.get_store()
+        for upload in files:
+            bar = st.progress(0.0, text=f"{upload.name}: reading")
+
+            def progress(done: int, total: int, bar=bar, name=upload.name) -> None:
+                bar.progress(min(done / total, 1.0) if total else 1.0, text=f"{name}: {done / 2**20:.1f} MB")
+
+            with tempfile.TemporaryDirectory(prefix="specmon-report-") as tmp:
+                report_path = os.path.join(tmp, "rejected.jsonl")
+                result = ingest_stream(store, upload, upload.name, run=run or None, template=template or None,
+                                       skip_bad=skip_bad, report_path=report_path, progress=progress)
+                report = open(report_path, "rb").read() if result.report_path else None
+            bar.progress(1.0, text=f"{upload.name}: done")
+            level, text = result_message(result)
+            getattr(st, level)(text)
+            for note in result.notes:
+                st.caption(f"{upload.name}: {note}")
+            if result.faults:
+                st.dataframe(pd.DataFrame([f.as_dict() for f in result.faults]), hide_index=True, width="stretch")
+                if result.fault_count > len(result.faults):
+                    st.caption(f"… and {result.fault_count - len(result.faults)} more.")
+            if report:
+                st.download_button(f"Rejected rows of {upload.name} (JSON Lines)", report,
+                                   file_name=f"{upload.name}.rejected.jsonl", key=f"report-{upload.name}")
+    st.subheader("Past ingests")
+    history = data.ingest_history()
+    if history.empty:
+        st.info("Nothing ingested yet.")
+    else:
+        st.dataframe(history, hide_index=True, width="stretch")
+
+
+if __name__ == "__main__":  # Streamlit runs a page file as __main__
+    render()

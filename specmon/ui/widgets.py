@@ -1,0 +1,52 @@
+"""Pieces every page shares: the error guard, the demo banner, the segment picker."""
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+
+import streamlit as st
+
+log = logging.getLogger("specmon.ui")
+
+STATUS_BADGE = {"healthy": "🟢 healthy", "at risk": "🟠 at risk", "losing": "🔴 losing", "unknown": "⚪ unknown"}
+STATUS_COLOURS = {"healthy": "#2e7d32", "at risk": "#ef6c00", "losing": "#c62828", "unknown": "#9e9e9e"}
+EMPTY = ("No steps stored yet. Upload a step log on the **Ingest** page (or run `specmon ingest FILE`) "
+         "to see acceptance here.")
+
+
+def guarded(render: Callable[[], None]) -> Callable[[], None]:
+    """Show a plain message instead of a traceback; the details go to the server log."""
+    @functools.wraps(render)
+    def page() -> None:
+        try:
+            render()
+        except Exception:
+            log.exception("page %s failed", render.__module__)
+            st.error("Something went wrong while drawing this page. The server log has the details; "
+                     "the data itself is unchanged.")
+    return page
+
+
+def demo_banner(rows: list[dict]) -> None:
+    if rows and rows[0]["demo"]:
+        st.warning("**Demo data.** Nothing of your own is stored yet, so this is the synthetic demo log "
+                   "(a template change at v2 pushes acceptance below break-even). It hides once you ingest a log.")
+
+
+def segment_label(row: dict) -> str:
+    return f"{row['run']} / {row['template'] or '(no template)'}"
+
+
+def pick_segment(rows: list[dict], key: str) -> dict:
+    """A select box over segments; the choice is shared across pages through session state."""
+    labels = [segment_label(r) for r in rows]
+    current = st.session_state.get("segment")
+    index = labels.index(current) if current in labels else 0
+    choice = st.selectbox("Segment (run / template)", labels, index=index, key=key)
+    st.session_state["segment"] = choice
+    return rows[labels.index(choice)]
+
+
+def fmt(x: float | None, spec: str = ".3f", none: str = "—") -> str:
+    return none if x is None else format(x, spec)
