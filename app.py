@@ -3,7 +3,7 @@ import streamlit as st
 
 st.set_page_config(page_title="specmon", page_icon="⚡", layout="wide")
 st.navigation([
-    st.Page("specmon/ui/overview.py", title="Overview", url_path="overview", default=True),
+    st.Page("specmon/ui/overview.py", title="Overview", default=True),  # served at /
     st.Page("specmon/ui/acceptance.py", title="Acceptance", url_path="acceptance"),
     st.Page("specmon/ui/economics_page.py", title="Economics", url_path="economics"),
     st.Page("specmon/ui/drift_page.py", title="Drift", url_path="drift"),

@@ -1,13 +1,15 @@
-"""The dashboard through Streamlit's AppTest: it renders, and its numbers are the CLI's numbers."""
+"""Every dashboard page through Streamlit's AppTest: it renders on the demo data and on an empty database, and the
+numbers it shows are the ones `specmon summary --json` gives for the same database."""
 from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from specmon import summary
+from specmon import lossless, summary, theory
 from specmon.store import Store
 
 APP = Path(__file__).resolve().parent.parent / "app.py"
+PAGES = ["overview", "acceptance", "economics_page", "drift_page", "upload", "lossless_page"]
 
 
 @pytest.fixture
@@ -17,22 +19,85 @@ def app_db(tmp_path, monkeypatch):
     return path
 
 
-def test_overview_on_the_demo_matches_the_summary(app_db):
-    at = AppTest.from_file(str(APP), default_timeout=60).run()
-    assert not at.exception
+def open_page(page: str) -> AppTest:
+    at = AppTest.from_file(str(APP), default_timeout=90).run()
+    if page != "overview":
+        at.switch_page(f"specmon/ui/{page}.py").run()
+    assert not at.exception, at.exception
+    return at
+
+
+def expected(db: str, **kw) -> list[dict]:
+    with Store(db) as store:
+        return summary.summarize(store, **kw)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_renders_on_an_empty_database(app_db, monkeypatch, page):
+    monkeypatch.setattr("specmon.demo.ensure_demo", lambda store: None)
+    at = open_page(page)
+    assert not at.error, [e.value for e in at.error]
+    if page in ("overview", "acceptance", "drift_page"):
+        assert any("No steps stored yet" in i.value for i in at.info)
+    if page == "lossless_page":
+        assert any("No segment has both full target distributions" in i.value for i in at.info)
+
+
+def test_overview_shows_the_summary(app_db):
+    at = open_page("overview")
     assert any("Demo data" in w.value for w in at.warning)
+    rows = expected(app_db)
     table = at.dataframe[0].value
-    with Store(app_db) as store:
-        expected = summary.summarize(store)
-    assert list(table["template"]) == [r["template"] for r in expected]
-    assert list(table["alpha"].round(6)) == [round(r["alpha"], 6) for r in expected]
+    assert list(table["template"]) == [r["template"] for r in rows]
+    assert list(table["alpha"].round(9)) == [round(r["alpha"], 9) for r in rows]
+    assert list(table["break-even alpha*"].round(9)) == [round(r["break_even_alpha"], 9) for r in rows]
     assert any("v2" in e.value and "losing" in e.value for e in at.error)
 
 
-def test_overview_on_an_empty_database_explains_what_to_do(app_db, monkeypatch):
-    with Store(app_db) as store:  # a database that holds no runs, and the demo switched off by one
-        store.query("SELECT 1")
-    monkeypatch.setattr("specmon.demo.ensure_demo", lambda store: None)
-    at = AppTest.from_file(str(APP), default_timeout=60).run()
-    assert not at.exception
-    assert any("No steps stored yet" in i.value for i in at.info)
+def test_acceptance_shows_the_segment_and_its_positions(app_db):
+    at = open_page("acceptance")
+    seg = expected(app_db)[0]
+    assert at.metric[0].value == f"{seg['alpha']:.3f}"
+    assert at.metric[1].value == f"{seg['beta']:.3f}"
+    positions = at.dataframe[0].value
+    assert list(positions["conditional"].round(9)) == [round(p["conditional"], 9) for p in seg["per_position"]]
+    assert any("agrees with the prediction" in m.value for m in at.markdown)
+    at.selectbox[0].select("demo (synthetic) / v2").run()
+    seg2 = expected(app_db)[1]
+    assert at.metric[0].value == f"{seg2['alpha']:.3f}"
+
+
+def test_economics_uses_the_segment_operating_point(app_db):
+    at = open_page("economics_page")
+    seg = expected(app_db)[0]
+    c = round(seg["c"], 2)
+    assert at.slider[0].value == pytest.approx(c)
+    assert at.metric[0].value == f"{theory.speedup(seg['alpha'], seg['k'], c):.2f}x"
+    k_best, s_best = theory.best_k(seg["alpha"], c, 12)
+    assert at.metric[1].value == str(k_best) and at.metric[2].value == f"{s_best:.2f}x"
+    at.slider[0].set_value(0.9).run()  # expensive draft: everything loses
+    assert any("every k from 1 to 12 loses" in e.value for e in at.error)
+
+
+def test_drift_buckets_match_the_summary(app_db):
+    at = open_page("drift_page")
+    rows = expected(app_db, run="demo (synthetic)", bucket="6 hours")
+    table = at.dataframe[0].value
+    assert len(table) == len(rows)
+    assert list(table["alpha"].round(9)) == [round(r["alpha"], 9) for r in rows]
+    assert table["status"].str.contains("losing").any() and table["status"].str.contains("healthy").any()
+
+
+def test_ingest_page_lists_past_ingests(app_db):
+    at = open_page("upload")
+    history = at.dataframe[0].value
+    assert list(history["file_name"]) == ["demo_steplog.jsonl"]
+
+
+def test_losslessness_shows_the_pit_test(app_db):
+    at = open_page("lossless_page")
+    with Store(app_db) as store:
+        run, template, n = lossless.segments_with_distributions(store)[0]
+        pit = lossless.pit_check(store, run, template)
+    assert at.metric[0].value == f"{n:,}" and at.metric[2].value == f"{pit.ks.pvalue:.3g}"
+    assert any("consistent with lossless" in m.value for m in at.markdown)

@@ -124,3 +124,26 @@ def test_demo_log_is_reproducible_and_valid(tmp_path, specmon_cmd):
         validator.validate(orjson.loads(line))
     with pytest.raises(jsonschema.ValidationError):
         validator.validate({"request_id": "a", "draft_tokens": ["x"], "accepted": 0})
+
+
+def test_serve_starts_the_dashboard_on_loopback(tmp_path, specmon_cmd):
+    import socket
+    import time
+    import urllib.request
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([*specmon_cmd, "serve", "--db", str(tmp_path / "serve.duckdb"), "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2).read()
+                break
+            except OSError:
+                time.sleep(0.3)
+        assert body == b"ok"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)

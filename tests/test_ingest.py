@@ -193,3 +193,20 @@ def test_killed_ingest_leaves_the_database_as_it_was(tmp_path, specmon_cmd):
         assert s.query("SELECT count(*) FROM staging_steps")[0][0] == 0
         assert s.query("SELECT count(*) FROM staging_positions")[0][0] == 0
         assert s.query("SELECT count(*) FROM positions")[0][0] == 2
+
+
+def test_concurrent_ingests_in_one_process_lose_nothing_and_count_nothing_twice(store, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+    paths = []
+    for seed in range(3):
+        path = tmp_path / f"c{seed}.jsonl"
+        with open(path, "wb") as out:
+            sampler.write_step_log(sampler.simulate_fixed_pair(PAPER_P, PAPER_Q, 4, 20000, np.random.default_rng(seed),
+                                                               distributions="beta"), out)
+        paths.append(str(path))
+    with ThreadPoolExecutor(4) as pool:  # the third file twice: one of the two must see the other
+        results = list(pool.map(lambda p: ingest_file(store, p), [paths[0], paths[1], paths[2], paths[2]]))
+    assert sorted(r.status for r in results) == ["already ingested", "stored", "stored", "stored"]
+    assert counts(store) == (3, 3, 60000, 240000)
+    assert store.query("SELECT count(DISTINCT step_id) FROM steps")[0][0] == 60000
+    assert store.query("SELECT count(*) FROM staging_steps")[0][0] == 0

@@ -30,9 +30,9 @@ def positions_frame(seg: dict) -> pd.DataFrame:
 
 
 def _position_chart(df: pd.DataFrame) -> alt.Chart:
-    colour = alt.Color("measure:N", title=None, legend=alt.Legend(orient="bottom", direction="vertical"))
+    colour = alt.Color("measure:N", title=None, legend=alt.Legend(orient="bottom", direction="vertical", labelLimit=500))
     offset = alt.XOffset("measure:N")
-    x = alt.X("position:O", title="draft position i")
+    x = alt.X("position:O", title="draft position i", axis=alt.Axis(labelAngle=0))
     base = alt.Chart(df)
     tip = ["measure", "position", alt.Tooltip("value:Q", format=".3f"), alt.Tooltip("lo:Q", format=".3f"),
            alt.Tooltip("hi:Q", format=".3f"), alt.Tooltip("n:Q", title="denominator")]

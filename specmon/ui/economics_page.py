@@ -23,12 +23,14 @@ def _heatmap(df: pd.DataFrame, y: str, y_title: str) -> alt.Chart:
     ).properties(height=320)
 
 
-def _break_even_chart(curves: pd.DataFrame, point: pd.DataFrame) -> alt.Chart:
+def _break_even_chart(curves: pd.DataFrame, point: pd.DataFrame | None) -> alt.Chart:
     lines = alt.Chart(curves).mark_line().encode(
         x=alt.X("c:Q", title="draft cost c (draft step / target step)", scale=alt.Scale(domain=[0, 1])),
         y=alt.Y("break_even_alpha:Q", title="break-even alpha*", scale=alt.Scale(domain=[0, 1])),
         color=alt.Color("k:N", title="k"),
         tooltip=["k", alt.Tooltip("c:Q", format=".2f"), alt.Tooltip("break_even_alpha:Q", format=".3f")])
+    if point is None:
+        return lines.properties(height=340)
     dot = alt.Chart(point).mark_point(shape="diamond", size=200, filled=True, color="black").encode(
         x="c:Q", y="alpha:Q", tooltip=["label", alt.Tooltip("alpha:Q", format=".3f"), alt.Tooltip("c:Q", format=".3f")])
     text = alt.Chart(point).mark_text(dx=10, align="left").encode(x="c:Q", y="alpha:Q", text="label")
@@ -60,8 +62,8 @@ def render() -> None:
 
     st.markdown("**Break-even alpha\\*(c)**: above its curve, a draft length pays for itself")
     ks = tuple(sorted(set(economics.REFERENCE_KS) | {k}))
-    point = pd.DataFrame([{"c": c, "alpha": seg["alpha"], "label": "your segment"}]) if seg and seg["alpha"] is not None \
-        else pd.DataFrame(columns=["c", "alpha", "label"])
+    has_point = seg is not None and seg["alpha"] is not None
+    point = pd.DataFrame([{"c": c, "alpha": seg["alpha"], "label": "your segment"}]) if has_point else None
     st.altair_chart(_break_even_chart(economics.break_even_curves(ks), point), width="stretch")
 
     if seg is None or seg["alpha"] is None:

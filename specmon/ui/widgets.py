@@ -9,7 +9,8 @@ import streamlit as st
 
 log = logging.getLogger("specmon.ui")
 
-STATUS_BADGE = {"healthy": "🟢 healthy", "at risk": "🟠 at risk", "losing": "🔴 losing", "unknown": "⚪ unknown"}
+# Plain symbols, not emoji: they render in any font (headless browsers and terminals often lack emoji fonts).
+STATUS_BADGE = {"healthy": "✔ healthy", "at risk": "▲ at risk", "losing": "✖ losing", "unknown": "? unknown"}
 STATUS_COLOURS = {"healthy": "#2e7d32", "at risk": "#ef6c00", "losing": "#c62828", "unknown": "#9e9e9e"}
 EMPTY = ("No steps stored yet. Upload a step log on the **Ingest** page (or run `specmon ingest FILE`) "
          "to see acceptance here.")
