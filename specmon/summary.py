@@ -103,11 +103,12 @@ def demo_only(store: Store) -> bool:
 
 
 def summarize(store: Store, by: str = "template", c: float | None = None, *, run: str | None = None,
-              bucket: str | None = None) -> list[dict]:
+              bucket: str | None = None, per_position: bool = True) -> list[dict]:
     """One dict per segment with the keys documented in the README (`specmon summary --json`).
 
     by: "run", "template" (run and template) or "day" (run, template and UTC day). bucket (a key of BUCKETS)
     splits each run/template segment into time buckets instead, for timelines; run restricts to one run.
+    per_position=False skips the scan of every drafted position (per_position is then empty), for timelines.
     """
     if by not in GROUPINGS:
         raise ValueError(f"by must be one of {GROUPINGS}, got {by!r}")
@@ -120,12 +121,13 @@ def summarize(store: Store, by: str = "template", c: float | None = None, *, run
     fmt = dict(template="NULL::VARCHAR" if by == "run" else "sg.template", bucket=bucket_key)
     params = [demo_only(store), run, run]
     step_rows = store.query_df(_STEPS_SQL.format(**fmt), params).to_dict("records")
-    join_steps = "JOIN steps st USING (step_id)" if bucket else ""
-    pos_df = store.query_df(_POSITIONS_SQL.format(join_steps=join_steps, **fmt), params)
-    per_position: dict[tuple, list[dict]] = {}
-    for rec in map(_clean, pos_df.to_dict("records")):
-        per_position.setdefault((rec["run"], rec["template"], rec["bucket"]), []).append(rec)
-    return [_segment(row, per_position.get((row["run"], row["template"], row["bucket"]), []), c, by, day_output)
+    positions: dict[tuple, list[dict]] = {}
+    if per_position:
+        join_steps = "JOIN steps st USING (step_id)" if bucket else ""
+        pos_df = store.query_df(_POSITIONS_SQL.format(join_steps=join_steps, **fmt), params)
+        for rec in map(_clean, pos_df.to_dict("records")):
+            positions.setdefault((rec["run"], rec["template"], rec["bucket"]), []).append(rec)
+    return [_segment(row, positions.get((row["run"], row["template"], row["bucket"]), []), c, by, day_output)
             for row in (_clean(r) for r in step_rows)]
 
 
@@ -243,3 +245,8 @@ def template_changes(store: Store, run: str | None = None):
         "JOIN runs r USING (run_id) WHERE r.demo = ? AND (? IS NULL OR r.name = ?) GROUP BY 1, 2 ORDER BY 1, 3",
         [demo_only(store), run, run],
     )
+
+
+def run_names(store: Store) -> list[str]:
+    """The runs the pages show (the demo run only while nothing else is stored)."""
+    return [r[0] for r in store.query("SELECT name FROM runs WHERE demo = ? ORDER BY name", [demo_only(store)])]

@@ -25,12 +25,23 @@ def get_store() -> Store:
 
 @st.cache_data(max_entries=64)
 def _summaries(path: str, generation: int, by: str, run: str | None, bucket: str | None) -> list[dict]:
-    return summary.summarize(_store(path), by=by, run=run, bucket=bucket)
+    # Timelines (bucketed) show alpha per bucket only: skip the per-position scan.
+    return summary.summarize(_store(path), by=by, run=run, bucket=bucket, per_position=bucket is None)
 
 
 def summaries(by: str = "template", run: str | None = None, bucket: str | None = None) -> list[dict]:
     store = get_store()
     return _summaries(store.path, store.generation, by, run, bucket)
+
+
+@st.cache_data(max_entries=4)
+def _run_names(path: str, generation: int) -> list[str]:
+    return summary.run_names(_store(path))
+
+
+def run_names() -> list[str]:
+    store = get_store()
+    return _run_names(store.path, store.generation)
 
 
 @st.cache_data(max_entries=16)

@@ -43,16 +43,16 @@ def render() -> None:
     st.caption("Each point is one time bucket of one template: alpha with its 95% interval (widened for "
                "correlation within requests). Red dashed line: break-even alpha* for the bucket's k and c. "
                "Healthy: the whole interval is above it; losing: below it; at risk: it straddles it.")
-    rows = data.summaries(by="run")
-    if not rows:
+    runs = data.run_names()
+    if not runs:
         st.info(EMPTY)
         return
-    demo_banner(rows)
-    runs = [r["run"] for r in rows]
     run = st.selectbox("Run", runs, key="drift_run")
     bucket = st.radio("bucket", list(BUCKETS), index=list(BUCKETS).index("6 hours"), horizontal=True,
                       key="drift_bucket")
-    df = buckets_frame(data.summaries(run=run, bucket=bucket))
+    rows = data.summaries(run=run, bucket=bucket)
+    demo_banner(rows)
+    df = buckets_frame(rows)
     if df.empty:
         st.info("This run has no steps with acceptance to show.")
         return

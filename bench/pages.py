@@ -1,0 +1,101 @@
+"""Each dashboard page's queries over a database of 10,000,000 drafted positions, cold and warm, and the time
+from `streamlit run app.py` to a rendered first page.
+
+    python bench/pages.py [--db PATH]     # PATH: a database from bench/summary.py; built here when missing
+
+Cold: the first run of a page's queries in a fresh process (DuckDB has read nothing yet). Warm: the best of five
+repeats. These are the raw queries; the app caches their results per database generation on top.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from _common import machine
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PAGE_QUERIES = """
+import json, sys, time
+from specmon import ingest, lossless, summary
+from specmon.store import Store
+s = Store(sys.argv[1])
+run = summary.run_names(s)[0]
+pages = {
+    "overview": lambda: summary.summarize(s),
+    "acceptance": lambda: (summary.summarize(s), summary.summarize(s, run=run, bucket="day", per_position=False),
+                           summary.template_changes(s, run)),
+    "economics": lambda: summary.summarize(s),
+    "drift": lambda: (summary.run_names(s), summary.summarize(s, run=run, bucket="6 hours", per_position=False),
+                      summary.template_changes(s, run)),
+    "ingest": lambda: ingest.ingest_history(s),
+    "losslessness": lambda: lossless.segments_with_distributions(s),
+}
+out = {}
+for name, fn in pages.items():
+    t = time.perf_counter(); fn(); cold = time.perf_counter() - t
+    warm = []
+    for _ in range(5):
+        t = time.perf_counter(); fn(); warm.append(time.perf_counter() - t)
+    out[name] = {"cold_s": cold, "warm_s": min(warm)}
+print(json.dumps(out))
+"""
+
+
+def first_page_seconds(db: str) -> float:
+    """Seconds from starting `streamlit run app.py` to the Overview page rendered in chromium."""
+    from playwright.sync_api import sync_playwright
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium",
+                                    args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        page = browser.new_page()
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port)],
+                                cwd=ROOT, env={**os.environ, "SPECMON_DB": db},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            while True:
+                try:
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=1)
+                    break
+                except OSError:
+                    time.sleep(0.1)
+            page.goto(f"http://127.0.0.1:{port}/")
+            page.locator('[data-testid="stMetricValue"]').first.wait_for(timeout=120_000)
+            return time.perf_counter() - t0
+        finally:
+            proc.terminate()
+            proc.wait()
+            browser.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--db")
+    args = ap.parse_args()
+    db = args.db or os.path.join(tempfile.mkdtemp(prefix="specmon-bench-"), "pages.duckdb")
+    if not os.path.exists(db):
+        subprocess.run([sys.executable, str(Path(__file__).parent / "summary.py"), "--db", db], check=True,
+                       stdout=subprocess.DEVNULL)
+    pages = json.loads(subprocess.run([sys.executable, "-c", PAGE_QUERIES, db], check=True, capture_output=True,
+                                      text=True).stdout)
+    total_warm = sum(p["warm_s"] for p in pages.values())
+    total_cold = sum(p["cold_s"] for p in pages.values())
+    print(json.dumps({"machine": machine(), "pages": pages, "all_pages_warm_s": total_warm,
+                      "all_pages_cold_s": total_cold, "first_page_s": first_page_seconds(db)}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
