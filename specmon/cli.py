@@ -10,11 +10,12 @@ import json
 import os
 import subprocess
 import sys
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import numpy as np
 
-from specmon import __version__, demo, sampler, summary, theory
+from specmon import __version__, alarms, demo, drift, sampler, summary, theory
 from specmon.faults import SpecmonError
 from specmon.ingest import FORMATS, ingest_file, ingest_stream
 from specmon.steplog import DEFAULT_SUM_TOLERANCE
@@ -86,6 +87,13 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     return status
 
 
+def _json_scalar(value: object) -> object:
+    """numpy scalars as plain Python numbers in JSON output."""
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
 def _fmt(x: float | None, spec: str = ".3f") -> str:
     return "-" if x is None else format(x, spec)
 
@@ -123,31 +131,75 @@ def cmd_summary(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def parse_since(text: str | None) -> datetime | None:
+    """'6h', '2d', '30m', '1w' before now, or an ISO-8601 time (UTC where it names no zone)."""
+    if text is None:
+        return None
+    units = {"m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+    if text[:-1].replace(".", "", 1).isdigit() and text[-1] in units:
+        return datetime.now(timezone.utc).replace(tzinfo=None) - timedelta(**{units[text[-1]]: float(text[:-1])})
+    try:
+        ts = datetime.fromisoformat(text)
+    except ValueError:
+        raise SpecmonError(f"--since: {text!r} is neither a duration like 6h, 2d, 30m nor an ISO-8601 time") from None
+    return ts.astimezone(timezone.utc).replace(tzinfo=None) if ts.tzinfo else ts
+
+
 def cmd_check(args: argparse.Namespace) -> int:
+    since = parse_since(args.since)
     with _open_store(args) as store:
-        rows = summary.summarize(store, by="template", c=args.c)
-    if not rows or rows[0]["demo"]:
-        _err(f"nothing to check: {store.path} holds no steps of your own (specmon ingest FILE)")
-        return EXIT_ERROR
+        rows = summary.summarize(store, by="template", c=args.c, since=since, per_position=False)
+        if not rows or rows[0]["demo"]:
+            window = f" since {since:%Y-%m-%d %H:%M} UTC" if since else ""
+            _err(f"nothing to check: {store.path} holds no steps of your own{window} (specmon ingest FILE)")
+            return EXIT_ERROR
+        runs = alarms.analyse(store, c=args.c, arl0_steps=args.false_alarm_steps)
+    found = [a for r in runs for a in r.alarms if since is None or a.last_alarm_ts >= since]
+    hurt = [ch for r in runs for ch in r.changes
+            if (ch.comparison.verdict == "hurt" or ch.below_break_even) and (since is None or ch.first_ts >= since)]
     unknown = [r for r in rows if r["status"] == "unknown"]
     bad = [r for r in rows if r["status"] in ("at risk", "losing")]
+    problems = [
+        f"{r['status'].upper()}: run {r['run']!r}, template {r['template'] or '-'!r}: alpha = {r['alpha']:.3f} "
+        f"[95% CI {r['alpha_lo']:.3f}, {r['alpha_hi']:.3f}] vs break-even alpha* = {_fmt(r['break_even_alpha'])} "
+        f"at k = {r['k']}, c = {r['c']:.3f}" for r in bad
+    ] + [f"DRIFT: {a.describe()}" for a in found] + [f"TEMPLATE CHANGE: {ch.describe()}" for ch in hurt]
     if args.json:
-        print(json.dumps([{k: r[k] for k in ("run", "template", "status", "alpha", "alpha_lo", "alpha_hi",
-                                                "break_even_alpha", "c", "k")} for r in rows], indent=2))
-    for r in bad:
-        where = f"run {r['run']!r}, template {r['template'] or '-'!r}"
-        print(f"{r['status'].upper()}: {where}: alpha = {r['alpha']:.3f} [95% CI {r['alpha_lo']:.3f}, "
-              f"{r['alpha_hi']:.3f}] vs break-even alpha* = {_fmt(r['break_even_alpha'])} at k = {r['k']}, "
-              f"c = {r['c']:.3f}", file=sys.stderr if args.json else sys.stdout)
-    if unknown:
-        for r in unknown:
-            _err(f"cannot judge run {r['run']!r}, template {r['template'] or '-'!r}: no draft/target timings "
-                 "in the log, so the draft cost c is unknown; pass --c")
-        return EXIT_ERROR
-    if bad:
+        print(json.dumps({
+            "since": since.isoformat() if since else None,
+            "problems": problems,
+            "segments": [{k: r[k] for k in ("run", "template", "status", "alpha", "alpha_lo", "alpha_hi",
+                                            "break_even_alpha", "c", "k", "steps")} for r in rows],
+            "alarms": [{"run": a.run, "template": a.template, "change_ts": a.change_ts.isoformat(),
+                        "alarm_ts": a.alarm_ts.isoformat(), "last_alarm_ts": a.last_alarm_ts.isoformat(),
+                        "alarms": a.alarms, "open": a.open, "alpha_before": a.alpha_before,
+                        "alpha_after": a.alpha_after, "p0": a.design.p0, "p1": a.design.p1, "h": a.design.h,
+                        "false_alarm_steps": a.design.arl0_steps} for a in found],
+            "template_changes": [{"run": ch.run, "template": ch.template, "previous": ch.previous,
+                                  "first_ts": ch.first_ts.isoformat(), "verdict": ch.comparison.verdict,
+                                  "z": ch.comparison.z, "alpha_before": ch.comparison.before.estimate,
+                                  "alpha_after": ch.comparison.after.estimate,
+                                  "below_break_even": ch.below_break_even} for r in runs for ch in r.changes],
+        }, indent=2, default=_json_scalar))
+    else:
+        for line in problems:
+            print(line)
+    for r in unknown:
+        _err(f"cannot judge run {r['run']!r}, template {r['template'] or '-'!r}: no draft/target timings "
+             "in the log, so the draft cost c is unknown; pass --c")
+    if problems:
         return EXIT_FINDING
+    if unknown:
+        return EXIT_ERROR
     if not args.json:
-        print(f"all {len(rows)} segment(s) healthy: acceptance is above break-even")
+        print(f"all {len(rows)} segment(s) healthy: acceptance above break-even, no drift alarm, "
+              "no template change that hurt")
+    return EXIT_OK
+
+
+def cmd_alert_rule(args: argparse.Namespace) -> int:
+    print(alarms.prometheus_alert_rule(args.k, args.c, window=args.window, for_=args.for_,
+                                       metric_prefix=args.prefix), end="")
     return EXIT_OK
 
 
@@ -267,12 +319,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-demo", action="store_true", help="do not load the demo data into an empty database")
     p.set_defaults(func=cmd_summary)
 
-    p = sub.add_parser("check", parents=[db], help="exit 1 if any segment is at risk or losing (for cron and CI)",
-                       description="Exit 0: every segment healthy. 1: some segment at risk or losing (printed). "
-                                   "2: error, or c unknown for a segment (pass --c).")
+    p = sub.add_parser("check", parents=[db], help="exit 1 on a losing segment, a drift alarm or a template change "
+                       "that hurt (for cron and CI)",
+                       description="Exit 0: every segment healthy, no drift alarm, no template change that hurt. "
+                                   "1: a problem (one line each). 2: error, or c unknown for a segment (pass --c). "
+                                   "Drift: a one-sided Bernoulli CUSUM per run, calibrated by simulation (with the "
+                                   "data's request clustering) to one false alarm per --false-alarm-steps steps.")
     p.add_argument("--c", type=_cost, help="draft cost / target cost, overriding the measured one")
-    p.add_argument("--json", action="store_true", help="statuses as JSON on stdout")
+    p.add_argument("--since", help="only steps, alarms and template changes since then: 6h, 2d, 30m, 1w or ISO time")
+    p.add_argument("--false-alarm-steps", type=_positive_int, default=drift.DEFAULT_ARL0_STEPS,
+                   help=f"expected steps between false alarms when nothing changed (default {drift.DEFAULT_ARL0_STEPS})")
+    p.add_argument("--json", action="store_true", help="problems, statuses, alarms and template changes as JSON")
     p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("alert-rule", help="print a Prometheus alerting rule over vLLM's counters",
+                       description="A Prometheus rule that fires while accepted tokens per draft over a window is "
+                                   "below the break-even k*c (mean acceptance length below 1 + k*c).")
+    p.add_argument("--k", type=_positive_int, required=True, help="draft length served")
+    p.add_argument("--c", type=_cost, required=True, help="draft cost / target cost on your hardware")
+    p.add_argument("--window", default="15m", help="rate window (default 15m)")
+    p.add_argument("--for", dest="for_", default="30m", help="how long it must hold before firing (default 30m)")
+    p.add_argument("--prefix", default="vllm", choices=("vllm", "llamacpp"), help="metric prefix (default vllm)")
+    p.set_defaults(func=cmd_alert_rule)
 
     p = sub.add_parser("theory", help="speedup table, best k and break-even for a draft cost c",
                        description="The i.i.d. model's speedup S = (1 - a^(k+1)) / ((1 - a)(1 + k c)).")

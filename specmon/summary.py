@@ -8,6 +8,7 @@ break-even figures; and a status.
 from __future__ import annotations
 
 import math
+from datetime import datetime
 
 import pandas as pd
 
@@ -28,7 +29,7 @@ _STEPS_SQL = """
 WITH s AS (
     SELECT r.name AS run, {template} AS template, {bucket} AS bucket, r.demo, i.ingested_at, st.*
     FROM steps st JOIN segments sg USING (segment_id) JOIN runs r USING (run_id) JOIN ingests i USING (ingest_id)
-    WHERE r.demo = ? AND (? IS NULL OR r.name = ?)
+    WHERE r.demo = ? AND (? IS NULL OR r.name = ?) AND (?::TIMESTAMP IS NULL OR st.ts >= ?::TIMESTAMP)
 ), per_request AS (
     SELECT run, template, bucket, request_id,
            count(*)::DOUBLE AS steps, sum(accepted)::DOUBLE AS accepted, sum(checked)::DOUBLE AS checked,
@@ -62,7 +63,7 @@ SELECT r.name AS run, {template} AS template, {bucket} AS bucket, p.position,
        count(*) FILTER (WHERE p.checked) AS checked, count(*) FILTER (WHERE p.accepted) AS accepted,
        avg(p.beta_lo) FILTER (WHERE p.checked) AS beta_lo, avg(p.beta_hi) FILTER (WHERE p.checked) AS beta_hi
 FROM positions p JOIN segments sg USING (segment_id) JOIN runs r USING (run_id) {join_steps}
-WHERE r.demo = ? AND (? IS NULL OR r.name = ?)
+WHERE r.demo = ? AND (? IS NULL OR r.name = ?) AND (?::TIMESTAMP IS NULL OR {since_ts} >= ?::TIMESTAMP)
 GROUP BY ALL ORDER BY 1, 2, 3, 4
 """
 
@@ -103,12 +104,13 @@ def demo_only(store: Store) -> bool:
 
 
 def summarize(store: Store, by: str = "template", c: float | None = None, *, run: str | None = None,
-              bucket: str | None = None, per_position: bool = True) -> list[dict]:
+              bucket: str | None = None, per_position: bool = True, since: datetime | None = None) -> list[dict]:
     """One dict per segment with the keys documented in the README (`specmon summary --json`).
 
     by: "run", "template" (run and template) or "day" (run, template and UTC day). bucket (a key of BUCKETS)
     splits each run/template segment into time buckets instead, for timelines; run restricts to one run.
     per_position=False skips the scan of every drafted position (per_position is then empty), for timelines.
+    since keeps only steps at or after that UTC time.
     """
     if by not in GROUPINGS:
         raise ValueError(f"by must be one of {GROUPINGS}, got {by!r}")
@@ -119,12 +121,14 @@ def summarize(store: Store, by: str = "template", c: float | None = None, *, run
         by, bucket = "template", "day"
     bucket_key = f"time_bucket(INTERVAL '{BUCKETS[bucket]}', st.ts)" if bucket else _NO_BUCKET
     fmt = dict(template="NULL::VARCHAR" if by == "run" else "sg.template", bucket=bucket_key)
-    params = [demo_only(store), run, run]
+    params = [demo_only(store), run, run, since, since]
     step_rows = store.query_df(_STEPS_SQL.format(**fmt), params).to_dict("records")
     positions: dict[tuple, list[dict]] = {}
     if per_position:
-        join_steps = "JOIN steps st USING (step_id)" if bucket else ""
-        pos_df = store.query_df(_POSITIONS_SQL.format(join_steps=join_steps, **fmt), params)
+        needs_steps = bucket is not None or since is not None
+        join_steps = "JOIN steps st USING (step_id)" if needs_steps else ""
+        pos_df = store.query_df(_POSITIONS_SQL.format(join_steps=join_steps, since_ts="st.ts" if needs_steps
+                                                      else "NULL::TIMESTAMP", **fmt), params)
         for rec in map(_clean, pos_df.to_dict("records")):
             positions.setdefault((rec["run"], rec["template"], rec["bucket"]), []).append(rec)
     return [_segment(row, positions.get((row["run"], row["template"], row["bucket"]), []), c, by, day_output)

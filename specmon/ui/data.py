@@ -8,7 +8,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from specmon import demo, ingest, lossless, summary
+from specmon import alarms, demo, ingest, lossless, summary
 from specmon.store import Store, default_db_path
 
 
@@ -83,3 +83,14 @@ def _lossless_checks(path: str, generation: int, run: str, template: str):
 def lossless_checks(run: str, template: str):
     store = get_store()
     return _lossless_checks(store.path, store.generation, run, template)
+
+
+@st.cache_data(max_entries=16)
+def _drift(path: str, generation: int, run: str) -> alarms.RunDrift:
+    return alarms.analyse_run(_store(path), run)
+
+
+def drift(run: str) -> alarms.RunDrift:
+    """The run's CUSUM, alarm episodes and template-change verdicts."""
+    store = get_store()
+    return _drift(store.path, store.generation, run)

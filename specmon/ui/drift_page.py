@@ -17,7 +17,15 @@ def buckets_frame(rows: list[dict]) -> pd.DataFrame:
         "steps": r["steps"], "requests": r["requests"]} for r in rows if r["alpha"] is not None])
 
 
-def drift_chart(df: pd.DataFrame, changes: pd.DataFrame) -> alt.Chart:
+def cusum_chart(w: pd.DataFrame, h: float) -> alt.Chart:
+    line = alt.Chart(w).mark_line(color="#555").encode(
+        x=alt.X("ts:T", title="time (UTC)"), y=alt.Y("W:Q", title="CUSUM statistic W"))
+    threshold = alt.Chart(pd.DataFrame({"h": [h]})).mark_rule(color="#c62828", strokeDash=[4, 3]).encode(
+        y="h:Q", tooltip=[alt.Tooltip("h:Q", format=".2f", title="alarm threshold h")])
+    return (line + threshold).properties(height=160)
+
+
+def drift_chart(df: pd.DataFrame, changes: pd.DataFrame, alarm_marks: pd.DataFrame) -> alt.Chart:
     x = alt.X("bucket:T", title="time (UTC)")
     y = alt.Y("lo:Q", title="per-token acceptance alpha", scale=alt.Scale(domain=[0, 1]))
     band = alt.Chart(df).mark_area(opacity=0.15, color="#555").encode(x=x, y=y, y2="hi:Q")
@@ -33,7 +41,13 @@ def drift_chart(df: pd.DataFrame, changes: pd.DataFrame) -> alt.Chart:
     layers = band + line + be + points
     if not changes.empty:
         layers += alt.Chart(changes).mark_rule(strokeDash=[6, 3], color="black").encode(
-            x="first_ts:T", tooltip=["template", alt.Tooltip("first_ts:T", title="first step")])
+            x="first_ts:T", tooltip=["template", alt.Tooltip("first_ts:T", title="template first seen")])
+    if not alarm_marks.empty:
+        layers += alt.Chart(alarm_marks).mark_rule(color="#c62828", strokeWidth=2).encode(
+            x="change_ts:T", tooltip=[alt.Tooltip("change_ts:T", title="estimated change"),
+                                      alt.Tooltip("alarm_ts:T", title="alarm"), "alarms"])
+        layers += alt.Chart(alarm_marks).mark_point(shape="triangle-down", size=150, filled=True,
+                                                    color="#c62828").encode(x="alarm_ts:T", y=alt.value(8))
     return layers.properties(height=260)
 
 
@@ -57,10 +71,34 @@ def render() -> None:
         st.info("This run has no steps with acceptance to show.")
         return
     changes = data.template_changes(run)
+    result = data.drift(run)
+    st.subheader("Alarms")
+    if result.design is None:
+        st.info("Too few checked positions to calibrate the detector.")
+    else:
+        d = result.design
+        st.caption(f"One-sided Bernoulli CUSUM from the reference acceptance p0 = {d.p0:.3f} (the run's first "
+                   f"steps) towards p1 = {d.p1:.3f}; threshold h = {d.h:.2f}, calibrated by simulation to one false "
+                   f"alarm per {d.arl0_steps:,} steps, with per-request acceptance spread as in the reference "
+                   f"(beta concentration {d.concentration:.3g}). The change is dated to where W last left 0.")
+    for a in result.alarms:
+        (st.error if a.open else st.warning)(("**Open:** " if a.open else "**Closed:** ") + a.describe())
+    if result.design is not None and not result.alarms:
+        st.success("No drift alarm in this run.")
+    for ch in result.changes:
+        (st.error if ch.comparison.verdict == "hurt" or ch.below_break_even else st.info)(
+            f"**Template change.** {ch.describe()}")
+    marks = pd.DataFrame([{"change_ts": a.change_ts, "alarm_ts": a.alarm_ts, "alarms": a.alarms}
+                          for a in result.alarms], columns=["change_ts", "alarm_ts", "alarms"])
+    st.subheader("Acceptance against break-even")
     for template, part in df.groupby("template", sort=False):
         latest = part.iloc[-1]
         st.markdown(f"**Template {template}** — latest bucket: {STATUS_BADGE[latest['status']]}")
-        st.altair_chart(drift_chart(part, changes), width="stretch")
+        st.altair_chart(drift_chart(part, changes, marks), width="stretch")
+    if result.design is not None:
+        st.markdown("**Detector statistic**")
+        st.altair_chart(cusum_chart(result.cusum.iloc[:: max(1, len(result.cusum) // 2000)], result.design.h),
+                        width="stretch")
     st.dataframe(df.assign(status=df["status"].map(STATUS_BADGE)), hide_index=True, width="stretch")
 
 
