@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 PAGE_QUERIES = """
 import json, sys, time
-from specmon import ingest, lossless, summary
+from specmon import alarms, ingest, lossless, summary
 from specmon.store import Store
 s = Store(sys.argv[1])
 run = summary.run_names(s)[0]
@@ -35,7 +35,7 @@ pages = {
                            summary.template_changes(s, run)),
     "economics": lambda: summary.summarize(s),
     "drift": lambda: (summary.run_names(s), summary.summarize(s, run=run, bucket="6 hours", per_position=False),
-                      summary.template_changes(s, run)),
+                      summary.template_changes(s, run), alarms.analyse_run(s, run)),
     "ingest": lambda: ingest.ingest_history(s),
     "losslessness": lambda: lossless.segments_with_distributions(s),
 }

@@ -54,20 +54,32 @@ def llr_weights(p0: float, p1: float) -> tuple[float, float]:
 
 
 def cusum(accepted: np.ndarray, checked: np.ndarray, design: Design) -> tuple[np.ndarray, list[tuple[int, int]]]:
-    """W_t over a stream of steps, resetting after each alarm. Returns W and [(alarm_index, change_index)]."""
+    """W_t over a stream of steps, restarting after each alarm. Returns W and [(alarm_index, change_index)].
+
+    Between alarms W_t = S_t - min(0, min_{s<=t} S_s) for the cumulative sum S since the restart, computed with
+    numpy over a look-ahead block that doubles until it holds the next alarm (no Python loop per step).
+    """
     wa, wr = llr_weights(design.p0, design.p1)
-    x = accepted * wa + (checked - accepted) * wr
-    w = np.empty(len(x))
+    x = np.asarray(accepted, dtype=float) * wa + (np.asarray(checked, dtype=float) - accepted) * wr
+    n = len(x)
+    w = np.zeros(n)
     alarms = []
-    level, last_zero = 0.0, -1
-    for t, inc in enumerate(x):
-        level = max(0.0, level + inc)
-        if level == 0.0:
-            last_zero = t
-        w[t] = level
-        if level >= design.h:
-            alarms.append((t, last_zero + 1))
-            level, last_zero = 0.0, t
+    start, block = 0, 4096
+    while start < n:
+        stop = min(n, start + block)
+        s = np.cumsum(x[start:stop])
+        seg = s - np.minimum(np.minimum.accumulate(s), 0.0)
+        hits = np.flatnonzero(seg >= design.h)
+        if not hits.size and stop < n:
+            block *= 2  # no alarm yet: look further ahead from the same restart
+            continue
+        end = hits[0] + 1 if hits.size else len(seg)
+        w[start:start + end] = seg[:end]
+        if hits.size:
+            zeros = np.flatnonzero(seg[:end] <= 0.0)
+            alarms.append((start + int(hits[0]), start + (int(zeros[-1]) + 1 if zeros.size else 0)))
+        start += end
+        block = 4096
     return w, alarms
 
 
