@@ -21,11 +21,13 @@ from pathlib import Path
 import orjson
 import pyarrow as pa
 
-from specmon import flatlog, steplog
+from specmon import engines, flatlog, prometheus, steplog
 from specmon.faults import Fault, RowFault, SpecmonError
 from specmon.store import Store, get_or_create_run, get_or_create_segment, next_step_id
 
-FORMATS = ("steplog-jsonl", "flat-csv", "flat-parquet")
+FORMATS = ("steplog-jsonl", "flat-csv", "flat-parquet", "engine-log", "engine-json", "prometheus")
+STEP_FORMATS = ("steplog-jsonl", "flat-csv", "flat-parquet")
+_SNIFF_BYTES = 1 << 20  # a server log may print a page of start-up lines before its first metrics line
 MAX_FAULTS_KEPT = 20
 _BATCH_STEPS = 16384
 
@@ -58,11 +60,17 @@ class _Rejected(Exception):
 
 
 def detect_format(path: str) -> str:
-    """Tell a step log's form from the file's first bytes: Parquet magic, a JSON object, or CSV text."""
+    """Tell the format from the file's first bytes: Parquet magic, an engine's log or JSON responses, a
+    Prometheus exposition, a step log (JSON objects), or else the flat form's CSV."""
     with open(path, "rb") as fh:
-        head = fh.read(4096)
+        head = fh.read(_SNIFF_BYTES)
     if head.startswith(b"PAR1"):
         return "flat-parquet"
+    engine = engines.sniff(head)
+    if engine:
+        return engine
+    if prometheus.sniff(head):
+        return "prometheus"
     if head.lstrip()[:1] in (b"{", b""):
         return "steplog-jsonl"
     return "flat-csv"
@@ -249,6 +257,64 @@ def _discard_staged(cur, load_id: str) -> None:
     cur.execute("DELETE FROM staging_positions WHERE load_id = ?", [load_id])
 
 
+def _ingest_engine(cur, path: str, fmt: str, name: str, result: IngestResult, *, ingest_id: int, run_id: int,
+                   default_template: str, skip_bad: bool, report: _RejectReport, ingest_time: datetime) -> int:
+    """Store an engine's windows (or Prometheus samples) inside the caller's transaction. Returns windows without
+    a time of their own."""
+    if fmt == "prometheus":
+        mtime = datetime.fromtimestamp(os.path.getmtime(path), tz=timezone.utc).replace(tzinfo=None)
+        samples, faults = prometheus.parse_exposition(path, name, mtime)
+        if not samples and not faults:
+            faults = [Fault(name, 0, "", "no vllm:/llamacpp: spec_decode counters or sglang:spec_ gauges in this page")]
+    elif fmt == "engine-json":
+        windows, faults = engines.read_json_responses(path, name)
+    else:
+        windows, faults = engines.read_log(path, name, now=ingest_time)
+        if not windows and not faults:
+            faults = [Fault(name, 0, "", "no speculative-decoding lines found (vLLM, llama.cpp or SGLang)")]
+    result.fault_count = len(faults)
+    result.faults = faults[:MAX_FAULTS_KEPT]
+    if faults and not skip_bad:
+        raise _Rejected(faults)
+    for fault in faults:
+        report.add(fault, None)
+    segment_id = get_or_create_segment(cur, run_id, default_template)
+    if fmt == "prometheus":
+        write_samples(cur, samples, ingest_id, segment_id)
+        result.rows_read = result.steps = len(samples)
+        result.notes.append(f"{len(samples)} samples; windows are the differences between consecutive samples "
+                            "of a series (a page without sample timestamps counts as one scrape at "
+                            f"{mtime:%Y-%m-%d %H:%M:%S} UTC, the file's modification time)")
+        return 0
+    rows = [(ingest_id, segment_id, w.engine, w.source, w.line, w.start_ts, w.end_ts or ingest_time,
+             w.end_ts is None, w.drafts, w.draft_tokens, w.accepted_tokens, w.accepted_per_position, w.k,
+             w.mean_acceptance_length, w.reported_rate, orjson.dumps(w.labels).decode()) for w in windows]
+    cur.executemany(
+        "INSERT INTO engine_windows (ingest_id, segment_id, engine, source, line, start_ts, end_ts, ts_inferred, "
+        "drafts, draft_tokens, accepted_tokens, accepted_per_position, k, mean_acceptance_length, reported_rate, "
+        "labels) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    result.rows_read = result.steps = len(windows)
+    result.notes.append(f"{len(windows)} engine windows ({', '.join(sorted({w.source for w in windows}))})")
+    return sum(w.end_ts is None for w in windows)
+
+
+def write_samples(cur, samples: list, ingest_id: int, segment_id: int) -> int:
+    """Insert Prometheus samples, skipping any (series, time) already stored: overlapping pulls add nothing twice."""
+    df = pa.Table.from_pylist([{"metric": s.metric, "series": s.series, "labels": s.series, "ts": s.ts,
+                                "value": s.value} for s in samples],
+                              schema=pa.schema([("metric", pa.string()), ("series", pa.string()),
+                                                ("labels", pa.string()), ("ts", pa.timestamp("us")),
+                                                ("value", pa.float64())]))
+    cur.register("new_samples", df)
+    before = cur.execute("SELECT count(*) FROM counter_samples").fetchone()[0]
+    cur.execute(
+        "INSERT INTO counter_samples SELECT ?, ?, n.metric, n.series, n.labels::JSON, n.ts, n.value "
+        "FROM new_samples n WHERE NOT EXISTS (SELECT 1 FROM counter_samples c WHERE c.segment_id = ? "
+        "AND c.metric = n.metric AND c.series = n.series AND c.ts = n.ts)", [ingest_id, segment_id, segment_id])
+    cur.unregister("new_samples")
+    return cur.execute("SELECT count(*) FROM counter_samples").fetchone()[0] - before
+
+
 def _ingest_flat(cur, path: str, fmt: str, name: str, result: IngestResult, *, ingest_id: int, run_id: int,
                  default_template: str, skip_bad: bool, report: _RejectReport, progress: Progress | None,
                  ingest_time: datetime) -> int:
@@ -325,7 +391,7 @@ def ingest_file(
             if cur.execute("SELECT 1 FROM ingests WHERE sha256 = ?", [sha]).fetchone():
                 _discard_staged(cur, load_id)
                 return _already(result)  # another session stored the same file meanwhile
-            run_id = get_or_create_run(cur, run, "steplog", demo, None)
+            run_id = get_or_create_run(cur, run, "steplog" if fmt in STEP_FORMATS else "engine", demo, None)
             ingest_id = cur.execute(
                 "INSERT INTO ingests (file_name, sha256, ingested_at, source_format, run_id, rows_read, steps, "
                 "positions, rejected) VALUES (?, ?, ?, ?, ?, 0, 0, 0, 0) RETURNING ingest_id",
@@ -333,6 +399,10 @@ def ingest_file(
             ).fetchone()[0]
             if staged:
                 _publish_staged(cur, load_id, run_id, ingest_id)
+            elif fmt in ("engine-log", "engine-json", "prometheus"):
+                inferred = _ingest_engine(cur, path, fmt, name, result, ingest_id=ingest_id, run_id=run_id,
+                                          default_template=default_template, skip_bad=skip_bad, report=report,
+                                          ingest_time=ingest_time)
             else:
                 inferred = _ingest_flat(cur, path, fmt, name, result, ingest_id=ingest_id, run_id=run_id,
                                         default_template=default_template, skip_bad=skip_bad, report=report,

@@ -110,6 +110,38 @@ MIGRATIONS: list[str] = [
         p_token DOUBLE, q_token DOUBLE
     );
     """,
+    # 3: what serving engines report: windows of counts (log lines, per-request JSON) and raw Prometheus samples.
+    """
+    CREATE SEQUENCE window_ids START 1;
+    CREATE TABLE engine_windows (
+        window_id     BIGINT PRIMARY KEY DEFAULT nextval('window_ids'),
+        ingest_id     INTEGER NOT NULL,
+        segment_id    INTEGER NOT NULL,
+        engine        VARCHAR NOT NULL,        -- vllm, llama.cpp, sglang
+        source        VARCHAR NOT NULL,        -- which output: vllm-v1-log, llama-server, prometheus, ...
+        line          INTEGER,
+        start_ts      TIMESTAMP,
+        end_ts        TIMESTAMP NOT NULL,      -- UTC
+        ts_inferred   BOOLEAN NOT NULL,
+        drafts        DOUBLE,                  -- verification steps that drafted
+        draft_tokens  DOUBLE,
+        accepted_tokens DOUBLE,
+        accepted_per_position DOUBLE[],        -- drafts whose accepted prefix reached position i (cumulative counts)
+        k             INTEGER,
+        mean_acceptance_length DOUBLE,         -- as reported (bonus token included)
+        reported_rate DOUBLE,                  -- the engine's own acceptance rate, in its own definition
+        labels        JSON
+    );
+    CREATE TABLE counter_samples (
+        ingest_id   INTEGER NOT NULL,
+        segment_id  INTEGER NOT NULL,
+        metric      VARCHAR NOT NULL,          -- e.g. vllm:spec_decode_num_drafts_total
+        series      VARCHAR NOT NULL,          -- the label set, canonical JSON (one counter per series)
+        labels      JSON,
+        ts          TIMESTAMP NOT NULL,
+        value       DOUBLE NOT NULL
+    );
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

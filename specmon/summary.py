@@ -12,14 +12,11 @@ from datetime import datetime
 
 import pandas as pd
 
-from specmon import stats, theory
+from specmon import engine_summary, stats, theory
+from specmon.segments import BUCKETS, CONFIDENCE, segment_status
 from specmon.store import Store
 
 GROUPINGS = ("run", "template", "day")
-# Time buckets for timelines: name -> DuckDB interval (a fixed list, so no user text reaches the SQL).
-BUCKETS = {"hour": "1 hour", "6 hours": "6 hours", "day": "1 day", "week": "7 days"}
-STATUSES = ("healthy", "at risk", "losing", "unknown")
-CONFIDENCE = 0.95
 # |z| above this says observed and predicted acceptance differ beyond sampling noise (two-sided p ~ 0.003).
 GAP_Z_LIMIT = 3.0
 
@@ -72,20 +69,6 @@ def _finite(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
 
 
-def segment_status(alpha_lo: float, alpha_hi: float, break_even: float) -> str:
-    """healthy: alpha's interval lies above alpha*; losing: below it; at risk: it straddles alpha*.
-
-    break_even is nan where c > 1: then even perfect acceptance cannot pay for the drafts.
-    """
-    if math.isnan(break_even):
-        return "losing"
-    if alpha_lo > break_even:
-        return "healthy"
-    if alpha_hi < break_even:
-        return "losing"
-    return "at risk"
-
-
 def _gap(row: dict) -> tuple[float | None, str | None]:
     """z of observed acceptance against predicted beta's interval (0 inside it); cluster-robust."""
     if not row["b_checked"]:
@@ -131,8 +114,11 @@ def summarize(store: Store, by: str = "template", c: float | None = None, *, run
                                                       else "NULL::TIMESTAMP", **fmt), params)
         for rec in map(_clean, pos_df.to_dict("records")):
             positions.setdefault((rec["run"], rec["template"], rec["bucket"]), []).append(rec)
-    return [_segment(row, positions.get((row["run"], row["template"], row["bucket"]), []), c, by, day_output)
+    rows = [_segment(row, positions.get((row["run"], row["template"], row["bucket"]), []), c, by, day_output)
             for row in (_clean(r) for r in step_rows)]
+    if not params[0]:  # engine data is the user's own: never mixed with the demo
+        rows += engine_summary.summarize_engines(store, by, c, run=run, bucket=bucket, since=since)
+    return rows
 
 
 def _clean(row: dict) -> dict:
@@ -236,6 +222,7 @@ def _segment(row: dict, positions: list[dict], c_given: float | None, by: str, d
         "status": status,
         "first_ts": row["first_ts"].isoformat() if row["first_ts"] is not None else None,
         "last_ts": row["last_ts"].isoformat() if row["last_ts"] is not None else None,
+        "source": "steplog",
         "ts_inferred_steps": int(row["ts_inferred"]),
         "last_ingest": row["last_ingest"].isoformat(),
         "per_position": pos_out,

@@ -81,7 +81,7 @@ def test_check_on_the_demo_template_change(tmp_path, specmon_cmd):
     assert r.returncode == 0
     r = run(specmon_cmd, "check", "--db", db)
     assert r.returncode == 1
-    assert b"LOSING: run 'prod', template 'v2'" in r.stdout and b"'v1'" not in r.stdout
+    assert b"LOSING: run 'prod', template 'v2'" in r.stdout and b"template 'v1': alpha" not in r.stdout
 
 
 def test_summary_loads_the_demo_into_an_empty_database(tmp_path, specmon_cmd):

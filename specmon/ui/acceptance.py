@@ -5,7 +5,8 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from specmon.summary import BUCKETS, GAP_Z_LIMIT
+from specmon.segments import BUCKETS
+from specmon.summary import GAP_Z_LIMIT
 from specmon.ui import data
 from specmon.ui.widgets import EMPTY, demo_banner, fmt, guarded, pick_segment
 
