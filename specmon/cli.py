@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from specmon import __version__, alarms, demo, drift, sampler, summary, theory
+from specmon import __version__, alarms, demo, drift, prometheus, sampler, summary, theory
 from specmon.faults import SpecmonError
-from specmon.ingest import FORMATS, ingest_file, ingest_stream
+from specmon.ingest import FORMATS, ingest_file, ingest_samples, ingest_stream
 from specmon.steplog import DEFAULT_SUM_TOLERANCE
 from specmon.store import DB_ENV, DEFAULT_DB, Store
 
@@ -197,6 +197,29 @@ def cmd_check(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _duration_seconds(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    if not (text[:-1].replace(".", "", 1).isdigit() and text[-1] in units):
+        raise SpecmonError(f"{text!r} is not a duration like 30s, 1m, 6h or 2d")
+    return float(text[:-1]) * units[text[-1]]
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    end = datetime.now(timezone.utc).replace(tzinfo=None)
+    start = end - timedelta(seconds=_duration_seconds(args.since))
+    samples = prometheus.pull(args.prometheus, start, end, _duration_seconds(args.step))
+    if not samples:
+        _err(f"{args.prometheus}: no vllm:/llamacpp: spec_decode counters or sglang:spec_ gauges since {args.since}")
+        return EXIT_FINDING
+    with _open_store(args) as store:
+        result = ingest_samples(store, samples, f"{args.prometheus} since {args.since}", args.run, args.template)
+    if result.status == "already ingested":
+        print(f"{args.prometheus}: nothing new since the last pull")
+    else:
+        print(f"{args.prometheus}: stored {result.steps} new samples of {len(samples)} in run {args.run!r}")
+    return EXIT_OK
+
+
 def cmd_alert_rule(args: argparse.Namespace) -> int:
     print(alarms.prometheus_alert_rule(args.k, args.c, window=args.window, for_=args.for_,
                                        metric_prefix=args.prefix), end="")
@@ -331,6 +354,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"expected steps between false alarms when nothing changed (default {drift.DEFAULT_ARL0_STEPS})")
     p.add_argument("--json", action="store_true", help="problems, statuses, alarms and template changes as JSON")
     p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("pull", parents=[db], help="store speculative-decoding counters from a Prometheus server",
+                       description="Read vLLM's (or llama.cpp's) spec_decode counters and SGLang's gauges from the "
+                                   "Prometheus HTTP API (query_range) and store the samples; windows are the "
+                                   "differences between consecutive samples of each series, restarts handled.")
+    p.add_argument("--prometheus", required=True, metavar="URL", help="e.g. http://prometheus:9090")
+    p.add_argument("--since", default="6h", help="how far back (default 6h): 30m, 6h, 2d")
+    p.add_argument("--step", default="1m", help="sample spacing (default 1m)")
+    p.add_argument("--run", default="prometheus", help="run to store into (default prometheus)")
+    p.add_argument("--template", help="segment label for these samples")
+    p.set_defaults(func=cmd_pull)
 
     p = sub.add_parser("alert-rule", help="print a Prometheus alerting rule over vLLM's counters",
                        description="A Prometheus rule that fires while accepted tokens per draft over a window is "

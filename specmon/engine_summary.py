@@ -53,13 +53,15 @@ def windows(store: Store, run: str | None = None) -> pd.DataFrame:
         else counted
 
 
+def _has_positions(value: object) -> bool:
+    return isinstance(value, (list, np.ndarray)) and len(value) > 0
+
+
 def _window_checks(w: pd.Series) -> tuple[float, float] | None:
     """(accepted, checked) positions of one window, where its per-position counts allow it."""
-    per_pos = w["accepted_per_position"]
-    if per_pos is None or (isinstance(per_pos, float) and math.isnan(per_pos)) or w["drafts"] is None \
-            or pd.isna(w["drafts"]) or len(per_pos) == 0:
+    if not _has_positions(w["accepted_per_position"]) or pd.isna(w["drafts"]):
         return None
-    per_pos = list(per_pos)
+    per_pos = list(w["accepted_per_position"])
     return float(sum(per_pos)), float(w["drafts"] + sum(per_pos[:-1]))
 
 
@@ -102,7 +104,7 @@ def _segment(key: dict, part: pd.DataFrame, c_given: float | None, bucketed: boo
         a, n = np.array(checks).T
         iv = stats.cluster_robust_interval(a, n, CONFIDENCE)
         alpha, alpha_lo, alpha_hi = iv.estimate, iv.lo, iv.hi
-        with_pp = part[part["accepted_per_position"].map(lambda v: v is not None and not isinstance(v, float))]
+        with_pp = part[part["accepted_per_position"].map(_has_positions) & part["drafts"].notna()]
         width = max(len(v) for v in with_pp["accepted_per_position"])
         acc = np.zeros(width)
         for v in with_pp["accepted_per_position"]:

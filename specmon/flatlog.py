@@ -83,7 +83,7 @@ def load(cur: duckdb.DuckDBPyConnection, path: str, fmt: str, name: str) -> tupl
     if missing:
         faults.append(Fault(name, 1, missing[0], f"required column is missing (the flat form needs {', '.join(REQUIRED)})"))
         return None, faults
-    rows = cur.execute("SELECT count(*) FROM flat_raw").fetchone()[0]
+    rows = cur.execute("SELECT count(*) FROM flat_raw").fetchall()[0][0]
     return FlatFile([c for c in KNOWN if c in header], rows, [c for c in header if c not in KNOWN]), faults
 
 
@@ -109,7 +109,7 @@ def check(cur: duckdb.DuckDBPyConnection, flat: FlatFile, name: str) -> list[Fau
     """Type, range and per-step checks; every fault names its line and column. Builds temp table flat_typed."""
     cols = flat.columns
     cur.execute(f"CREATE OR REPLACE TEMP TABLE flat_typed AS SELECT {_typed_select(cols)} FROM flat_raw")
-    min_pos = cur.execute("SELECT min(position) FROM flat_typed").fetchone()[0]
+    min_pos = cur.execute("SELECT min(position) FROM flat_typed").fetchall()[0][0]
     base = 0 if min_pos == 0 else 1  # a file numbered from 0 (as vLLM numbers positions) is shifted to 1..g
     checks: list[str] = []
     for c in cols:
@@ -228,6 +228,6 @@ def insert(
         [ingest_id, ingest_time],
     )
     cur.execute("INSERT INTO positions SELECT * FROM flat_pos")
-    steps, inferred = cur.execute("SELECT count(*), count(*) FILTER (WHERE ts IS NULL) FROM flat_steps").fetchone()
-    positions = cur.execute("SELECT count(*) FROM flat_pos").fetchone()[0]
+    steps, inferred = cur.execute("SELECT count(*), count(*) FILTER (WHERE ts IS NULL) FROM flat_steps").fetchall()[0]
+    positions = cur.execute("SELECT count(*) FROM flat_pos").fetchall()[0][0]
     return int(steps), int(positions), int(inferred)

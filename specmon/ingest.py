@@ -306,13 +306,13 @@ def write_samples(cur, samples: list, ingest_id: int, segment_id: int) -> int:
                                                 ("labels", pa.string()), ("ts", pa.timestamp("us")),
                                                 ("value", pa.float64())]))
     cur.register("new_samples", df)
-    before = cur.execute("SELECT count(*) FROM counter_samples").fetchone()[0]
+    before = cur.execute("SELECT count(*) FROM counter_samples").fetchall()[0][0]
     cur.execute(
         "INSERT INTO counter_samples SELECT ?, ?, n.metric, n.series, n.labels::JSON, n.ts, n.value "
         "FROM new_samples n WHERE NOT EXISTS (SELECT 1 FROM counter_samples c WHERE c.segment_id = ? "
         "AND c.metric = n.metric AND c.series = n.series AND c.ts = n.ts)", [ingest_id, segment_id, segment_id])
     cur.unregister("new_samples")
-    return cur.execute("SELECT count(*) FROM counter_samples").fetchone()[0] - before
+    return cur.execute("SELECT count(*) FROM counter_samples").fetchall()[0][0] - before
 
 
 def _ingest_flat(cur, path: str, fmt: str, name: str, result: IngestResult, *, ingest_id: int, run_id: int,
@@ -388,7 +388,7 @@ def ingest_file(
             if result.fault_count and not skip_bad:
                 raise _Rejected(result.faults)
         with store.transaction() as cur:
-            if cur.execute("SELECT 1 FROM ingests WHERE sha256 = ?", [sha]).fetchone():
+            if cur.execute("SELECT 1 FROM ingests WHERE sha256 = ?", [sha]).fetchall():
                 _discard_staged(cur, load_id)
                 return _already(result)  # another session stored the same file meanwhile
             run_id = get_or_create_run(cur, run, "steplog" if fmt in STEP_FORMATS else "engine", demo, None)
@@ -396,7 +396,7 @@ def ingest_file(
                 "INSERT INTO ingests (file_name, sha256, ingested_at, source_format, run_id, rows_read, steps, "
                 "positions, rejected) VALUES (?, ?, ?, ?, ?, 0, 0, 0, 0) RETURNING ingest_id",
                 [Path(name).name, sha, ingest_time, fmt, run_id],
-            ).fetchone()[0]
+            ).fetchall()[0][0]
             if staged:
                 _publish_staged(cur, load_id, run_id, ingest_id)
             elif fmt in ("engine-log", "engine-json", "prometheus"):
@@ -457,3 +457,24 @@ def ingest_history(store: Store):
         "i.positions, i.rejected, i.notes, i.sha256 FROM ingests i JOIN runs r USING (run_id) "
         "ORDER BY i.ingested_at DESC, i.ingest_id DESC"
     )
+
+
+def ingest_samples(store: Store, samples: list, name: str, run: str, template: str | None = None) -> IngestResult:
+    """Store samples pulled from a Prometheus server as one ingest; samples already stored are skipped, and a
+    pull that brings nothing new is reported as already ingested."""
+    result = IngestResult(file=name, status="stored", source_format="prometheus-api", run=run)
+    digest = hashlib.sha256(b"".join(f"{s.metric}{s.series}{s.ts.isoformat()}{s.value!r}\n".encode()
+                                     for s in samples)).hexdigest()
+    with store.transaction() as cur:
+        if cur.execute("SELECT 1 FROM ingests WHERE sha256 = ?", [digest]).fetchall():
+            return _already(result)
+        run_id = get_or_create_run(cur, run, "engine", False, None)
+        ingest_id = cur.execute(
+            "INSERT INTO ingests (file_name, sha256, ingested_at, source_format, run_id, rows_read, steps, "
+            "positions, rejected) VALUES (?, ?, ?, 'prometheus-api', ?, ?, 0, 0, 0) RETURNING ingest_id",
+            [name, digest, _utc_now(), run_id, len(samples)]).fetchall()[0][0]
+        new = write_samples(cur, samples, ingest_id, get_or_create_segment(cur, run_id, template or ""))
+        cur.execute("UPDATE ingests SET steps = ? WHERE ingest_id = ?", [new, ingest_id])
+        result.rows_read, result.steps = len(samples), new
+        result.notes.append(f"{new} new samples of {len(samples)} pulled")
+    return result

@@ -102,7 +102,7 @@ def counter_windows(samples: pd.DataFrame) -> pd.DataFrame:
     g = counters.groupby(["segment_id", "metric", "series"], sort=False)
     counters = counters.assign(prev=g["value"].shift(), start_ts=g["ts"].shift())
     d = counters[counters["prev"].notna()].copy()
-    d["delta"] = d["value"].where(d["value"] >= d["prev"], d["value"])
+    d["delta"] = (d["value"] - d["prev"]).where(d["value"] >= d["prev"], d["value"])
     d["kind"] = d["metric"].str.split(":").str[1]
     d["position"] = d["labels"].map(lambda s: json.loads(s).get("position") if s else None)
     rows = []

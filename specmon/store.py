@@ -154,11 +154,10 @@ def default_db_path() -> str:
 def schema_version(conn: duckdb.DuckDBPyConnection) -> int:
     exists = conn.execute(
         "SELECT count(*) FROM information_schema.tables WHERE table_name = 'schema_version'"
-    ).fetchone()[0]
+    ).fetchall()[0][0]
     if not exists:
         return 0
-    row = conn.execute("SELECT max(version) FROM schema_version").fetchone()
-    return int(row[0] or 0)
+    return int(conn.execute("SELECT max(version) FROM schema_version").fetchall()[0][0] or 0)
 
 
 def migrate(conn: duckdb.DuckDBPyConnection, path: str, upto: int = SCHEMA_VERSION) -> None:
@@ -258,8 +257,9 @@ class Store:
 
 
 def get_or_create_run(cur: duckdb.DuckDBPyConnection, name: str, source: str, demo: bool, meta: str | None) -> int:
-    row = cur.execute("SELECT run_id, demo FROM runs WHERE name = ?", [name]).fetchone()
-    if row:
+    rows = cur.execute("SELECT run_id, demo FROM runs WHERE name = ?", [name]).fetchall()
+    if rows:
+        row = rows[0]
         if row[1] != demo:
             kind = "demo" if row[1] else "user"
             raise SpecmonError(f"run name {name!r} belongs to {kind} data; choose another --run")
@@ -267,17 +267,17 @@ def get_or_create_run(cur: duckdb.DuckDBPyConnection, name: str, source: str, de
     return cur.execute(
         "INSERT INTO runs (name, source, demo, created_at, meta) VALUES (?, ?, ?, now()::TIMESTAMP, ?) RETURNING run_id",
         [name, source, demo, meta],
-    ).fetchone()[0]
+    ).fetchall()[0][0]
 
 
 def get_or_create_segment(cur: duckdb.DuckDBPyConnection, run_id: int, template: str) -> int:
-    row = cur.execute("SELECT segment_id FROM segments WHERE run_id = ? AND template = ?", [run_id, template]).fetchone()
-    if row:
-        return row[0]
+    rows = cur.execute("SELECT segment_id FROM segments WHERE run_id = ? AND template = ?", [run_id, template]).fetchall()
+    if rows:
+        return rows[0][0]
     return cur.execute(
         "INSERT INTO segments (run_id, template) VALUES (?, ?) RETURNING segment_id", [run_id, template]
-    ).fetchone()[0]
+    ).fetchall()[0][0]
 
 
 def next_step_id(cur: duckdb.DuckDBPyConnection) -> int:
-    return int(cur.execute("SELECT coalesce(max(step_id), 0) + 1 FROM steps").fetchone()[0])
+    return int(cur.execute("SELECT coalesce(max(step_id), 0) + 1 FROM steps").fetchall()[0][0])

@@ -1,0 +1,206 @@
+"""Engine outputs, built from the engines' own format strings (formats.md §2) with realistic values, mixed into
+noise, and malformed variants."""
+import json
+import os
+
+import pytest
+
+from specmon.ingest import detect_format, ingest_file
+from specmon.summary import summarize
+
+VLLM_V1 = ("SpecDecoding metrics: Mean acceptance length: %.2f, Accepted throughput: %.2f tokens/s, Drafted "
+           "throughput: %.2f tokens/s, Accepted: %d tokens, Drafted: %d tokens, Per-position acceptance rate: %s, "
+           "Avg Draft acceptance rate: %.1f%%")
+VLLM_V1_DEPTH = VLLM_V1.replace("Mean acceptance", "Current speculative depth: %d, Mean acceptance")
+VLLM_V1_EARLY = "SpecDecoding metrics: Draft acceptance rate: %.1f%%, Accepted: %d tokens, Drafted: %d tokens"
+VLLM_V0 = ("Speculative metrics: Draft acceptance rate: %.3f, System efficiency: %.3f, Number of speculative tokens: "
+           "%d, Number of accepted tokens: %d, Number of draft tokens: %d, Number of emitted tokens: %d.")
+LLAMA_EXAMPLE = "n_draft   = %d\nn_predict = %d\nn_drafted = %d\nn_accept  = %d\naccept    = %.3f%%\n"
+LLAMA_SERVER_1 = "draft acceptance rate = %0.5f (%5d accepted / %5d generated)\n"
+LLAMA_SERVER_2 = ("draft acceptance = %0.5f (%5d accepted / %5d generated), mean acceptance length = %5.2f, "
+                  "acceptance rate per position = (%s)\n")
+LLAMA_SERVER_3 = "draft acceptance = %0.5f (%5d accepted / %5d generated), mean len = %5.2f\n"
+SGLANG = ("Decode batch, #running-req: %d, #token: %d, token usage: %.2f, accept len: %.2f, accept rate: %.2f, "
+          "cuda graph: True, gen throughput (token/s): %.2f, #queue-req: %d")
+PREFIX = "(APIServer pid=4242) INFO 11-29 10:%02d:%02d [metrics.py:86] "
+NOISE = ["(APIServer pid=4242) INFO 11-29 10:00:00 [api_server.py:1090] Starting vLLM API server on http://0.0.0.0:8000",
+         "(APIServer pid=4242) INFO 11-29 10:00:10 [loggers.py:123] Engine 000: Avg prompt throughput: 512.3 tokens/s, "
+         "Avg generation throughput: 220.1 tokens/s, Running: 4 reqs, Waiting: 0 reqs, GPU KV cache usage: 3.1%",
+         "INFO:     127.0.0.1:51234 - \"POST /v1/completions HTTP/1.1\" 200 OK"]
+
+
+def v1_line(minute, second, drafts, per_pos, depth=None):
+    k = len(per_pos)
+    acc = sum(per_pos)
+    rates = ", ".join(f"{a / drafts:.3f}" for a in per_pos)
+    args = (1 + acc / drafts, acc / 10, drafts * k / 10, acc, drafts * k, rates, 100 * acc / (drafts * k))
+    body = VLLM_V1_DEPTH % ((depth,) + args) if depth else VLLM_V1 % args
+    return PREFIX % (minute, second) + body
+
+
+def write(tmp_path, name, lines):
+    p = tmp_path / name
+    p.write_text("\n".join(lines) + "\n")
+    return str(p)
+
+
+def only(store):
+    rows = summarize(store)
+    assert len(rows) == 1
+    return rows[0]
+
+
+def test_vllm_v1_server_log_with_noise(store, tmp_path):
+    lines = NOISE[:2] + [v1_line(0, 10, 100, [80, 60, 40]), NOISE[2], v1_line(0, 20, 200, [150, 100, 60], depth=3),
+                         NOISE[1]]
+    path = write(tmp_path, "vllm.log", lines)
+    assert detect_format(path) == "engine-log"
+    res = ingest_file(store, path)
+    assert res.status == "stored" and res.steps == 2
+    seg = only(store)
+    # per-token alpha = accepted / checked = (180 + 310) / ((100 + 80 + 60) + (200 + 150 + 100))
+    assert seg["alpha"] == pytest.approx(490 / 690, abs=1e-9)
+    assert seg["tokens_per_step"] == pytest.approx(1 + 490 / 300)
+    assert seg["draft_acceptance_rate"] == pytest.approx(490 / 900)  # vLLM's "Avg Draft acceptance rate"
+    assert [round(p["cumulative"], 4) for p in seg["per_position"]] == [round(230 / 300, 4), round(160 / 300, 4),
+                                                                         round(100 / 300, 4)]
+    assert seg["beta"] is None and seg["source"] == "engine" and seg["k"] == 3
+    assert seg["first_ts"].endswith("-11-29T10:00:10")
+
+
+def test_vllm_early_v1_and_v0(store, tmp_path):
+    early = PREFIX % (1, 0) + VLLM_V1_EARLY % (62.5, 250, 400)
+    v0 = [PREFIX % (2, s) + VLLM_V0 % (acc / dr, 0.7, 4, acc, dr, em)
+          for s, (acc, dr, em) in enumerate([(100, 160, 140), (400, 640, 560), (50, 80, 70)])]  # then a restart
+    path = write(tmp_path, "mixed.log", [early] + v0)
+    res = ingest_file(store, path)
+    assert res.status == "stored"
+    rows = store.query("SELECT source, drafts, draft_tokens, accepted_tokens, mean_acceptance_length, reported_rate "
+                       "FROM engine_windows ORDER BY line")
+    assert rows[0] == ("vllm-v1-early-log", None, 400.0, 250.0, None, 0.625)
+    # V0 totals are running sums: one window (the difference of the first two lines); the third line restarts them
+    assert rows[1] == ("vllm-v0-log", 120.0, 480.0, 300.0, pytest.approx(420 / 120), pytest.approx(0.625))
+    assert len(rows) == 2
+    seg = only(store)
+    assert seg["alpha"] is None and "per-position counts" in seg["note"]
+
+
+def test_llama_cpp_outputs(store, tmp_path):
+    example = (LLAMA_EXAMPLE % (8, 256, 320, 200, 62.5)).splitlines()
+    server = [
+        "slot release: id  0 | task 12 | " + LLAMA_SERVER_1.strip() % (0.5, 50, 100),
+        "slot release: id  0 | task 13 | " + LLAMA_SERVER_2.strip() % (0.6, 60, 100, 2.5, "0.700, 0.500, 0.300"),
+        "slot release: id  0 | task 14 | " + LLAMA_SERVER_3.strip() % (0.75, 75, 100, 4.0),
+        "     acc per pos = (0.900, 0.800, 0.700, 0.600)",
+    ]
+    path = write(tmp_path, "llama.log", ["main: loading model"] + example + server)
+    res = ingest_file(store, path)
+    assert res.status == "stored" and res.steps == 4
+    rows = store.query("SELECT source, drafts, draft_tokens, accepted_tokens, accepted_per_position, k FROM "
+                       "engine_windows ORDER BY line")
+    assert rows[0] == ("llama-example", None, 320.0, 200.0, None, 8)
+    assert rows[1][:4] == ("llama-server", None, 100.0, 50.0)
+    assert rows[2][1] == pytest.approx(40.0) and rows[2][4] == pytest.approx([28.0, 20.0, 12.0])
+    assert rows[3][1] == pytest.approx(25.0) and rows[3][4] == pytest.approx([22.5, 20.0, 17.5, 15.0])
+
+
+def test_sglang_decode_lines(store, tmp_path):
+    lines = ["[2026-11-29 10:00:00 TP0] Prefill batch. #new-seq: 1, #new-token: 32",
+             "[2026-11-29 10:00:01 TP0] " + SGLANG % (4, 900, 0.01, 3.21, 0.74, 410.5, 0),
+             "[2026-11-29 10:00:02 TP0] " + SGLANG % (4, 980, 0.01, 2.79, 0.61, 380.1, 0)]
+    res = ingest_file(store, write(tmp_path, "sglang.log", lines))
+    assert res.status == "stored"
+    seg = only(store)
+    assert seg["tokens_per_step"] == pytest.approx(3.0)  # accept len includes the bonus: it is L
+    assert "unweighted mean" in seg["note"] and seg["alpha"] is None
+
+
+def test_json_responses(store, tmp_path):
+    vllm = {"id": "cmpl-1", "created": 1796032800, "model": "llama", "metrics": {"speculative_decoding": {
+        "mean_acceptance_length": 2.5, "draft_acceptance_rate": 0.5, "acceptance_histogram": [2, 2, 2, 4],
+        "num_spec_steps": 10, "num_accepted_draft_tokens": 18, "num_draft_tokens": 30, "num_spec_tokens": 3}}}
+    detailed = {"id": "cmpl-2", "metrics": {"speculative_decoding": {
+        "mean_acceptance_length": 2.0, "draft_acceptance_rate": 1 / 3, "num_spec_steps": 3,
+        "num_accepted_draft_tokens": 3, "num_draft_tokens": 9, "num_spec_tokens": 3,
+        "per_step_accepted": [0, 1, 2], "per_step_drafted": [3, 3, 3]}}}
+    llama = {"content": "...", "timings": {"predicted_n": 64, "draft_n": 40, "draft_n_accepted": 30}}
+    llama_none = {"content": "...", "timings": {"predicted_n": 64}}  # nothing drafted: no window
+    path = tmp_path / "responses.jsonl"
+    path.write_text("\n".join(json.dumps(o) for o in (vllm, detailed, llama, llama_none)) + "\n")
+    assert detect_format(str(path)) == "engine-json"
+    res = ingest_file(store, str(path))
+    assert res.status == "stored" and res.steps == 3
+    rows = store.query("SELECT source, drafts, accepted_per_position FROM engine_windows ORDER BY line")
+    assert rows[0] == ("vllm-request", 10.0, [8.0, 6.0, 4.0])  # from the histogram: steps reaching 1, 2, 3
+    assert rows[1] == ("vllm-request", 3.0, [2.0, 1.0, 0.0])  # from per_step_accepted
+    assert rows[2][0] == "llama-timings"
+
+
+@pytest.mark.parametrize("line,phrase", [
+    (PREFIX % (0, 1) + "SpecDecoding metrics: Mean acceptance length: 2.80, Accepted: lots", "SpecDecoding"),
+    ("draft acceptance = 0.5 (accepted / generated)", "llama-server"),
+    ("Speculative metrics: Draft acceptance rate: 0.5, System efficiency: x", "V0"),
+    ("[2026-11-29 10:00:01 TP0] Decode batch, #running-req: 1, accept len: ??", "SGLang"),
+])
+def test_a_malformed_line_is_reported_with_its_number(store, tmp_path, line, phrase):
+    path = write(tmp_path, "bad.log", [NOISE[0], v1_line(0, 10, 100, [80, 60, 40]), line])
+    res = ingest_file(store, path)
+    assert res.status == "rejected"
+    assert res.faults[0].line == 3 and phrase in res.faults[0].reason
+    assert store.query("SELECT count(*) FROM engine_windows")[0][0] == 0
+    res = ingest_file(store, path, skip_bad=True, report_path=str(tmp_path / "rep.jsonl"))
+    assert res.status == "stored" and res.steps == 1 and res.rejected == 1
+
+
+def test_a_log_without_metrics_says_so(store, tmp_path):
+    path = write(tmp_path, "quiet.log", NOISE + ["SpecDecoding metrics: Draft acceptance rate: 50.0%, Accepted: 5 tokens, "
+                                                 "Drafted: 10 tokens"])
+    assert ingest_file(store, path).status == "stored"
+    quiet = write(tmp_path, "none.log", ["n_drafted = 5", "hello"])
+    res = ingest_file(store, quiet, fmt="engine-log")
+    assert res.status == "rejected" and "no speculative-decoding lines" in res.faults[0].reason
+
+
+EXPOSITION = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{{engine="0",model_name="llama"}} {drafts}
+# TYPE vllm:spec_decode_num_draft_tokens_total counter
+vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="llama"}} {draft_tokens}
+# TYPE vllm:spec_decode_num_accepted_tokens_total counter
+vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="llama"}} {accepted}
+# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter
+vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="llama",position="0"}} {p0}
+vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="llama",position="1"}} {p1}
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{engine="0",model_name="llama"}} 3.0
+"""
+
+
+def scrape(tmp_path, n, mtime, **values):
+    p = tmp_path / f"metrics-{n}.txt"
+    p.write_text(EXPOSITION.format(**values))
+    os.utime(p, (mtime, mtime))
+    return str(p)
+
+
+def test_saved_metrics_pages_become_windows_with_restarts_handled(store, tmp_path):
+    t0 = 1796032800
+    pages = [scrape(tmp_path, 0, t0, drafts=100, draft_tokens=200, accepted=120, p0=70, p1=50),
+             scrape(tmp_path, 1, t0 + 60, drafts=300, draft_tokens=600, accepted=330, p0=190, p1=140),
+             # the server restarted: counters fell, and this window counts what the new process did
+             scrape(tmp_path, 2, t0 + 120, drafts=50, draft_tokens=100, accepted=60, p0=35, p1=25)]
+    for page in pages:
+        assert detect_format(page) == "prometheus"
+        assert ingest_file(store, page, run="fleet").status == "stored"
+    seg = only(store)
+    # windows: (200 drafts, 400 draft tokens, 210 accepted, per-pos 120/90) and (50, 100, 60, 35/25)
+    assert seg["steps"] == 250 and seg["drafted"] == 500 and seg["accepted"] == 270
+    assert seg["alpha"] == pytest.approx(270 / (250 + 155), abs=1e-9)
+    assert seg["tokens_per_step"] == pytest.approx(1 + 270 / 250)
+
+
+def test_a_bad_sample_line_is_reported(store, tmp_path):
+    p = tmp_path / "bad.txt"
+    p.write_text('vllm:spec_decode_num_drafts_total{engine="0"} 1.0\nvllm:spec_decode_num_draft_tokens_total{engine="0" 5\n')
+    res = ingest_file(store, str(p))
+    assert res.status == "rejected" and res.faults[0].line == 2
