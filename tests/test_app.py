@@ -101,3 +101,19 @@ def test_losslessness_shows_the_pit_test(app_db):
         pit = lossless.pit_check(store, run, template)
     assert at.metric[0].value == f"{n:,}" and at.metric[2].value == f"{pit.ks.pvalue:.3g}"
     assert any("consistent with lossless" in m.value for m in at.markdown)
+
+
+def test_every_page_renders_with_engine_data(app_db, tmp_path):
+    from specmon.ingest import ingest_file
+    from test_engines import v1_line
+    log = tmp_path / "vllm.log"
+    log.write_text("\n".join(v1_line(m, 0, 100 + m, [80, 60, 40]) for m in range(30)) + "\n")
+    with Store(app_db) as store:
+        assert ingest_file(store, str(log), run="vllm-prod").status == "stored"
+    for page in PAGES:
+        at = open_page(page)
+        assert not at.error, (page, [e.value for e in at.error])
+        if page == "overview":
+            assert list(at.dataframe[0].value["run"]) == ["vllm-prod"]
+        if page == "acceptance":
+            assert any("Engine-reported figures" in i.value for i in at.info)

@@ -99,7 +99,11 @@ def render() -> None:
         f"{fmt(seg['beta_lo'])} – {fmt(seg['beta_hi'])}" if seg["beta_lo"] is not None else "not logged")
     c2.metric("predicted beta", beta, help="mean of Σ min(p, q) over checked positions; an interval for top-k logs")
     c3.metric("tokens per step L", fmt(seg["tokens_per_step"], ".2f"), help="1 + mean accepted prefix")
-    c4.metric("steps", f"{seg['steps']:,}", help=f"{seg['requests']:,} requests")
+    c4.metric("steps", f"{seg['steps']:,}",
+              help=f"{seg['requests']:,} requests" if seg["requests"] is not None else "drafts the engine counted")
+    if seg.get("source") == "engine":
+        st.info(f"Engine-reported figures ({seg['engine']}): counts only, so there is no predicted beta to compare "
+                "with. " + (seg["note"] or ""))
     st.markdown(verdict(seg))
 
     st.subheader("Per draft position")
@@ -108,7 +112,10 @@ def render() -> None:
                "interval at the segment's effective sample size). Predicted beta: the mean acceptance probability "
                "the logged distributions imply. Cumulative: accepted at position i / all steps — the number vLLM "
                "and llama.cpp print as 'per-position acceptance rate'; 1 + their sum = L.")
-    st.dataframe(pd.DataFrame(seg["per_position"]), hide_index=True, width="stretch")
+    if seg["per_position"]:
+        st.dataframe(pd.DataFrame(seg["per_position"]), hide_index=True, width="stretch")
+    else:
+        st.caption("No per-position counts for this segment.")
 
     st.subheader("Over time")
     bucket = st.radio("bucket", list(BUCKETS), index=list(BUCKETS).index("day"), horizontal=True,

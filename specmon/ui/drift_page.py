@@ -74,7 +74,8 @@ def render() -> None:
     result = data.drift(run)
     st.subheader("Alarms")
     if result.design is None:
-        st.info("Too few checked positions to calibrate the detector.")
+        st.info("The drift detector works on step logs (one record per verification step); this run has none, "
+                "so only the per-bucket status above the break-even line applies.")
     else:
         d = result.design
         st.caption(f"One-sided Bernoulli CUSUM from the reference acceptance p0 = {d.p0:.3f} (the run's first "
