@@ -1,9 +1,10 @@
-"""Ingest a log file into the store: detect its format, validate it, and store it in one transaction.
+"""Ingest a file into the store: detect its format, validate it, and make it visible in one transaction.
 
-A file is all-or-nothing: on any fault nothing of it is stored, unless skip_bad is set, in which case the good
-rows are stored and the rejected ones are written, with their reasons, to a report file. A file whose bytes
-were ingested before (same sha256) is a no-op. JSON Lines stream through in batches, so memory stays bounded
-by the batch size, not the file size.
+Formats: specmon's step log (JSON Lines, or the flat form as CSV or Parquet), engine logs and JSON responses
+(specmon.engines) and Prometheus pages (specmon.prometheus). A file is all-or-nothing: on any fault nothing of it
+is stored, unless skip_bad is set, in which case the good rows are stored and the rejected ones are written, with
+their reasons, to a report file. A file whose bytes were ingested before (same sha256) is a no-op. JSON Lines
+stream through committed staging batches, so memory stays bounded by the batch, not the file.
 """
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Callable
-from typing import IO
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import IO
 
 import orjson
 import pyarrow as pa

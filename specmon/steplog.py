@@ -108,13 +108,19 @@ def parse_ts(v: object) -> datetime:
     raise RowFault("ts", f"expected an ISO-8601 string or epoch seconds, got {_type_name(v)}")
 
 
-def _dense_rows(obj: dict, field: str, rows_allowed: tuple[int, ...], tol: float) -> np.ndarray:
+def _per_position(obj: dict, field: str, rows_allowed: tuple[int, ...], what: str) -> list:
+    """The field's list of per-position entries, of a length draft_tokens allows."""
     v = obj[field]
     if type(v) is not list:
-        raise RowFault(field, f"expected a list of probability lists, got {_type_name(v)}")
+        raise RowFault(field, f"expected a list of {what}, got {_type_name(v)}")
     if len(v) not in rows_allowed:
         want = " or ".join(str(n) for n in rows_allowed)
         raise RowFault(field, f"has {len(v)} positions; draft_tokens implies {want}")
+    return v
+
+
+def _dense_rows(obj: dict, field: str, rows_allowed: tuple[int, ...], tol: float) -> np.ndarray:
+    v = _per_position(obj, field, rows_allowed, "probability lists")
     if not v:
         return np.empty((0, 0))
     try:
@@ -140,12 +146,7 @@ def _dense_rows(obj: dict, field: str, rows_allowed: tuple[int, ...], tol: float
 
 def _topk_rows(obj: dict, field: str, rows_allowed: tuple[int, ...], tol: float) -> list[dict[str, float]]:
     """Validate top-k logprob dicts and return them as {token: probability}."""
-    v = obj[field]
-    if type(v) is not list:
-        raise RowFault(field, f"expected a list of {{token_id: logprob}} objects, got {_type_name(v)}")
-    if len(v) not in rows_allowed:
-        want = " or ".join(str(n) for n in rows_allowed)
-        raise RowFault(field, f"has {len(v)} positions; draft_tokens implies {want}")
+    v = _per_position(obj, field, rows_allowed, "{token_id: logprob} objects")
     for i, d in enumerate(v):
         if type(d) is not dict:
             raise RowFault(field, f"position {i + 1} is {_type_name(d)}, expected a {{token_id: logprob}} object")
