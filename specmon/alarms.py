@@ -14,11 +14,28 @@ import pandas as pd
 from specmon import drift, summary, theory
 from specmon.store import Store
 
+# The whole stream as numbers only (strings for millions of steps are what makes a query slow); the request ids
+# are read for the reference window alone, and per-request sums for template comparisons are done in SQL.
 _STREAM_SQL = """
-SELECT st.ts, sg.template, st.request_id, st.accepted, st.checked, coalesce(st.k, st.g) AS k
+SELECT st.accepted, st.checked, coalesce(st.k, st.g) AS k, epoch_us(st.ts) AS ts_us, st.segment_id
 FROM steps st JOIN segments sg USING (segment_id) JOIN runs r USING (run_id)
 WHERE r.name = ? ORDER BY st.ts, st.step_id
 """
+_REFERENCE_SQL = """
+SELECT st.request_id FROM steps st JOIN segments sg USING (segment_id) JOIN runs r USING (run_id)
+WHERE r.name = ? ORDER BY st.ts, st.step_id LIMIT ?
+"""
+_TEMPLATES_SQL = """
+SELECT sg.segment_id, sg.template, min(st.ts) AS first_ts FROM steps st JOIN segments sg USING (segment_id)
+JOIN runs r USING (run_id) WHERE r.name = ? GROUP BY ALL ORDER BY first_ts
+"""
+_PER_REQUEST_SQL = """
+SELECT sum(st.accepted)::DOUBLE AS accepted, sum(st.checked)::DOUBLE AS checked FROM steps st
+WHERE st.segment_id = ? GROUP BY st.request_id
+"""
+# The detector's statistic is kept at most this many points for charts (the maximum of each stretch, so peaks
+# that crossed the threshold stay visible).
+CHART_POINTS = 2000
 
 
 @dataclass(frozen=True)
@@ -76,43 +93,55 @@ class RunDrift:
     design: drift.Design | None
     alarms: list[AlarmEvent]
     changes: list[TemplateChange]
-    cusum: pd.DataFrame  # ts, template, W: the detector's statistic over time
+    cusum: pd.DataFrame  # ts, W: the detector's statistic over time (at most CHART_POINTS rows)
 
 
-def _per_request(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    g = df.groupby("request_id")[["accepted", "checked"]].sum()
-    return g["accepted"].to_numpy(float), g["checked"].to_numpy(float)
+def _per_request(store: Store, segment_id: int) -> tuple[np.ndarray, np.ndarray]:
+    df = store.query_df(_PER_REQUEST_SQL, [segment_id])
+    return df["accepted"].to_numpy(float), df["checked"].to_numpy(float)
+
+
+def _chart_points(ts_us: np.ndarray, w: np.ndarray) -> pd.DataFrame:
+    stride = max(1, -(-len(w) // CHART_POINTS))
+    starts = np.arange(0, len(w), stride)
+    return pd.DataFrame({"ts": pd.to_datetime(ts_us[starts], unit="us"), "W": np.maximum.reduceat(w, starts)})
 
 
 def analyse_run(store: Store, run: str, c: float | None = None,
                 arl0_steps: int = drift.DEFAULT_ARL0_STEPS) -> RunDrift:
     """Calibrate the detector on the run's first steps, run it, and compare every template change."""
-    df = store.query_df(_STREAM_SQL, [run])
-    if df.empty:
-        return RunDrift(run, None, [], [], pd.DataFrame(columns=["ts", "template", "W"]))
+    with store.cursor() as cur:
+        stream = cur.execute(_STREAM_SQL, [run]).fetchnumpy()
+    if not len(stream["accepted"]):
+        return RunDrift(run, None, [], [], pd.DataFrame(columns=["ts", "W"]))
     seg = summary.summarize(store, by="run", c=c, run=run, per_position=False)[0]
-    k = int(df["k"].max())
     break_even = seg["break_even_alpha"]
-    accepted = df["accepted"].to_numpy(float)
-    checked = df["checked"].to_numpy(float)
-    design = drift.design_for(accepted, checked, df["request_id"].to_numpy(), k, break_even, arl0_steps)
+    accepted = np.asarray(stream["accepted"], dtype=float)
+    checked = np.asarray(stream["checked"], dtype=float)
+    ts_us = np.asarray(stream["ts_us"], dtype=np.int64)
+    templates = store.query_df(_TEMPLATES_SQL, [run])
+    name_of = dict(zip(templates["segment_id"], templates["template"]))
+    reference = store.query_df(_REFERENCE_SQL, [run, drift.REFERENCE_STEPS])["request_id"].to_numpy()
+    design = drift.design_for(accepted, checked, reference, int(np.max(stream["k"])), break_even, arl0_steps)
     alarms: list[AlarmEvent] = []
-    w = np.zeros(len(df))
+    w = np.zeros(len(accepted))
     if design is not None:
         w, raw = drift.detect(accepted, checked, design)
-        ts = df["ts"]
-        alarms = [AlarmEvent(run, df["template"].iat[a.change_index], ts.iat[a.change_index].to_pydatetime(),
-                             ts.iat[a.alarm_index].to_pydatetime(), ts.iat[a.last_alarm_index].to_pydatetime(),
-                             a.count, bool(len(df) - a.last_alarm_index <= drift.REFERENCE_STEPS), a.alpha_before,
+
+        def when(i: int) -> datetime:
+            return pd.Timestamp(int(ts_us[i]), unit="us").to_pydatetime()
+
+        alarms = [AlarmEvent(run, name_of[stream["segment_id"][a.change_index]], when(a.change_index),
+                             when(a.alarm_index), when(a.last_alarm_index), a.count,
+                             bool(len(w) - a.last_alarm_index <= drift.REFERENCE_STEPS), a.alpha_before,
                              a.alpha_after, design, break_even) for a in raw]
     changes = []
-    order = df.groupby("template", sort=False)["ts"].min().sort_values()
-    for previous, template in zip(order.index[:-1], order.index[1:]):
-        before = df[df["template"] == previous]
-        after = df[df["template"] == template]
-        comparison = drift.compare(*_per_request(before), *_per_request(after))
-        changes.append(TemplateChange(run, template, previous, order[template].to_pydatetime(), comparison, break_even))
-    return RunDrift(run, design, alarms, changes, pd.DataFrame({"ts": df["ts"], "template": df["template"], "W": w}))
+    rows = list(templates.itertuples(index=False))
+    for previous, current in zip(rows[:-1], rows[1:]):
+        comparison = drift.compare(*_per_request(store, previous.segment_id), *_per_request(store, current.segment_id))
+        changes.append(TemplateChange(run, current.template, previous.template, current.first_ts.to_pydatetime(),
+                                      comparison, break_even))
+    return RunDrift(run, design, alarms, changes, _chart_points(ts_us, w))
 
 
 def analyse(store: Store, c: float | None = None, arl0_steps: int = drift.DEFAULT_ARL0_STEPS) -> list[RunDrift]:

@@ -98,8 +98,7 @@ def render() -> None:
         st.altair_chart(drift_chart(part, changes, marks), width="stretch")
     if result.design is not None:
         st.markdown("**Detector statistic**")
-        st.altair_chart(cusum_chart(result.cusum.iloc[:: max(1, len(result.cusum) // 2000)], result.design.h),
-                        width="stretch")
+        st.altair_chart(cusum_chart(result.cusum, result.design.h), width="stretch")
     st.dataframe(df.assign(status=df["status"].map(STATUS_BADGE)), hide_index=True, width="stretch")
 
 
