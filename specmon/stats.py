@@ -93,11 +93,16 @@ def uniformity_ks(u: np.ndarray) -> TestResult:
     return TestResult(float(res.statistic), float(res.pvalue))
 
 
+def normal_quantile(confidence: float) -> float:
+    """z such that a two-sided normal interval of this confidence is estimate +- z * se."""
+    return float(sps.norm.ppf(0.5 + confidence / 2))
+
+
 def wilson_interval(successes: float, trials: float, confidence: float = 0.95) -> tuple[float, float]:
     """Wilson score interval for a binomial proportion; trials may be an effective (non-integer) count."""
     if trials <= 0:
         return math.nan, math.nan
-    z = sps.norm.ppf(0.5 + confidence / 2)
+    z = normal_quantile(confidence)
     phat = successes / trials
     denom = 1 + z * z / trials
     centre = (phat + z * z / (2 * trials)) / denom

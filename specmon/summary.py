@@ -37,6 +37,7 @@ WITH s AS (
 ), by_request AS (
     SELECT run, template, bucket, count(*) AS requests,
            sum(accepted * accepted) AS saa, sum(accepted * checked) AS san, sum(checked * checked) AS snn,
+           sum(accepted * steps) AS sas, sum(steps * steps) AS sss,
            sum(b_checked) AS b_checked, sum(b_lo) AS b_lo, sum(b_hi) AS b_hi,
            sum(b_accepted - b_lo) AS d_lo, sum(pow(b_accepted - b_lo, 2)) AS dd_lo,
            sum(b_accepted - b_hi) AS d_hi, sum(pow(b_accepted - b_hi, 2)) AS dd_hi
@@ -67,6 +68,18 @@ GROUP BY ALL ORDER BY 1, 2, 3, 4
 
 def _finite(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
+
+
+def tokens_interval(row: dict) -> tuple[float | None, float | None]:
+    """95% interval for tokens per step L = 1 + accepted / steps, cluster-robust over requests (normal
+    approximation of the ratio estimator; needs 2 requests or more)."""
+    g, steps, acc = row["requests"], row["steps"], row["accepted"]
+    if g < 2 or not steps:
+        return None, None
+    r = acc / steps
+    resid = max(row["saa"] - 2 * r * row["sas"] + r * r * row["sss"], 0.0)
+    half = stats.normal_quantile(CONFIDENCE) * math.sqrt(g / (g - 1) * resid) / steps
+    return 1 + max(r - half, 0.0), 1 + r + half
 
 
 def _gap(row: dict) -> tuple[float | None, str | None]:
@@ -165,6 +178,11 @@ def _segment(row: dict, positions: list[dict], c_given: float | None, by: str, d
         if alpha is not None:
             s_iid = float(theory.speedup(alpha, k, c))
     tokens_per_step = 1.0 + accepted / steps if steps else None
+    tokens_lo, tokens_hi = tokens_interval(row)
+    status_model_free = "unknown"
+    if be_tokens is not None and tokens_lo is not None:
+        # L against 1 + k c, the break-even that assumes nothing about how acceptance varies (math.md)
+        status_model_free = segment_status(tokens_lo, tokens_hi, be_tokens)
     if c is not None and tokens_per_step is not None:
         # Model-free: measured tokens per step over the cost of the drafts actually made.
         s_measured = tokens_per_step / (1.0 + row["mean_g"] * c)
@@ -212,6 +230,8 @@ def _segment(row: dict, positions: list[dict], c_given: float | None, by: str, d
         "gap_z": gap_z,
         "agreement": agreement,
         "tokens_per_step": tokens_per_step,
+        "tokens_per_step_lo": tokens_lo,
+        "tokens_per_step_hi": tokens_hi,
         "mean_draft_len": _finite(row["mean_g"]),
         "c": _finite(c),
         "c_source": c_source,
@@ -220,6 +240,7 @@ def _segment(row: dict, positions: list[dict], c_given: float | None, by: str, d
         "speedup_iid": s_iid,
         "speedup_measured": _finite(s_measured),
         "status": status,
+        "status_model_free": status_model_free,
         "first_ts": row["first_ts"].isoformat() if row["first_ts"] is not None else None,
         "last_ts": row["last_ts"].isoformat() if row["last_ts"] is not None else None,
         "source": "steplog",

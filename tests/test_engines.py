@@ -204,3 +204,15 @@ def test_a_bad_sample_line_is_reported(store, tmp_path):
     p.write_text('vllm:spec_decode_num_drafts_total{engine="0"} 1.0\nvllm:spec_decode_num_draft_tokens_total{engine="0" 5\n')
     res = ingest_file(store, str(p))
     assert res.status == "rejected" and res.faults[0].line == 2
+
+
+def test_malformed_json_responses_and_example_blocks(store, tmp_path):
+    path = tmp_path / "responses.jsonl"
+    path.write_text(json.dumps({"metrics": {"speculative_decoding": {"num_draft_tokens": 3}}}) + "\n"
+                    + json.dumps({"timings": {"draft_n": "many"}}) + "\n{not json\n")
+    res = ingest_file(store, str(path), fmt="engine-json")
+    assert res.status == "rejected"
+    assert [(f.line, f.field) for f in res.faults] == [(1, "speculative_decoding"), (2, "timings"), (3, "")]
+    block = write(tmp_path, "example.log", ["n_draft   = 8", "accept    = 62.500%"])
+    res = ingest_file(store, block, fmt="engine-log")
+    assert res.status == "rejected" and res.faults[0].line == 2 and "without n_drafted" in res.faults[0].reason

@@ -14,6 +14,10 @@ def buckets_frame(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame([{
         "bucket": r["bucket_start"], "template": r["template"] or "(no template)", "alpha": r["alpha"],
         "lo": r["alpha_lo"], "hi": r["alpha_hi"], "break_even": r["break_even_alpha"], "status": r["status"],
+        "tokens/step L": r["tokens_per_step"], "L 95% CI": (f"{r['tokens_per_step_lo']:.2f} – "
+                                                            f"{r['tokens_per_step_hi']:.2f}"
+                                                            if r["tokens_per_step_lo"] is not None else ""),
+        "1 + k·c": r["break_even_tokens"], "status (model-free)": r["status_model_free"],
         "steps": r["steps"], "requests": r["requests"]} for r in rows if r["alpha"] is not None])
 
 
@@ -99,7 +103,11 @@ def render() -> None:
     if result.design is not None:
         st.markdown("**Detector statistic**")
         st.altair_chart(cusum_chart(result.cusum, result.design.h), width="stretch")
-    st.dataframe(df.assign(status=df["status"].map(STATUS_BADGE)), hide_index=True, width="stretch")
+    st.caption("Model-free status: tokens per step L (with its request-clustered interval) against 1 + k·c, which "
+               "assumes nothing about how acceptance varies along the draft.")
+    st.dataframe(df.assign(status=df["status"].map(STATUS_BADGE),
+                           **{"status (model-free)": df["status (model-free)"].map(STATUS_BADGE)}),
+                 hide_index=True, width="stretch")
 
 
 if __name__ == "__main__":  # Streamlit runs a page file as __main__
