@@ -8,5 +8,6 @@ st.navigation([
     st.Page("specmon/ui/economics_page.py", title="Economics", url_path="economics"),
     st.Page("specmon/ui/drift_page.py", title="Drift", url_path="drift"),
     st.Page("specmon/ui/upload.py", title="Ingest", url_path="ingest"),
+    st.Page("specmon/ui/live_page.py", title="Live run", url_path="live"),
     st.Page("specmon/ui/lossless_page.py", title="Losslessness", url_path="losslessness"),
 ]).run()

@@ -220,6 +220,105 @@ def cmd_pull(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _proposer_args(args: argparse.Namespace):
+    from specmon import live  # torch and transformers load only for the commands that run models
+
+    if args.k < 1:
+        raise SpecmonError(f"--k must be at least 1, got {args.k}")
+    pair = live.load_pair(args.target, None if args.ngram else args.draft)
+    ngram = live.NgramProposer(args.ngram_min, args.ngram_max) if args.ngram else None
+    return live, pair, ngram
+
+
+def cmd_live(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    live, pair, ngram = _proposer_args(args)
+    prompts = live.read_prompts(args.prompts)
+    template = args.template or Path(args.prompts).stem
+    run = args.run or f"live {pair.name} k={args.k} T={args.temperature:g}"
+    meta = {"target": args.target, "draft": None if args.ngram else args.draft,
+            "proposer": "ngram" if args.ngram else "draft model", "k": args.k, "temperature": args.temperature,
+            "top_p": args.top_p, "prompts": args.prompts, "max_new_tokens": args.max_new_tokens, "seed": args.seed}
+    bar = tqdm(total=len(prompts), unit="prompt", desc="live run", file=sys.stderr, disable=None)
+    with _open_store(args) as store:
+        done = live.record_run(store, pair, prompts, run=run, template=template, meta=meta, keep_log=args.out,
+                               progress=lambda n, total: bar.update(n - bar.n), k=args.k,
+                               max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                               seed=args.seed, ngram=ngram)
+        bar.close()
+        seg = next(r for r in summary.summarize(store, run=run) if r["template"] == template)
+    print(f"run {run!r}: {done.steps} steps, {done.tokens} tokens in {done.seconds:.1f} s "
+          f"({done.tokens / done.seconds:.1f} tokens/s); alpha = {_fmt(seg['alpha'])} [{_fmt(seg['alpha_lo'])}, "
+          f"{_fmt(seg['alpha_hi'])}], predicted beta = {_fmt(seg['beta'])}, tokens per step = "
+          f"{_fmt(seg['tokens_per_step'], '.2f')}, c = {_fmt(seg['c'])}")
+    return EXIT_OK
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from specmon import live, stats
+
+    prompts = [p for path in args.prompts for p in live.read_prompts(path)]
+    target = live.load_pair(args.target, args.draft)
+    proposers = {"draft model": (target, None), "n-gram": (live.Pair(target.target, None, target.tokenizer, "ngram"),
+                                                          live.NgramProposer())}
+    failures = 0
+    for name, (pair, ngram) in proposers.items():
+        matched = 0
+        for i, prompt in enumerate(prompts):
+            spec = [t for r in live.generate(pair, prompt, k=args.k, max_new_tokens=args.max_new_tokens,
+                                             temperature=0, ngram=ngram) for t in r["emitted_tokens"]]
+            plain = live.target_decode(pair, prompt, args.max_new_tokens)
+            if spec == plain:
+                matched += 1
+            else:
+                first = next((j for j, (a, b) in enumerate(zip(spec, plain)) if a != b), min(len(spec), len(plain)))
+                print(f"MISMATCH ({name}, prompt {i}): speculative and plain greedy decoding differ at token {first}")
+        failures += matched < len(prompts)
+        print(f"greedy, {name}: {matched}/{len(prompts)} prompts decode exactly as the target alone")
+    pit: list = []
+    rng_seed = args.seed
+    for i, prompt in enumerate(prompts):
+        for _ in live.generate(target, prompt, k=args.k, max_new_tokens=args.max_new_tokens,
+                               temperature=args.temperature, seed=rng_seed + i, pit=pit):
+            pass
+    below, mass = (np.array(x) for x in zip(*pit))
+    u = np.clip(below + np.random.default_rng(rng_seed).random(len(below)) * mass, 0, 1)
+    ks = stats.uniformity_ks(u)
+    ok = ks.pvalue >= args.alpha
+    failures += not ok
+    print(f"sampled (T = {args.temperature:g}, draft model): randomized PIT of {len(u)} tokens, KS = {ks.statistic:.4f}, "
+          f"p = {ks.pvalue:.3g}: {'consistent with' if ok else 'NOT consistent with'} the target's distribution "
+          f"at the {args.alpha:g} level")
+    return EXIT_FINDING if failures else EXIT_OK
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from specmon import live, replay
+
+    pair = live.load_pair(args.target, args.draft)
+    transcripts = replay.read_transcripts(args.transcripts)
+    run = args.run or f"replay {pair.name} T={args.temperature:g}"
+    meta = json.dumps({"target": args.target, "draft": args.draft, "k": args.k, "temperature": args.temperature,
+                       "transcripts": args.transcripts, "proposer": "replay"})
+    bar = tqdm(total=len(transcripts), unit="transcript", desc="replay", file=sys.stderr, disable=None)
+    with _open_store(args) as store:
+        n = replay.store_replay(store, pair, transcripts, run=run, template=args.template,
+                                temperature=args.temperature, meta=meta, name=Path(args.transcripts).name,
+                                progress=lambda done, total: bar.update(done - bar.n))
+        bar.close()
+        rows = summary.summarize(store, run=run, c=args.c)
+    for r in rows:
+        print(f"run {run!r}, template {r['template'] or '-'!r}: predicted per-token acceptance beta = "
+              f"{_fmt(r['beta'])} [95% CI {_fmt(r['beta_lo'])}, {_fmt(r['beta_hi'])}] over {r['requests']} "
+              f"transcripts" + (f"; predicted speedup at k = {args.k}: {r['speedup_iid']:.2f}x" if r["speedup_iid"]
+                                else ""))
+    print(f"{n} completion positions scored and stored")
+    return EXIT_OK
+
+
 def cmd_alert_rule(args: argparse.Namespace) -> int:
     print(alarms.prometheus_alert_rule(args.k, args.c, window=args.window, for_=args.for_,
                                        metric_prefix=args.prefix), end="")
@@ -354,6 +453,52 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"expected steps between false alarms when nothing changed (default {drift.DEFAULT_ARL0_STEPS})")
     p.add_argument("--json", action="store_true", help="problems, statuses, alarms and template changes as JSON")
     p.set_defaults(func=cmd_check)
+
+    models = Path(__file__).resolve().parent.parent / "data" / "models"
+    prompts = Path(__file__).resolve().parent.parent / "data" / "prompts"
+    pair_args = argparse.ArgumentParser(add_help=False)
+    pair_args.add_argument("--target", default=str(models / "target"), help="target model directory or hub name "
+                           "(default: the shipped pair's target)")
+    pair_args.add_argument("--draft", default=str(models / "draft"), help="draft model (default: the shipped draft)")
+    pair_args.add_argument("--k", type=int, default=4, help="draft length (default 4)")
+    pair_args.add_argument("--max-new-tokens", type=_positive_int, default=64)
+    pair_args.add_argument("--seed", type=int, default=0)
+
+    p = sub.add_parser("live", parents=[db, pair_args], help="run speculative decoding of a local pair and store it",
+                       description="Speculative decoding (Leviathan et al.'s Algorithm 1, KV caches rolled back on "
+                                   "rejection) of every prompt, every step logged with exact beta and timings, "
+                                   "stored as a run.")
+    p.add_argument("--ngram", action="store_true", help="propose by n-gram prompt lookup instead of a draft model")
+    p.add_argument("--ngram-min", type=_positive_int, default=1)
+    p.add_argument("--ngram-max", type=_positive_int, default=3)
+    p.add_argument("--temperature", type=_cost, default=0.7, help="0 is greedy (default 0.7)")
+    p.add_argument("--top-p", type=float, help="nucleus sampling on both sides")
+    p.add_argument("--prompts", default=str(prompts / "copy.jsonl"), help="JSON lines {\"prompt\": ...} or a "
+                   ".txt file of blank-line-separated prompts (default: the shipped copy-heavy set)")
+    p.add_argument("--template", help="segment label (default: the prompt file's name)")
+    p.add_argument("--run", help="run name (default: from the pair, k and temperature)")
+    p.add_argument("--out", help="also keep the step log here (JSON Lines)")
+    p.set_defaults(func=cmd_live)
+
+    p = sub.add_parser("verify", parents=[pair_args], help="check that speculative decoding emits the target's output",
+                       description="Greedy: speculative decoding (draft model and n-gram) must equal the target's "
+                                   "own greedy decoding token for token. Sampled: the randomized PIT of emitted "
+                                   "tokens under the target's distribution must be uniform (KS test). Exit 1 if not.")
+    p.add_argument("--prompts", nargs="+", default=[str(prompts / "copy.jsonl"), str(prompts / "open.jsonl")])
+    p.add_argument("--temperature", type=_cost, default=1.0, help="temperature of the sampled check (default 1)")
+    p.add_argument("--alpha", type=float, default=0.01, help="significance level of the KS test (default 0.01)")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("replay", parents=[db, pair_args], help="predict acceptance on recorded traffic (teacher forcing)",
+                       description="Score every completion position of recorded transcripts with both models (one "
+                                   "forward pass each) and store beta per position as a replay run: a prediction "
+                                   "of per-token acceptance, not a measurement (README: what replay predicts).")
+    p.add_argument("--transcripts", required=True, help="JSON lines with prompt, completion, optional template, ts")
+    p.add_argument("--temperature", type=_cost, default=1.0, help="temperature of both distributions (default 1)")
+    p.add_argument("--template", help="segment label for transcripts that name none")
+    p.add_argument("--run", help="run name (default: from the pair and temperature)")
+    p.add_argument("--c", type=_cost, help="draft cost, for the predicted speedup and status")
+    p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("pull", parents=[db], help="store speculative-decoding counters from a Prometheus server",
                        description="Read vLLM's (or llama.cpp's) spec_decode counters and SGLang's gauges from the "

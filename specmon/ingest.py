@@ -362,6 +362,7 @@ def ingest_file(
     sum_tol: float = steplog.DEFAULT_SUM_TOLERANCE,
     progress: Progress | None = None,
     demo: bool = False,
+    run_meta: str | None = None,
 ) -> IngestResult:
     """Ingest one file; it becomes visible in one transaction or not at all. `name` names it in messages."""
     name = name or path
@@ -392,7 +393,8 @@ def ingest_file(
             if cur.execute("SELECT 1 FROM ingests WHERE sha256 = ?", [sha]).fetchall():
                 _discard_staged(cur, load_id)
                 return _already(result)  # another session stored the same file meanwhile
-            run_id = get_or_create_run(cur, run, "steplog" if fmt in STEP_FORMATS else "engine", demo, None)
+            source = "live" if run_meta else "steplog" if fmt in STEP_FORMATS else "engine"
+            run_id = get_or_create_run(cur, run, source, demo, run_meta)
             ingest_id = cur.execute(
                 "INSERT INTO ingests (file_name, sha256, ingested_at, source_format, run_id, rows_read, steps, "
                 "positions, rejected) VALUES (?, ?, ?, ?, ?, 0, 0, 0, 0) RETURNING ingest_id",

@@ -142,6 +142,20 @@ MIGRATIONS: list[str] = [
         value       DOUBLE NOT NULL
     );
     """,
+    # 4: replay (teacher forcing) stores predicted acceptance per completion position: nothing was drafted.
+    """
+    CREATE TABLE replay_positions (
+        ingest_id   INTEGER NOT NULL,
+        segment_id  INTEGER NOT NULL,
+        request_id  VARCHAR NOT NULL,          -- the transcript
+        ts          TIMESTAMP NOT NULL,
+        position    INTEGER NOT NULL,          -- index in the completion, from 1
+        token       INTEGER NOT NULL,
+        beta        DOUBLE NOT NULL,
+        p_token     DOUBLE,
+        q_token     DOUBLE
+    );
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -7,12 +7,13 @@ break-even figures; and a status.
 """
 from __future__ import annotations
 
+import json
 import math
 from datetime import datetime
 
 import pandas as pd
 
-from specmon import engine_summary, stats, theory
+from specmon import engine_summary, predicted, stats, theory
 from specmon.segments import BUCKETS, CONFIDENCE, segment_status
 from specmon.store import Store
 
@@ -24,7 +25,7 @@ _NO_BUCKET = "NULL::TIMESTAMP"
 
 _STEPS_SQL = """
 WITH s AS (
-    SELECT r.name AS run, {template} AS template, {bucket} AS bucket, r.demo, i.ingested_at, st.*
+    SELECT r.name AS run, {template} AS template, {bucket} AS bucket, r.demo, r.meta, i.ingested_at, st.*
     FROM steps st JOIN segments sg USING (segment_id) JOIN runs r USING (run_id) JOIN ingests i USING (ingest_id)
     WHERE r.demo = ? AND (? IS NULL OR r.name = ?) AND (?::TIMESTAMP IS NULL OR st.ts >= ?::TIMESTAMP)
 ), per_request AS (
@@ -48,7 +49,7 @@ WITH s AS (
            max(coalesce(k, g)) AS k, avg(g) AS mean_g,
            median(draft_ms / g) FILTER (WHERE g > 0) AS draft_step_ms, median(target_ms) AS target_ms,
            min(ts) AS first_ts, max(ts) AS last_ts, count(*) FILTER (WHERE ts_inferred) AS ts_inferred,
-           max(ingested_at) AS last_ingest
+           max(ingested_at) AS last_ingest, any_value(meta)::VARCHAR AS meta
     FROM s GROUP BY run, template, bucket
 )
 SELECT b.*, q.* EXCLUDE (run, template, bucket) FROM by_step b JOIN by_request q
@@ -131,6 +132,8 @@ def summarize(store: Store, by: str = "template", c: float | None = None, *, run
             for row in (_clean(r) for r in step_rows)]
     if not params[0]:  # engine data is the user's own: never mixed with the demo
         rows += engine_summary.summarize_engines(store, by, c, run=run, bucket=bucket, since=since)
+        if bucket is None:
+            rows += predicted.summarize_replays(store, by, c, run=run, since=since)
     return rows
 
 
@@ -162,11 +165,14 @@ def _segment(row: dict, positions: list[dict], c_given: float | None, by: str, d
     beta = beta_lo if beta_lo is not None and abs(beta_hi - beta_lo) < 1e-9 else None
     gap_z, agreement = _gap(row)
 
-    measured_c = None
-    if row["draft_step_ms"] is not None and row["target_ms"]:
-        measured_c = row["draft_step_ms"] / row["target_ms"]
+    measured_c, c_source = None, None
+    costs = json.loads(row["meta"]).get("costs") if row["meta"] else None
+    if costs:  # a live run measured its decode steps directly
+        measured_c, c_source = costs["c"], "measured decode steps"
+    elif row["draft_step_ms"] is not None and row["target_ms"]:
+        measured_c, c_source = row["draft_step_ms"] / row["target_ms"], "measured"
     c = c_given if c_given is not None else measured_c
-    c_source = "given" if c_given is not None else ("measured" if measured_c is not None else None)
+    c_source = "given" if c_given is not None else c_source
     be_alpha = be_tokens = s_iid = s_measured = None
     status = "unknown"
     if c is not None and k:

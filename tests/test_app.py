@@ -9,7 +9,7 @@ from specmon import lossless, summary, theory
 from specmon.store import Store
 
 APP = Path(__file__).resolve().parent.parent / "app.py"
-PAGES = ["overview", "acceptance", "economics_page", "drift_page", "upload", "lossless_page"]
+PAGES = ["overview", "acceptance", "economics_page", "drift_page", "upload", "live_page", "lossless_page"]
 
 
 @pytest.fixture
@@ -117,3 +117,18 @@ def test_every_page_renders_with_engine_data(app_db, tmp_path):
             assert list(at.dataframe[0].value["run"]) == ["vllm-prod"]
         if page == "acceptance":
             assert any("Engine-reported figures" in i.value for i in at.info)
+
+
+def test_live_page_runs_the_shipped_pair_and_lands_on_its_acceptance(app_db):
+    pytest.importorskip("torch")
+    at = open_page("live_page")
+    at.radio[0].set_value("n-gram prompt lookup")
+    at.slider[0].set_value(2)  # k
+    at.slider[1].set_value(0.0)  # greedy
+    at.slider[2].set_value(8)  # new tokens per prompt
+    at.text_input[2].input("ui-live")
+    at.button[0].click().run()
+    assert not at.exception, at.exception
+    with Store(app_db) as store:
+        rows = [r for r in summary.summarize(store) if r["run"] == "ui-live"]
+    assert len(rows) == 1 and rows[0]["template"] == "copy" and rows[0]["steps"] > 0

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 SHOTS = ROOT / "test-artifacts" / "screenshots"
 PAGES = {"overview": "Is speculative decoding paying off?", "acceptance": "Acceptance", "economics": "Economics",
-         "drift": "Drift", "ingest": "Ingest", "losslessness": "Losslessness"}
+         "drift": "Drift", "ingest": "Ingest", "live": "Live run", "losslessness": "Losslessness"}
 ERRORS = '[data-testid="stException"], [data-testid="stAlertContentError"], [data-testid="stDialog"]'
 
 if not os.path.exists(CHROMIUM):

@@ -1,0 +1,94 @@
+"""Replay: predict acceptance of a model pair on recorded traffic without serving anything.
+
+For each transcript (prompt and completion) both models read the whole text once (teacher forcing), and every
+completion position gets beta = sum min(p, q) under the chosen temperature: the probability that a draft token
+drawn at that position would be accepted. The mean beta predicts per-token acceptance alpha on that traffic.
+
+What it does not predict: in real speculative decoding the draft continues from its own proposals, not from the
+recorded text, so positions 2..k of a draft see contexts that replay never scores; acceptance there is usually
+lower than replay's beta when the draft strays. The completion itself came from whatever served it, not
+necessarily from this target. Treat replay beta as an upper-side estimate of alpha for position 1 and a guide
+for comparing drafts or templates on the same traffic, not as a measurement.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import orjson
+import torch
+
+from specmon.faults import Fault, SpecmonError
+from specmon.live import Pair, distribution
+from specmon.store import Store, get_or_create_run, get_or_create_segment
+
+
+def read_transcripts(path: str) -> list[dict]:
+    """JSON lines with prompt and completion (strings), optional template and ts; faults name line and field."""
+    out, faults = [], []
+    try:
+        lines = open(path, "rb").read().splitlines()
+    except OSError as exc:
+        raise SpecmonError(f"{path}: cannot read ({exc.strerror})") from None
+    for no, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            faults.append(Fault(path, no, "", f"invalid JSON ({exc})"))
+            continue
+        for field in ("prompt", "completion"):
+            if not isinstance(obj.get(field), str):
+                faults.append(Fault(path, no, field, "required, a string"))
+        out.append(obj)
+    if faults:
+        raise SpecmonError("; ".join(map(str, faults[:5])))
+    if not out:
+        raise SpecmonError(f"{path}: no transcripts in the file")
+    return out
+
+
+def score(pair: Pair, prompt: str, completion: str, temperature: float = 1.0, top_p: float | None = None):
+    """(tokens, beta, p_token, q_token) per completion position, from one forward pass of each model."""
+    prompt_ids = pair.tokenizer(prompt)["input_ids"]
+    ids = pair.tokenizer(prompt + completion)["input_ids"]
+    limit = min(pair.target.config.max_position_embeddings, pair.draft.config.max_position_embeddings)
+    start = max(len(prompt_ids), 1)
+    if len(ids) > limit:  # keep the end: the completion is what is scored
+        cut = len(ids) - limit
+        ids, start = ids[cut:], max(start - cut, 1)
+    x = torch.tensor([ids])
+    with torch.inference_mode():
+        p = distribution(pair.target(input_ids=x).logits[0, start - 1:-1], temperature, top_p)
+        q = distribution(pair.draft(input_ids=x).logits[0, start - 1:-1], temperature, top_p)
+    tokens = ids[start:]
+    idx = torch.arange(len(tokens))
+    t = torch.tensor(tokens)
+    beta = torch.minimum(p, q).sum(-1).clamp(max=1.0)
+    return tokens, beta.tolist(), p[idx, t].tolist(), q[idx, t].tolist()
+
+
+def store_replay(store: Store, pair: Pair, transcripts: list[dict], *, run: str, template: str | None,
+                 temperature: float, meta: str, name: str, progress=None) -> int:
+    """Score every transcript and store its positions as a replay run. Returns positions stored."""
+    rows = []
+    now = datetime.now(timezone.utc).replace(tzinfo=None)
+    for i, tr in enumerate(transcripts):
+        tokens, beta, p_tok, q_tok = score(pair, tr["prompt"], tr["completion"], temperature)
+        ts = datetime.fromisoformat(tr["ts"].replace("Z", "+00:00")).astimezone(timezone.utc).replace(tzinfo=None) \
+            if isinstance(tr.get("ts"), str) else now
+        label = tr.get("template") or template or ""
+        rows += [(f"t{i:05d}", label, ts, j + 1, tok, b, pp, qq)
+                 for j, (tok, b, pp, qq) in enumerate(zip(tokens, beta, p_tok, q_tok))]
+        if progress:
+            progress(i + 1, len(transcripts))
+    with store.transaction() as cur:
+        run_id = get_or_create_run(cur, run, "replay", False, meta)
+        ingest_id = cur.execute(
+            "INSERT INTO ingests (file_name, sha256, ingested_at, source_format, run_id, rows_read, steps, positions, "
+            "rejected) VALUES (?, ?, ?, 'replay', ?, ?, 0, ?, 0) RETURNING ingest_id",
+            [name, f"replay:{run}:{now.isoformat()}", now, run_id, len(transcripts), len(rows)]).fetchall()[0][0]
+        segments = {label: get_or_create_segment(cur, run_id, label) for label in {r[1] for r in rows}}
+        cur.executemany("INSERT INTO replay_positions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        [(ingest_id, segments[r[1]], r[0], r[2], r[3], r[4], r[5], r[6], r[7]) for r in rows])
+    return len(rows)

@@ -1,0 +1,117 @@
+"""Live runs with the shipped model pair: the speculative loop is lossless (greedy exact match, randomized PIT),
+runs are stored like any other log, and bad inputs get clear errors."""
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+try:
+    import torch  # noqa: F401
+except ImportError:
+    if os.environ.get("CI"):
+        raise RuntimeError("torch is missing: the test command installs .[dev,live]") from None
+    pytest.skip("the live-run stack is not installed (pip install -e '.[live]')", allow_module_level=True)
+from specmon import live, stats  # noqa: E402
+from specmon.faults import SpecmonError  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET, DRAFT = str(ROOT / "data/models/target"), str(ROOT / "data/models/draft")
+PROMPTS = [str(ROOT / "data/prompts/copy.jsonl"), str(ROOT / "data/prompts/open.jsonl")]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return live.load_pair(TARGET, DRAFT)
+
+
+def test_the_shipped_pair(pair):
+    n_target = sum(p.numel() for p in pair.target.parameters())
+    n_draft = sum(p.numel() for p in pair.draft.parameters())
+    assert n_target >= 8 * n_draft
+    size = sum(f.stat().st_size for d in (TARGET, DRAFT) for f in Path(d).glob("*.safetensors"))
+    assert size <= 30 * 2**20
+
+
+@pytest.mark.parametrize("proposer", ["draft", "ngram"])
+def test_greedy_speculative_decoding_equals_the_target_alone(pair, proposer):
+    use = pair if proposer == "draft" else live.Pair(pair.target, None, pair.tokenizer, "ngram")
+    for path in PROMPTS:
+        for prompt in live.read_prompts(path):
+            spec = [t for r in live.generate(use, prompt, k=4, max_new_tokens=48, temperature=0,
+                                             ngram=live.NgramProposer() if proposer == "ngram" else None)
+                    for t in r["emitted_tokens"]]
+            assert spec == live.target_decode(pair, prompt, 48), prompt
+
+
+def test_sampled_tokens_follow_the_target(pair):
+    pit = []
+    for i, prompt in enumerate(live.read_prompts(PROMPTS[0]) + live.read_prompts(PROMPTS[1])):
+        for _ in live.generate(pair, prompt, k=4, max_new_tokens=48, temperature=1.0, seed=i, pit=pit):
+            pass
+    below, mass = (np.array(x) for x in zip(*pit))
+    u = np.clip(below + np.random.default_rng(0).random(len(below)) * mass, 0, 1)
+    assert len(u) > 500 and stats.uniformity_ks(u).pvalue > 0.001
+    # the test has power: the draft's distribution is not the target's
+    assert stats.uniformity_ks(np.random.default_rng(1).random(len(u)) ** 1.3).pvalue < 0.001
+
+
+def test_live_run_is_stored_and_copy_prompts_accept_more(tmp_path, specmon_cmd):
+    db = str(tmp_path / "l.duckdb")
+    for prompts in PROMPTS:
+        r = subprocess.run([*specmon_cmd, "live", "--db", db, "--k", "4", "--temperature", "0", "--prompts", prompts,
+                            "--max-new-tokens", "48", "--run", "pair"], capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr
+        assert "run 'pair'" in r.stdout and "tokens/s" in r.stdout
+    rows = {s["template"]: s for s in json.loads(subprocess.run(
+        [*specmon_cmd, "summary", "--db", db, "--json"], capture_output=True, text=True).stdout)}
+    assert set(rows) == {"copy", "open"}
+    assert rows["copy"]["alpha"] > rows["open"]["alpha"]
+    assert rows["copy"]["c"] is not None and rows["copy"]["beta"] is not None
+    assert rows["copy"]["agreement"] == "agrees"  # exact beta from the full distributions predicts acceptance
+
+
+def test_bad_inputs_get_clear_errors(tmp_path, specmon_cmd, pair):
+    def run(*args):
+        return subprocess.run([*specmon_cmd, "live", "--db", str(tmp_path / "e.duckdb"), *args],
+                              capture_output=True, text=True, timeout=300)
+    r = run("--target", str(tmp_path / "nowhere"))
+    assert r.returncode == 2 and "no such model directory" in r.stderr
+    r = run("--k", "0")
+    assert r.returncode == 2 and "--k must be at least 1" in r.stderr
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    r = run("--prompts", str(empty))
+    assert r.returncode == 2 and "no prompts in the file" in r.stderr
+    other = tmp_path / "other-draft"
+    pair.draft.save_pretrained(other)
+    tok = pair.tokenizer
+    tok.add_tokens(["<specmon-extra>"])
+    tok.save_pretrained(other)
+    with pytest.raises(SpecmonError, match="the tokenizers differ: target has 4096 tokens, draft 4097"):
+        live.load_pair(TARGET, str(other))
+
+
+def test_replay_predicts_acceptance_from_transcripts(tmp_path, specmon_cmd, pair):
+    transcripts = tmp_path / "traffic.jsonl"
+    lines = []
+    for i, prompt in enumerate(live.read_prompts(PROMPTS[0])):
+        completion = pair.tokenizer.decode(live.target_decode(pair, prompt, 24, temperature=1.0, seed=i))
+        lines.append(json.dumps({"prompt": prompt, "completion": completion, "template": "copy"}))
+    transcripts.write_text("\n".join(lines) + "\n")
+    db = str(tmp_path / "r.duckdb")
+    r = subprocess.run([*specmon_cmd, "replay", "--db", db, "--transcripts", str(transcripts), "--c", "0.1",
+                        "--run", "candidate"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "predicted per-token acceptance beta" in r.stdout
+    seg = json.loads(subprocess.run([*specmon_cmd, "summary", "--db", db, "--json", "--c", "0.1"],
+                                    capture_output=True, text=True).stdout)[0]
+    assert seg["source"] == "replay" and seg["alpha"] is None and seg["requests"] == 8
+    assert 0 < seg["beta_lo"] < seg["beta"] < seg["beta_hi"] < 1
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "x"}\n')
+    r = subprocess.run([*specmon_cmd, "replay", "--db", db, "--transcripts", str(bad)], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 2 and "bad.jsonl:1: field 'completion': required, a string" in r.stderr
