@@ -51,11 +51,11 @@ def main() -> None:
     pair.draft.generation_config.assistant_confidence_threshold = 0.0
     steps: list[dict] = []
 
-    def specmon_loop(use, ngram=None, log=None):
+    def specmon_loop(use, ngram=None, log=None, logging=True):
         def go():
             out = 0
             for p in prompts:
-                for rec in live.generate(use, p, k=k, max_new_tokens=n, temperature=0, ngram=ngram):
+                for rec in live.generate(use, p, k=k, max_new_tokens=n, temperature=0, ngram=ngram, log=logging):
                     out += len(rec["emitted_tokens"])
                     if log is not None:
                         log.append(rec)
@@ -77,6 +77,7 @@ def main() -> None:
         "plain target decoding (specmon loop)": lambda: sum(len(live.target_decode(pair, p, n)) for p in prompts),
         "plain target decoding (HF generate)": hf(),
         "specmon speculative, draft model, logging": specmon_loop(pair),
+        "specmon speculative, draft model, no logging": specmon_loop(pair, logging=False),
         "HF generate(assistant_model=draft)": hf(assistant_model=pair.draft),
         "HF generate(prompt_lookup_num_tokens=k)": hf(prompt_lookup_num_tokens=k),
         "specmon speculative, n-gram, logging": specmon_loop(ngram_pair, live.NgramProposer()),
@@ -94,10 +95,20 @@ def main() -> None:
     g = np.array([len(s["draft_tokens"]) for s in steps])
     checked = np.minimum(accepted + 1, g)
     alpha = accepted.sum() / checked.sum()
-    c = np.median([sum(s["draft_ms"]) / len(s["draft_ms"]) for s in steps]) / np.median([s["target_ms"] for s in steps])
-    results["specmon_model"] = {"alpha": float(alpha), "c_median_draft_step_over_median_verify": float(c),
-                                "predicted_speedup_iid": float(theory.speedup(alpha, k, c)),
-                                "measured_tokens_per_step": float(1 + accepted.mean())}
+    costs = live.measure_costs(pair, prompts[0], k_max=k)
+    c = costs["c"]
+    tokens_per_step = float(1 + accepted.mean())
+    # math.md's measured cost model: a step costs T_verify(k+1) + k T_draft, a plain token T_target(1).
+    step_cost = costs["verify_ms"][k + 1] + k * costs["draft_step_ms"]
+    results["specmon_model"] = {
+        "alpha": float(alpha), "measured_tokens_per_step": tokens_per_step, "costs_ms": costs,
+        "c_draft_step_over_target_step": float(c),
+        "predicted_speedup_iid": float(theory.speedup(alpha, k, c)),
+        "predicted_speedup_measured_costs": tokens_per_step * costs["target_step_ms"] / step_cost,
+        "measured_speedup": results["specmon speculative, draft model, logging"]["speedup_over_plain"],
+        "logging_cost": 1 - results["specmon speculative, draft model, logging"]["tokens_per_s"]
+        / results["specmon speculative, draft model, no logging"]["tokens_per_s"],
+    }
     print(json.dumps({"machine": machine(), "k": k, "max_new_tokens": n, "prompts": len(prompts),
                       "results": results}, indent=2))
 

@@ -39,7 +39,7 @@ class Pair:
 
 def _load(path: str, role: str):
     # A hub name is "org/model"; anything that looks like a file path must exist here.
-    looks_local = path.startswith(("/", ".", "~")) or path.count("/") != 1
+    looks_local = path.startswith(("/", ".", "~")) or path.count("/") > 1
     if looks_local and not Path(path).expanduser().exists():
         raise SpecmonError(f"--{role} {path}: no such model directory")
     try:
@@ -117,11 +117,12 @@ def _rollback(cache: DynamicCache, length: int) -> None:
 
 def generate(pair: Pair, prompt: str, *, k: int = 4, max_new_tokens: int = 64, temperature: float = 0.0,
              top_p: float | None = None, seed: int = 0, request_id: str = "r0", template: str | None = None,
-             ngram: NgramProposer | None = None, pit: list | None = None) -> Iterator[dict]:
+             ngram: NgramProposer | None = None, pit: list | None = None, log: bool = True) -> Iterator[dict]:
     """Speculative decoding of one prompt; yields one step-log record per verification step.
 
     pit, if given, receives (F(x - 1), p(x)) under the target's sampling distribution for every emitted token x,
-    for the randomized PIT (specmon.stats.randomized_pit's ingredients).
+    for the randomized PIT (specmon.stats.randomized_pit's ingredients). log=False leaves beta and the logprobs
+    out of the records (to measure what logging costs).
     """
     if k < 1:
         raise SpecmonError(f"k must be at least 1, got {k}")
@@ -182,11 +183,12 @@ def generate(pair: Pair, prompt: str, *, k: int = 4, max_new_tokens: int = 64, t
             "ts": datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
             "k": k, "temperature": temperature, "draft_tokens": draft, "accepted": accepted,
             "emitted_tokens": emitted, "target_ms": round(target_ms, 3), "draft_ms": [round(x, 3) for x in draft_ms],
-            # float32 sums can exceed 1 by an ulp where p and q agree
-            "beta": [min(1.0, float(torch.minimum(p_rows[i], q_rows[i]).sum())) for i in range(g)],
-            "target_logprobs": [_topk(p_rows[i]) for i in range(g + 1)],
-            "draft_logprobs": [_topk(q) for q in q_rows],
         }
+        if log:
+            # float32 sums can exceed 1 by an ulp where p and q agree
+            record["beta"] = [min(1.0, float(torch.minimum(p_rows[i], q_rows[i]).sum())) for i in range(g)]
+            record["target_logprobs"] = [_topk(p_rows[i]) for i in range(g + 1)]
+            record["draft_logprobs"] = [_topk(q) for q in q_rows]
         if template is not None:
             record["template"] = template
         yield record
