@@ -18,8 +18,8 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-import orjson
 
+from specmon import jsonlines
 from specmon.faults import Fault
 
 _NUM = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan)"
@@ -197,38 +197,33 @@ def _llama_server(m: re.Match, no: int, ts: datetime | None) -> EngineWindow:
 def read_json_responses(path: str, name: str) -> tuple[list[EngineWindow], list[Fault]]:
     """vLLM responses with metrics.speculative_decoding, or llama-server responses with timings, one per line."""
     windows, faults = [], []
-    with open(path, "rb") as fh:
-        for no, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                continue
-            try:
-                obj = orjson.loads(raw)
-            except orjson.JSONDecodeError as exc:
-                faults.append(Fault(name, no, "", f"invalid JSON ({exc})"))
-                continue
-            ts = None
-            if isinstance(obj.get("created"), (int, float)):
-                ts = datetime.fromtimestamp(obj["created"], tz=timezone.utc).replace(tzinfo=None)
-            labels = {"request_id": str(obj["id"])} if "id" in obj else {}
-            if "model" in obj:
-                labels["model"] = str(obj["model"])
-            spec = (obj.get("metrics") or {}).get("speculative_decoding") if isinstance(obj.get("metrics"), dict) \
-                else obj.get("speculative_decoding")
-            try:
-                if spec is not None:
-                    windows.append(_vllm_request(spec, no, ts, labels))
-                elif isinstance(obj.get("timings"), dict):
-                    t = obj["timings"]
-                    if "draft_n" in t:  # absent, not 0, when nothing was drafted
-                        windows.append(EngineWindow("llama.cpp", "llama-timings", no, ts,
-                                                    draft_tokens=int(t["draft_n"]),
-                                                    accepted_tokens=int(t.get("draft_n_accepted", 0)), labels=labels))
-                else:
-                    faults.append(Fault(name, no, "", "neither metrics.speculative_decoding (vLLM) nor timings "
-                                                      "(llama-server) in this response"))
-            except (KeyError, TypeError, ValueError) as exc:
-                faults.append(Fault(name, no, "speculative_decoding" if spec is not None else "timings",
-                                    f"unexpected content ({exc!r})"))
+    for no, obj, fault in jsonlines.objects(path, name):
+        if fault:
+            faults.append(fault)
+            continue
+        ts = None
+        if isinstance(obj.get("created"), (int, float)):
+            ts = datetime.fromtimestamp(obj["created"], tz=timezone.utc).replace(tzinfo=None)
+        labels = {"request_id": str(obj["id"])} if "id" in obj else {}
+        if "model" in obj:
+            labels["model"] = str(obj["model"])
+        spec = (obj.get("metrics") or {}).get("speculative_decoding") if isinstance(obj.get("metrics"), dict) \
+            else obj.get("speculative_decoding")
+        try:
+            if spec is not None:
+                windows.append(_vllm_request(spec, no, ts, labels))
+            elif isinstance(obj.get("timings"), dict):
+                t = obj["timings"]
+                if "draft_n" in t:  # absent, not 0, when nothing was drafted
+                    windows.append(EngineWindow("llama.cpp", "llama-timings", no, ts,
+                                                draft_tokens=int(t["draft_n"]),
+                                                accepted_tokens=int(t.get("draft_n_accepted", 0)), labels=labels))
+            else:
+                faults.append(Fault(name, no, "", "neither metrics.speculative_decoding (vLLM) nor timings "
+                                                  "(llama-server) in this response"))
+        except (KeyError, TypeError, ValueError) as exc:
+            faults.append(Fault(name, no, "speculative_decoding" if spec is not None else "timings",
+                                f"unexpected content ({exc!r})"))
     return windows, faults
 
 

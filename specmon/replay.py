@@ -12,11 +12,12 @@ for comparing drafts or templates on the same traffic, not as a measurement.
 """
 from __future__ import annotations
 
+import os
 from datetime import datetime, timezone
 
-import orjson
 import torch
 
+from specmon import jsonlines
 from specmon.faults import Fault, SpecmonError
 from specmon.live import Pair, distribution
 from specmon.store import Store, get_or_create_run, get_or_create_segment
@@ -25,17 +26,11 @@ from specmon.store import Store, get_or_create_run, get_or_create_segment
 def read_transcripts(path: str) -> list[dict]:
     """JSON lines with prompt and completion (strings), optional template and ts; faults name line and field."""
     out, faults = [], []
-    try:
-        lines = open(path, "rb").read().splitlines()
-    except OSError as exc:
-        raise SpecmonError(f"{path}: cannot read ({exc.strerror})") from None
-    for no, raw in enumerate(lines, start=1):
-        if not raw.strip():
-            continue
-        try:
-            obj = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            faults.append(Fault(path, no, "", f"invalid JSON ({exc})"))
+    if not os.path.isfile(path):
+        raise SpecmonError(f"{path}: no such transcript file")
+    for no, obj, fault in jsonlines.objects(path, path):
+        if fault:
+            faults.append(fault)
             continue
         for field in ("prompt", "completion"):
             if not isinstance(obj.get(field), str):

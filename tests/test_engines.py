@@ -209,10 +209,11 @@ def test_a_bad_sample_line_is_reported(store, tmp_path):
 def test_malformed_json_responses_and_example_blocks(store, tmp_path):
     path = tmp_path / "responses.jsonl"
     path.write_text(json.dumps({"metrics": {"speculative_decoding": {"num_draft_tokens": 3}}}) + "\n"
-                    + json.dumps({"timings": {"draft_n": "many"}}) + "\n{not json\n")
+                    + json.dumps({"timings": {"draft_n": "many"}}) + "\n{not json\n[1, 2]\n")
     res = ingest_file(store, str(path), fmt="engine-json")
     assert res.status == "rejected"
-    assert [(f.line, f.field) for f in res.faults] == [(1, "speculative_decoding"), (2, "timings"), (3, "")]
+    assert [(f.line, f.field) for f in res.faults] == [(1, "speculative_decoding"), (2, "timings"), (3, ""), (4, "")]
+    assert "expected a JSON object, got list" in res.faults[3].reason
     block = write(tmp_path, "example.log", ["n_draft   = 8", "accept    = 62.500%"])
     res = ingest_file(store, block, fmt="engine-log")
     assert res.status == "rejected" and res.faults[0].line == 2 and "without n_drafted" in res.faults[0].reason
