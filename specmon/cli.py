@@ -416,9 +416,12 @@ def build_parser() -> argparse.ArgumentParser:
     db = argparse.ArgumentParser(add_help=False)
     db.add_argument("--db", help=f"DuckDB file (default: ${DB_ENV}, else ./{DEFAULT_DB})")
 
-    p = sub.add_parser("ingest", parents=[db], help="store step logs (JSONL, or flat CSV/Parquet)",
-                       description="Store step logs. Each file is one transaction: a file with any fault stores "
-                                   "nothing (exit 1) unless --skip-bad. Re-ingesting the same content is a no-op.")
+    p = sub.add_parser("ingest", parents=[db], help="store step logs, engine logs or Prometheus pages",
+                       description="Store specmon step logs (JSON Lines, or the flat form as CSV or Parquet), vLLM, "
+                                   "llama.cpp or SGLang logs and JSON responses, or saved Prometheus /metrics pages; "
+                                   "the format is detected. Each file is one transaction: a file with any fault "
+                                   "stores nothing (exit 1) unless --skip-bad. Re-ingesting the same content is a "
+                                   "no-op.")
     p.add_argument("paths", nargs="+", metavar="PATH", help="files to ingest; - reads standard input")
     p.add_argument("--run", help="run to store into (default: the file name without extension)")
     p.add_argument("--template", help="template for steps whose log line names none")
