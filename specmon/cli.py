@@ -258,8 +258,11 @@ def cmd_live(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     from specmon import live, stats
 
+    from tqdm import tqdm
+
     prompts = [p for path in args.prompts for p in live.read_prompts(path)]
     target = live.load_pair(args.target, args.draft)
+    bar = tqdm(total=3 * len(prompts), unit="decode", desc="verify", file=sys.stderr, disable=None)
     proposers = {"draft model": (target, None), "n-gram": (live.Pair(target.target, None, target.tokenizer, "ngram"),
                                                           live.NgramProposer())}
     failures = 0
@@ -269,6 +272,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             spec = [t for r in live.generate(pair, prompt, k=args.k, max_new_tokens=args.max_new_tokens,
                                              temperature=0, ngram=ngram) for t in r["emitted_tokens"]]
             plain = live.target_decode(pair, prompt, args.max_new_tokens)
+            bar.update()
             if spec == plain:
                 matched += 1
             else:
@@ -282,6 +286,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         for _ in live.generate(target, prompt, k=args.k, max_new_tokens=args.max_new_tokens,
                                temperature=args.temperature, seed=rng_seed + i, pit=pit):
             pass
+        bar.update()
+    bar.close()
     below, mass = (np.array(x) for x in zip(*pit))
     u = np.clip(below + np.random.default_rng(rng_seed).random(len(below)) * mass, 0, 1)
     ks = stats.uniformity_ks(u)

@@ -146,5 +146,5 @@ def _segment(key: dict, part: pd.DataFrame, c_given: float | None, bucketed: boo
         "break_even_tokens": be_tokens, "speedup_iid": s_iid, "speedup_measured": s_measured, "status": status,
         "first_ts": part["end_ts"].min().isoformat(), "last_ts": part["end_ts"].max().isoformat(),
         "ts_inferred_steps": 0, "last_ingest": part["ingested_at"].max().isoformat(), "windows": len(part),
-        "note": note, "per_position": per_position,
+        "note": note, "per_position": per_position, "costs": None,
     }

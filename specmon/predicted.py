@@ -56,6 +56,6 @@ def summarize_replays(store: Store, by: str, c: float | None, *, run: str | None
             "last_ingest": pd.Timestamp(part["ingested"].max()).isoformat(), "windows": None,
             "note": ("predicted by replay (teacher forcing, transcripts as clusters): beta and its interval are "
                      "predicted per-token acceptance; nothing was drafted, so alpha is unknown"),
-            "per_position": [], "predicted_positions": int(np.sum(part["n"])),
+            "per_position": [], "predicted_positions": int(np.sum(part["n"])), "costs": None,
         })
     return out

@@ -250,6 +250,7 @@ def _segment(row: dict, positions: list[dict], c_given: float | None, by: str, d
         "first_ts": row["first_ts"].isoformat() if row["first_ts"] is not None else None,
         "last_ts": row["last_ts"].isoformat() if row["last_ts"] is not None else None,
         "source": "steplog",
+        "costs": costs,
         "ts_inferred_steps": int(row["ts_inferred"]),
         "last_ingest": row["last_ingest"].isoformat(),
         "per_position": pos_out,

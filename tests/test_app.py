@@ -132,3 +132,7 @@ def test_live_page_runs_the_shipped_pair_and_lands_on_its_acceptance(app_db):
     with Store(app_db) as store:
         rows = [r for r in summary.summarize(store) if r["run"] == "ui-live"]
     assert len(rows) == 1 and rows[0]["template"] == "copy" and rows[0]["steps"] > 0
+    assert rows[0]["c_source"] == "measured decode steps" and rows[0]["c"] == rows[0]["costs"]["c"]
+    at = open_page("economics_page")
+    at.selectbox[0].select("ui-live / copy").run()
+    assert any("Measured on this machine (live run)" in m.value for m in at.markdown)

@@ -37,6 +37,19 @@ def _break_even_chart(curves: pd.DataFrame, point: pd.DataFrame | None) -> alt.C
     return (lines + dot + text).properties(height=340)
 
 
+def _costs(costs: dict) -> None:
+    """The live run's measured costs: what c and the verification pass really cost on this machine."""
+    st.markdown(f"**Measured on this machine (live run).** Draft decode step {costs['draft_step_ms']:.2f} ms, target "
+                f"decode step {costs['target_step_ms']:.2f} ms, so c = {costs['c']:.3f}. The i.i.d. model assumes "
+                "verifying k + 1 tokens costs one target step; the line shows what it costs here.")
+    df = pd.DataFrame([{"tokens verified": int(n), "ms": ms} for n, ms in costs["verify_ms"].items()])
+    line = alt.Chart(df).mark_line(point=True).encode(
+        x=alt.X("tokens verified:O", axis=alt.Axis(labelAngle=0)), y=alt.Y("ms:Q", title="verification pass (ms)"),
+        tooltip=["tokens verified", alt.Tooltip("ms:Q", format=".2f")])
+    step = alt.Chart(pd.DataFrame({"ms": [costs["target_step_ms"]]})).mark_rule(strokeDash=[4, 3]).encode(y="ms:Q")
+    st.altair_chart((line + step).properties(height=220), width="stretch")
+
+
 @guarded
 def render() -> None:
     st.title("Economics")
@@ -79,6 +92,8 @@ def render() -> None:
     if op.best_speedup < 1:
         st.error(f"At alpha = {seg['alpha']:.3f} and c = {c:.2f} every k from 1 to 12 loses: turn speculation off "
                  "for this segment, or find a cheaper or better-matched draft.")
+    if seg.get("costs"):
+        _costs(seg["costs"])
     if seg["k"] == k and op.tokens_measured is not None:
         st.markdown(
             f"**Measured against the model.** Measured tokens per step L = {op.tokens_measured:.2f} against the "
