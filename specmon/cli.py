@@ -243,6 +243,7 @@ def cmd_live(args: argparse.Namespace) -> int:
     bar = tqdm(total=len(prompts), unit="prompt", desc="live run", file=sys.stderr, disable=None)
     with _open_store(args) as store:
         done = live.record_run(store, pair, prompts, run=run, template=template, meta=meta, keep_log=args.out,
+                               full_distributions=args.full_distributions,
                                progress=lambda n, total: bar.update(n - bar.n), k=args.k,
                                max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                                seed=args.seed, ngram=ngram)
@@ -487,6 +488,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--template", help="segment label (default: the prompt file's name)")
     p.add_argument("--run", help="run name (default: from the pair, k and temperature)")
     p.add_argument("--out", help="also keep the step log here (JSON Lines)")
+    p.add_argument("--full-distributions", metavar="PARQUET", help="also write every position's full target and "
+                   "draft distributions (float32 lists, one row per step, position and side) to this Parquet file")
     p.set_defaults(func=cmd_live)
 
     p = sub.add_parser("verify", parents=[pair_args], help="check that speculative decoding emits the target's output",

@@ -19,6 +19,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
@@ -117,12 +119,14 @@ def _rollback(cache: DynamicCache, length: int) -> None:
 
 def generate(pair: Pair, prompt: str, *, k: int = 4, max_new_tokens: int = 64, temperature: float = 0.0,
              top_p: float | None = None, seed: int = 0, request_id: str = "r0", template: str | None = None,
-             ngram: NgramProposer | None = None, pit: list | None = None, log: bool = True) -> Iterator[dict]:
+             ngram: NgramProposer | None = None, pit: list | None = None, log: bool = True,
+             full: list | None = None) -> Iterator[dict]:
     """Speculative decoding of one prompt; yields one step-log record per verification step.
 
     pit, if given, receives (F(x - 1), p(x)) under the target's sampling distribution for every emitted token x,
     for the randomized PIT (specmon.stats.randomized_pit's ingredients). log=False leaves beta and the logprobs
-    out of the records (to measure what logging costs).
+    out of the records (to measure what logging costs). full, if given, receives every position's complete p and
+    q (float32) as rows for a Parquet file.
     """
     if k < 1:
         raise SpecmonError(f"k must be at least 1, got {k}")
@@ -132,7 +136,7 @@ def generate(pair: Pair, prompt: str, *, k: int = 4, max_new_tokens: int = 64, t
         raise SpecmonError("empty prompt")
     eos = pair.tokenizer.eos_token_id
     t_cache, d_cache = DynamicCache(), DynamicCache()
-    produced = 0
+    produced = step_index = 0
     while produced < max_new_tokens:
         # Draft: k tokens, one draft pass each (the first pass also catches the draft up on the accepted tokens).
         draft_ms, draft, q_rows = [], [], []
@@ -191,6 +195,11 @@ def generate(pair: Pair, prompt: str, *, k: int = 4, max_new_tokens: int = 64, t
             record["draft_logprobs"] = [_topk(q) for q in q_rows]
         if template is not None:
             record["template"] = template
+        if full is not None:
+            for side, rows in (("target", list(p_rows)), ("draft", q_rows)):
+                full += [{"request_id": request_id, "step": step_index, "position": i + 1, "side": side,
+                          "probs": row.numpy().astype("float32")} for i, row in enumerate(rows)]
+        step_index += 1
         yield record
         # Roll the caches back to the accepted prefix: both then cover seq[:-1] of the new sequence.
         seq = seq + emitted
@@ -277,13 +286,19 @@ class LiveRun:
 
 
 def record_run(store, pair: Pair, prompts: list[str], *, run: str, template: str, meta: dict,
-               keep_log: str | None = None, progress: Callable[[int, int], None] | None = None,
-               **options) -> LiveRun:
-    """Run every prompt and store the step log as a run (through the same ingest as any log file)."""
+               keep_log: str | None = None, full_distributions: str | None = None,
+               progress: Callable[[int, int], None] | None = None, **options) -> LiveRun:
+    """Run every prompt and store the step log as a run (through the same ingest as any log file); with
+    full_distributions, also write every position's full p and q to that Parquet file."""
     meta = {**meta, "costs": measure_costs(pair, prompts[0])}
+    full: list | None = [] if full_distributions else None
     started = time.perf_counter()
-    records = run_prompts(pair, prompts, progress=progress, template=template, **options)
+    records = run_prompts(pair, prompts, progress=progress, template=template, full=full, **options)
     seconds = time.perf_counter() - started
+    if full_distributions:
+        pq.write_table(pa.Table.from_pylist(full, schema=pa.schema([
+            ("request_id", pa.string()), ("step", pa.int32()), ("position", pa.int16()), ("side", pa.string()),
+            ("probs", pa.list_(pa.float32()))])), full_distributions)
     fd, path = tempfile.mkstemp(prefix="specmon-live-", suffix=".jsonl")
     try:
         with os.fdopen(fd, "wb") as out:

@@ -115,3 +115,17 @@ def test_replay_predicts_acceptance_from_transcripts(tmp_path, specmon_cmd, pair
     r = subprocess.run([*specmon_cmd, "replay", "--db", db, "--transcripts", str(bad)], capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 2 and "bad.jsonl:1: field 'completion': required, a string" in r.stderr
+
+
+def test_full_distributions_to_parquet(tmp_path, specmon_cmd):
+    import pyarrow.parquet as pq
+    out = tmp_path / "full.parquet"
+    r = subprocess.run([*specmon_cmd, "live", "--db", str(tmp_path / "f.duckdb"), "--k", "3", "--max-new-tokens", "8",
+                        "--full-distributions", str(out), "--out", str(tmp_path / "steps.jsonl")],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    table = pq.read_table(out).to_pandas()
+    steps = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    assert len(table) == sum(2 * len(s["draft_tokens"]) + 1 for s in steps)
+    sums = table["probs"].map(lambda p: float(np.sum(p)))
+    assert np.allclose(sums, 1.0, atol=1e-4) and len(table["probs"].iloc[0]) == 4096
