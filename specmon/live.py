@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -196,6 +197,9 @@ def generate(pair: Pair, prompt: str, *, k: int = 4, max_new_tokens: int = 64, t
         if template is not None:
             record["template"] = template
         if full is not None:
+            # In the step log too, so that ingest computes the exact PIT of the emitted tokens (Losslessness page).
+            record["target_probs"] = np.round(p_rows.numpy().astype(np.float64), 8).tolist()
+            record["draft_probs"] = [np.round(q.numpy().astype(np.float64), 8).tolist() for q in q_rows]
             for side, rows in (("target", list(p_rows)), ("draft", q_rows)):
                 full += [{"request_id": request_id, "step": step_index, "position": i + 1, "side": side,
                           "probs": row.numpy().astype("float32")} for i, row in enumerate(rows)]

@@ -129,3 +129,10 @@ def test_full_distributions_to_parquet(tmp_path, specmon_cmd):
     assert len(table) == sum(2 * len(s["draft_tokens"]) + 1 for s in steps)
     sums = table["probs"].map(lambda p: float(np.sum(p)))
     assert np.allclose(sums, 1.0, atol=1e-4) and len(table["probs"].iloc[0]) == 4096
+    # with full distributions the run is on the Losslessness page: the PIT of its emitted tokens
+    from specmon import lossless
+    from specmon.store import Store
+    with Store(str(tmp_path / "f.duckdb")) as store:
+        (run, template, n), = lossless.segments_with_distributions(store)
+        assert n == sum(len(s["emitted_tokens"]) for s in steps)
+        assert lossless.pit_check(store, run, template).tokens == n
