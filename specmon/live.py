@@ -101,6 +101,11 @@ class NgramProposer:
         return []
 
 
+def _pick(dist: torch.Tensor, temperature: float, gen: torch.Generator) -> int:
+    """A token from a distribution row: its argmax when greedy, else a draw."""
+    return int(dist.argmax()) if temperature == 0 else int(torch.multinomial(dist, 1, generator=gen))
+
+
 def _topk(row: torch.Tensor, k: int = LOG_TOPK) -> dict[str, float]:
     values, idx = row.topk(min(k, row.shape[-1]))
     return {str(int(i)): float(torch.log(v)) for v, i in zip(values, idx) if v > 0}
@@ -152,7 +157,7 @@ def generate(pair: Pair, prompt: str, *, k: int = 4, max_new_tokens: int = 64, t
             for _ in range(k):
                 t0 = time.perf_counter()
                 q = distribution(_forward(pair.draft, pending, d_cache)[-1], temperature, top_p)
-                x = int(q.argmax()) if temperature == 0 else int(torch.multinomial(q, 1, generator=gen))
+                x = _pick(q, temperature, gen)
                 draft_ms.append((time.perf_counter() - t0) * 1000)
                 draft.append(x)
                 q_rows.append(q)
@@ -168,14 +173,13 @@ def generate(pair: Pair, prompt: str, *, k: int = 4, max_new_tokens: int = 64, t
             p_x, q_x = float(p_rows[i, x]), float(q_rows[i][x])
             if float(torch.rand(1, generator=gen)) * q_x > p_x:  # reject: r > p/q
                 accepted = i
+                # the residual norm(max(0, p - q)) of specmon.theory.residual, in torch
                 resid = torch.clamp(p_rows[i] - q_rows[i], min=0)
                 resid = resid / resid.sum() if resid.sum() > 0 else p_rows[i]
-                fix = int(resid.argmax()) if temperature == 0 else int(torch.multinomial(resid, 1, generator=gen))
-                emitted = draft[:i] + [fix]
+                emitted = draft[:i] + [_pick(resid, temperature, gen)]
                 break
         if emitted is None:
-            bonus = p_rows[g]
-            emitted = draft + [int(bonus.argmax()) if temperature == 0 else int(torch.multinomial(bonus, 1, generator=gen))]
+            emitted = draft + [_pick(p_rows[g], temperature, gen)]
         stop = eos in emitted or produced + len(emitted) >= max_new_tokens
         if eos in emitted:
             emitted = emitted[:emitted.index(eos) + 1]
@@ -221,8 +225,7 @@ def target_decode(pair: Pair, prompt: str, max_new_tokens: int, temperature: flo
     seq = pair.tokenizer(prompt)["input_ids"]
     cache, out, pending = DynamicCache(), [], seq
     for _ in range(max_new_tokens):
-        p = distribution(_forward(pair.target, pending, cache)[-1], temperature, top_p)
-        x = int(p.argmax()) if temperature == 0 else int(torch.multinomial(p, 1, generator=gen))
+        x = _pick(distribution(_forward(pair.target, pending, cache)[-1], temperature, top_p), temperature, gen)
         out.append(x)
         if x == pair.tokenizer.eos_token_id:
             break
