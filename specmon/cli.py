@@ -131,13 +131,23 @@ def cmd_summary(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+_DURATION_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+def _duration(text: str) -> timedelta | None:
+    """'30s', '1m', '6h', '2d', '1w' as a timedelta; None if the text is not such a duration."""
+    if text[:-1].replace(".", "", 1).isdigit() and text[-1:] in _DURATION_UNITS:
+        return timedelta(**{_DURATION_UNITS[text[-1]]: float(text[:-1])})
+    return None
+
+
 def parse_since(text: str | None) -> datetime | None:
     """'6h', '2d', '30m', '1w' before now, or an ISO-8601 time (UTC where it names no zone)."""
     if text is None:
         return None
-    units = {"m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
-    if text[:-1].replace(".", "", 1).isdigit() and text[-1] in units:
-        return datetime.now(timezone.utc).replace(tzinfo=None) - timedelta(**{units[text[-1]]: float(text[:-1])})
+    ago = _duration(text)
+    if ago is not None:
+        return datetime.now(timezone.utc).replace(tzinfo=None) - ago
     try:
         ts = datetime.fromisoformat(text)
     except ValueError:
@@ -198,10 +208,10 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def _duration_seconds(text: str) -> float:
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    if not (text[:-1].replace(".", "", 1).isdigit() and text[-1] in units):
+    span = _duration(text)
+    if span is None:
         raise SpecmonError(f"{text!r} is not a duration like 30s, 1m, 6h or 2d")
-    return float(text[:-1]) * units[text[-1]]
+    return span.total_seconds()
 
 
 def cmd_pull(args: argparse.Namespace) -> int:

@@ -239,7 +239,7 @@ def _vllm_request(spec: dict, no: int, ts: datetime | None, labels: dict) -> Eng
         per_pos = [sum(hist[i:]) for i in range(1, len(hist))]
     return EngineWindow("vllm", "vllm-request", no, ts, None, steps, float(spec["num_draft_tokens"]),
                         float(spec["num_accepted_draft_tokens"]), per_pos, k or (len(per_pos) if per_pos else None),
-                        _f(str(spec["mean_acceptance_length"])) if spec.get("mean_acceptance_length") is not None
+                        float(spec["mean_acceptance_length"]) if spec.get("mean_acceptance_length") is not None
                         else None, spec.get("draft_acceptance_rate"), labels)
 
 

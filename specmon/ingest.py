@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from specmon import engines, flatlog, prometheus, steplog
 from specmon.faults import Fault, RowFault, SpecmonError
-from specmon.store import Store, get_or_create_run, get_or_create_segment, next_step_id
+from specmon.store import Store, add_ingest, get_or_create_run, get_or_create_segment, next_step_id
 
 FORMATS = ("steplog-jsonl", "flat-csv", "flat-parquet", "engine-log", "engine-json", "prometheus")
 STEP_FORMATS = ("steplog-jsonl", "flat-csv", "flat-parquet")
@@ -395,11 +395,8 @@ def ingest_file(
                 return _already(result)  # another session stored the same file meanwhile
             source = "live" if run_meta else "steplog" if fmt in STEP_FORMATS else "engine"
             run_id = get_or_create_run(cur, run, source, demo, run_meta)
-            ingest_id = cur.execute(
-                "INSERT INTO ingests (file_name, sha256, ingested_at, source_format, run_id, rows_read, steps, "
-                "positions, rejected) VALUES (?, ?, ?, ?, ?, 0, 0, 0, 0) RETURNING ingest_id",
-                [Path(name).name, sha, ingest_time, fmt, run_id],
-            ).fetchall()[0][0]
+            ingest_id = add_ingest(cur, file_name=Path(name).name, sha256=sha, ingested_at=ingest_time,
+                                   source_format=fmt, run_id=run_id)
             if staged:
                 _publish_staged(cur, load_id, run_id, ingest_id)
             elif fmt in ("engine-log", "engine-json", "prometheus"):
@@ -472,10 +469,8 @@ def ingest_samples(store: Store, samples: list, name: str, run: str, template: s
         if cur.execute("SELECT 1 FROM ingests WHERE sha256 = ?", [digest]).fetchall():
             return _already(result)
         run_id = get_or_create_run(cur, run, "engine", False, None)
-        ingest_id = cur.execute(
-            "INSERT INTO ingests (file_name, sha256, ingested_at, source_format, run_id, rows_read, steps, "
-            "positions, rejected) VALUES (?, ?, ?, 'prometheus-api', ?, ?, 0, 0, 0) RETURNING ingest_id",
-            [name, digest, _utc_now(), run_id, len(samples)]).fetchall()[0][0]
+        ingest_id = add_ingest(cur, file_name=name, sha256=digest, ingested_at=_utc_now(),
+                               source_format="prometheus-api", run_id=run_id, rows_read=len(samples))
         new = write_samples(cur, samples, ingest_id, get_or_create_segment(cur, run_id, template or ""))
         cur.execute("UPDATE ingests SET steps = ? WHERE ingest_id = ?", [new, ingest_id])
         result.rows_read, result.steps = len(samples), new

@@ -20,7 +20,7 @@ import torch
 from specmon import jsonlines
 from specmon.faults import Fault, SpecmonError
 from specmon.live import Pair, distribution
-from specmon.store import Store, get_or_create_run, get_or_create_segment
+from specmon.store import Store, add_ingest, get_or_create_run, get_or_create_segment
 
 
 def read_transcripts(path: str) -> list[dict]:
@@ -79,10 +79,8 @@ def store_replay(store: Store, pair: Pair, transcripts: list[dict], *, run: str,
             progress(i + 1, len(transcripts))
     with store.transaction() as cur:
         run_id = get_or_create_run(cur, run, "replay", False, meta)
-        ingest_id = cur.execute(
-            "INSERT INTO ingests (file_name, sha256, ingested_at, source_format, run_id, rows_read, steps, positions, "
-            "rejected) VALUES (?, ?, ?, 'replay', ?, ?, 0, ?, 0) RETURNING ingest_id",
-            [name, f"replay:{run}:{now.isoformat()}", now, run_id, len(transcripts), len(rows)]).fetchall()[0][0]
+        ingest_id = add_ingest(cur, file_name=name, sha256=f"replay:{run}:{now.isoformat()}", ingested_at=now,
+                               source_format="replay", run_id=run_id, rows_read=len(transcripts), positions=len(rows))
         segments = {label: get_or_create_segment(cur, run_id, label) for label in {r[1] for r in rows}}
         cur.executemany("INSERT INTO replay_positions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         [(ingest_id, segments[r[1]], r[0], r[2], r[3], r[4], r[5], r[6], r[7]) for r in rows])

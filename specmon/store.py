@@ -293,5 +293,15 @@ def get_or_create_segment(cur: duckdb.DuckDBPyConnection, run_id: int, template:
     ).fetchall()[0][0]
 
 
+def add_ingest(cur: duckdb.DuckDBPyConnection, *, file_name: str, sha256: str, ingested_at, source_format: str,
+               run_id: int, rows_read: int = 0, steps: int = 0, positions: int = 0) -> int:
+    """Record an ingest (inside the caller's transaction) and return its id."""
+    return cur.execute(
+        "INSERT INTO ingests (file_name, sha256, ingested_at, source_format, run_id, rows_read, steps, positions, "
+        "rejected) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0) RETURNING ingest_id",
+        [file_name, sha256, ingested_at, source_format, run_id, rows_read, steps, positions],
+    ).fetchall()[0][0]
+
+
 def next_step_id(cur: duckdb.DuckDBPyConnection) -> int:
     return int(cur.execute("SELECT coalesce(max(step_id), 0) + 1 FROM steps").fetchall()[0][0])

@@ -118,7 +118,8 @@ def summarize(store: Store, by: str = "template", c: float | None = None, *, run
         by, bucket = "template", "day"
     bucket_key = f"time_bucket(INTERVAL '{BUCKETS[bucket]}', st.ts)" if bucket else _NO_BUCKET
     fmt = dict(template="NULL::VARCHAR" if by == "run" else "sg.template", bucket=bucket_key)
-    params = [demo_only(store), run, run, since, since]
+    demo = demo_only(store)
+    params = [demo, run, run, since, since]
     step_rows = store.query_df(_STEPS_SQL.format(**fmt), params).to_dict("records")
     positions: dict[tuple, list[dict]] = {}
     if per_position:
@@ -130,7 +131,7 @@ def summarize(store: Store, by: str = "template", c: float | None = None, *, run
             positions.setdefault((rec["run"], rec["template"], rec["bucket"]), []).append(rec)
     rows = [_segment(row, positions.get((row["run"], row["template"], row["bucket"]), []), c, by, day_output)
             for row in (_clean(r) for r in step_rows)]
-    if not params[0]:  # engine data is the user's own: never mixed with the demo
+    if not demo:  # engine and replay data are the user's own: never mixed with the demo
         rows += engine_summary.summarize_engines(store, by, c, run=run, bucket=bucket, since=since)
         if bucket is None:
             rows += predicted.summarize_replays(store, by, c, run=run, since=since)

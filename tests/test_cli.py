@@ -1,7 +1,6 @@
 """The CLI as a user meets it: separate processes, exit codes, messages on stderr."""
 import json
 import subprocess
-import sys
 
 import jsonschema
 import orjson
