@@ -3,6 +3,7 @@ runs are stored like any other log, and bad inputs get clear errors."""
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,24 @@ def test_the_shipped_pair(pair):
     assert n_target >= 8 * n_draft
     size = sum(f.stat().st_size for d in (TARGET, DRAFT) for f in Path(d).glob("*.safetensors"))
     assert size <= 30 * 2**20
+
+
+def test_train_pair_makes_a_pair_that_loads(tmp_path):
+    """The training script end to end, on a few standard-library files and two steps per model."""
+    import sysconfig
+    stdlib, lib = Path(sysconfig.get_paths()["stdlib"]), tmp_path / "lib"
+    for name in ("textwrap.py", "json/encoder.py", "json/decoder.py", "test/test_json/__init__.py"):
+        (lib / name).parent.mkdir(parents=True, exist_ok=True)
+        (lib / name).write_text((stdlib / name).read_text(encoding="utf-8"), encoding="utf-8")
+    r = subprocess.run([sys.executable, "-m", "specmon.train_pair", "--stdlib", str(lib), "--out", str(tmp_path / "m"),
+                        "--target-steps", "2", "--draft-steps", "2", "--batch", "4", "--device", "cpu"],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert "3 modules" in r.stdout  # the test suite's file is not in the corpus
+    trained = live.load_pair(str(tmp_path / "m/target"), str(tmp_path / "m/draft"))
+    assert sum(p.numel() for p in trained.target.parameters()) >= 8 * sum(p.numel() for p in trained.draft.parameters())
+    text = "def f(x):\n    return x"
+    assert trained.tokenizer.decode(trained.tokenizer(text)["input_ids"]) == text
 
 
 @pytest.mark.parametrize("proposer", ["draft", "ngram"])
@@ -97,7 +116,8 @@ def test_bad_inputs_get_clear_errors(tmp_path, specmon_cmd, pair):
 def test_replay_predicts_acceptance_from_transcripts(tmp_path, specmon_cmd, pair):
     transcripts = tmp_path / "traffic.jsonl"
     lines = []
-    for i, prompt in enumerate(live.read_prompts(PROMPTS[0])):
+    prompts = live.read_prompts(PROMPTS[0])
+    for i, prompt in enumerate(prompts):
         completion = pair.tokenizer.decode(live.target_decode(pair, prompt, 24, temperature=1.0, seed=i))
         lines.append(json.dumps({"prompt": prompt, "completion": completion, "template": "copy"}))
     transcripts.write_text("\n".join(lines) + "\n")
@@ -108,7 +128,7 @@ def test_replay_predicts_acceptance_from_transcripts(tmp_path, specmon_cmd, pair
     assert "predicted per-token acceptance beta" in r.stdout
     seg = json.loads(subprocess.run([*specmon_cmd, "summary", "--db", db, "--json", "--c", "0.1"],
                                     capture_output=True, text=True).stdout)[0]
-    assert seg["source"] == "replay" and seg["alpha"] is None and seg["requests"] == 8
+    assert seg["source"] == "replay" and seg["alpha"] is None and seg["requests"] == len(prompts)
     assert 0 < seg["beta_lo"] < seg["beta"] < seg["beta_hi"] < 1
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "x"}\n')

@@ -27,8 +27,8 @@ def render() -> None:
     st.title("Live run")
     st.caption("Runs speculative decoding (Leviathan et al.'s Algorithm 1, KV caches rolled back on rejection) of "
                "a model pair on a prompt set, here on this machine, logs every step with exact beta and timings, "
-               "and stores it as a run. The default pair ships with specmon: a small target and a 13x smaller "
-               "draft trained on CPython's standard library.")
+               "and stores it as a run. The default pair ships with specmon: a small target and an 11x smaller "
+               "draft trained on CPython's standard library to write Python and to continue a repetition.")
     with st.form("live"):
         c1, c2 = st.columns(2)
         target = c1.text_input("Target model", value=str(MODELS / "target"), help="a local directory or a hub name")
