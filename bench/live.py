@@ -3,7 +3,7 @@ specmon's speculative loop (draft model) with logging; HF generate(assistant_mod
 generate(prompt_lookup_num_tokens=...); specmon's n-gram loop. Tokens per second and speedup over plain decoding,
 and specmon's measured speedup beside the one predicted from its own measured alpha and c.
 
-    python bench/live.py [--k 4] [--max-new-tokens 64] [--repeats 3]
+    python bench/live.py [--k 4] [--max-new-tokens 64] [--repeats 5] [--threads 1] [--prompts FILE]
 
 Greedy decoding (temperature 0), so every method emits the same tokens and only time differs.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+import timeit
 from pathlib import Path
 
 import numpy as np
@@ -23,24 +24,23 @@ from specmon import live, theory
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def timed(fn, repeats: int) -> tuple[float, int]:
-    """Best wall time of `repeats` runs, and the tokens the run produced."""
-    best, tokens = float("inf"), 0
-    for _ in range(repeats):
-        t = time.perf_counter()
-        tokens = fn()
-        best = min(best, time.perf_counter() - t)
-    return best, tokens
+def timed(fn) -> tuple[float, int]:
+    """Wall time of one run, and the tokens it produced."""
+    t = time.perf_counter()
+    tokens = fn()
+    return time.perf_counter() - t, tokens
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1 leaves a core to the rest of the machine)")
     ap.add_argument("--prompts", default=str(ROOT / "data" / "prompts" / "copy.jsonl"))
     args = ap.parse_args()
     torch.manual_seed(0)
+    torch.set_num_threads(args.threads)
     pair = live.load_pair(str(ROOT / "data/models/target"), str(ROOT / "data/models/draft"))
     ngram_pair = live.Pair(pair.target, None, pair.tokenizer, "ngram")
     prompts = live.read_prompts(args.prompts)
@@ -49,17 +49,12 @@ def main() -> None:
     pair.draft.generation_config.num_assistant_tokens = k
     pair.draft.generation_config.num_assistant_tokens_schedule = "constant"
     pair.draft.generation_config.assistant_confidence_threshold = 0.0
-    steps: list[dict] = []
 
-    def specmon_loop(use, ngram=None, log=None, logging=True):
+    def specmon_loop(use, ngram=None, logging=True):
         def go():
-            out = 0
-            for p in prompts:
-                for rec in live.generate(use, p, k=k, max_new_tokens=n, temperature=0, ngram=ngram, log=logging):
-                    out += len(rec["emitted_tokens"])
-                    if log is not None:
-                        log.append(rec)
-            return out
+            go.records = [rec for p in prompts for rec in
+                          live.generate(use, p, k=k, max_new_tokens=n, temperature=0, ngram=ngram, log=logging)]
+            return sum(len(rec["emitted_tokens"]) for rec in go.records)
         return go
 
     def hf(**kwargs):
@@ -82,34 +77,62 @@ def main() -> None:
         "HF generate(prompt_lookup_num_tokens=k)": hf(prompt_lookup_num_tokens=k),
         "specmon speculative, n-gram, logging": specmon_loop(ngram_pair, live.NgramProposer()),
     }
-    results = {}
-    for name, fn in methods.items():
+    for fn in methods.values():
         fn()  # warm-up
-        seconds, tokens = timed(fn, args.repeats)
-        results[name] = {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds}
-    specmon_loop(pair, log=steps)()
-    base = results["plain target decoding (specmon loop)"]["tokens_per_s"]
-    for r in results.values():
-        r["speedup_over_plain"] = r["tokens_per_s"] / base
+    plain, logged = "plain target decoding (specmon loop)", "specmon speculative, draft model, logging"
+    # Rounds: every method once and the costs once per round, so that each ratio compares runs minutes apart at most
+    # (this shared machine's speed drifts by 10-20% over a run); ratios are medians over rounds, with their range.
+    rounds = []
+    for _ in range(args.repeats):
+        seconds, tokens = {}, {}
+        for name, fn in methods.items():
+            seconds[name], tokens[name] = timed(fn)
+        costs = live.measure_costs(pair, prompts[0], k_max=k)
+        rounds.append({"seconds": seconds, "costs": costs, "steps": methods[logged].records})
+
+    def spread(values) -> dict:
+        return {"median": float(np.median(values)), "min": float(np.min(values)), "max": float(np.max(values))}
+
+    results = {name: {"tokens": tokens[name],
+                      "tokens_per_s_best": tokens[name] / min(r["seconds"][name] for r in rounds),
+                      "speedup_over_plain": spread([r["seconds"][plain] / r["seconds"][name] for r in rounds])}
+               for name in methods}
+    steps = rounds[-1]["steps"]  # greedy: every round accepts the same tokens
     accepted = np.array([s["accepted"] for s in steps])
-    g = np.array([len(s["draft_tokens"]) for s in steps])
-    checked = np.minimum(accepted + 1, g)
-    alpha = accepted.sum() / checked.sum()
-    costs = live.measure_costs(pair, prompts[0], k_max=k)
-    c = costs["c"]
+    checked = np.minimum(accepted + 1, [len(s["draft_tokens"]) for s in steps])
+    alpha = float(accepted.sum() / checked.sum())
     tokens_per_step = float(1 + accepted.mean())
-    # math.md's measured cost model: a step costs T_verify(k+1) + k T_draft, a plain token T_target(1).
-    step_cost = costs["verify_ms"][k + 1] + k * costs["draft_step_ms"]
+
+    # What logging adds to a step, timed alone (beta and top-20 logprobs of k + 1 and k vocabulary rows).
+    vocab = pair.target.get_output_embeddings().weight.shape[0]
+    p_rows, q_rows = torch.softmax(torch.randn(k + 1, vocab), -1), list(torch.softmax(torch.randn(k, vocab), -1))
+    logging_ms = timeit.timeit(lambda: live.log_fields(p_rows, q_rows), number=2000) / 2000 * 1000
+
+    def predicted(costs: dict) -> float:
+        # math.md's measured cost model: a step costs T_verify(k+1) + k T_draft, a plain token T_target(1).
+        return tokens_per_step * costs["target_step_ms"] / (costs["verify_ms"][k + 1] + k * costs["draft_step_ms"])
+
     results["specmon_model"] = {
-        "alpha": float(alpha), "measured_tokens_per_step": tokens_per_step, "costs_ms": costs,
-        "c_draft_step_over_target_step": float(c),
-        "predicted_speedup_iid": float(theory.speedup(alpha, k, c)),
-        "predicted_speedup_measured_costs": tokens_per_step * costs["target_step_ms"] / step_cost,
-        "measured_speedup": results["specmon speculative, draft model, logging"]["speedup_over_plain"],
-        "logging_cost": 1 - results["specmon speculative, draft model, logging"]["tokens_per_s"]
-        / results["specmon speculative, draft model, no logging"]["tokens_per_s"],
+        "alpha": alpha, "measured_tokens_per_step": tokens_per_step,
+        "costs_ms_last_round": rounds[-1]["costs"],
+        "c": spread([r["costs"]["c"] for r in rounds]),
+        "predicted_speedup_iid": spread([theory.speedup(alpha, k, r["costs"]["c"]) for r in rounds]),
+        "predicted_speedup_measured_costs": spread([predicted(r["costs"]) for r in rounds]),
+        "measured_speedup": results[logged]["speedup_over_plain"],
+        # Where a step's wall time goes: the draft passes (with their sampling) and the verification pass as the
+        # loop logged them; the rest (acceptance, residual sampling, records, cache crops) is in neither prediction.
+        "step_ms": {
+            "wall": spread([r["seconds"][logged] * 1000 / len(r["steps"]) for r in rounds]),
+            "draft": spread([np.mean([sum(s["draft_ms"]) for s in r["steps"]]) for r in rounds]),
+            "verify": spread([np.mean([s["target_ms"] for s in r["steps"]]) for r in rounds])},
+        "plain_token_ms": {"wall": spread([r["seconds"][plain] * 1000 / tokens[plain] for r in rounds]),
+                           "target_step": spread([r["costs"]["target_step_ms"] for r in rounds])},
+        "logging_ms_per_step": logging_ms,
+        "logging_cost": spread([1 - r["seconds"]["specmon speculative, draft model, no logging"] / r["seconds"][logged]
+                                for r in rounds]),
     }
-    print(json.dumps({"machine": machine(), "k": k, "max_new_tokens": n, "prompts": len(prompts),
+    print(json.dumps({"machine": machine(), "threads": args.threads, "k": k, "max_new_tokens": n,
+                      "prompts": len(prompts),
                       "results": results}, indent=2))
 
 

@@ -9,6 +9,7 @@ specmon's step-log contract, with the exact beta = sum min(p, q) computed here f
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -106,9 +107,19 @@ def _pick(dist: torch.Tensor, temperature: float, gen: torch.Generator) -> int:
     return int(dist.argmax()) if temperature == 0 else int(torch.multinomial(dist, 1, generator=gen))
 
 
-def _topk(row: torch.Tensor, k: int = LOG_TOPK) -> dict[str, float]:
-    values, idx = row.topk(min(k, row.shape[-1]))
-    return {str(int(i)): float(torch.log(v)) for v, i in zip(values, idx) if v > 0}
+def _topk(rows: torch.Tensor, k: int = LOG_TOPK) -> list[dict[str, float]]:
+    """The top-k logprobs of every row, in one topk call (per-row calls cost more than the models here)."""
+    values, idx = rows.topk(min(k, rows.shape[-1]), dim=-1)
+    return [{str(i): v for v, i in zip(vs, ids) if v > -math.inf}
+            for vs, ids in zip(torch.log(values).tolist(), idx.tolist())]
+
+
+def log_fields(p_rows: torch.Tensor, q_rows: list[torch.Tensor]) -> dict:
+    """A step's exact beta per drafted position and both sides' top-k logprobs (p has one row more: the bonus)."""
+    q_matrix = torch.stack(q_rows) if q_rows else p_rows[:0]
+    # float32 sums can exceed 1 by an ulp where p and q agree
+    return {"beta": torch.minimum(p_rows[:len(q_rows)], q_matrix).sum(-1).clamp(max=1.0).tolist(),
+            "target_logprobs": _topk(p_rows), "draft_logprobs": _topk(q_matrix)}
 
 
 def _forward(model, ids: list[int], cache: DynamicCache) -> torch.Tensor:
@@ -194,10 +205,7 @@ def generate(pair: Pair, prompt: str, *, k: int = 4, max_new_tokens: int = 64, t
             "emitted_tokens": emitted, "target_ms": round(target_ms, 3), "draft_ms": [round(x, 3) for x in draft_ms],
         }
         if log:
-            # float32 sums can exceed 1 by an ulp where p and q agree
-            record["beta"] = [min(1.0, float(torch.minimum(p_rows[i], q_rows[i]).sum())) for i in range(g)]
-            record["target_logprobs"] = [_topk(p_rows[i]) for i in range(g + 1)]
-            record["draft_logprobs"] = [_topk(q) for q in q_rows]
+            record.update(log_fields(p_rows, q_rows))
         if template is not None:
             record["template"] = template
         if full is not None:
@@ -234,25 +242,34 @@ def target_decode(pair: Pair, prompt: str, max_new_tokens: int, temperature: flo
 
 
 def measure_costs(pair: Pair, prompt: str, k_max: int = 8, repeats: int = 7) -> dict:
-    """Median wall times on this machine: one draft decode step, one target decode step, and a target
-    verification pass of n = 1..k_max+1 tokens; c = draft step / target decode step (math.md)."""
+    """Median wall times on this machine, each as decoding meets it: a target decode step with the target's passes back
+    to back (plain decoding); a draft decode step and a target verification pass of n = 1..k_max+1 tokens in
+    speculative decoding's alternation (n - 1 draft passes, then one target pass), where each model finds the CPU
+    caches holding the other's weights. c = draft step / target decode step (math.md)."""
     ids = pair.tokenizer(prompt)["input_ids"]
+    caches = {model: DynamicCache() for model in (pair.target, pair.draft) if model is not None}
+    for model, cache in caches.items():
+        _forward(model, ids, cache)  # the prompt is cached, as it is mid-generation
 
-    def median_ms(model, n: int) -> float:
-        times = []
-        for _ in range(repeats):
-            cache = DynamicCache()
-            _forward(model, ids, cache)  # the prompt is cached, as it is mid-generation
-            t0 = time.perf_counter()
-            _forward(model, ids[-1:] * n, cache)
-            times.append((time.perf_counter() - t0) * 1000)
-        return float(sorted(times)[len(times) // 2])
+    def ms(model, n: int) -> float:
+        t0 = time.perf_counter()
+        _forward(model, ids[-1:] * n, caches[model])
+        return (time.perf_counter() - t0) * 1000
 
-    target_step = median_ms(pair.target, 1)
-    verify = {n: median_ms(pair.target, n) for n in range(1, k_max + 2)}
-    draft_step = median_ms(pair.draft, 1) if pair.draft is not None else 0.0
-    return {"draft_step_ms": draft_step, "target_step_ms": target_step, "verify_ms": verify,
-            "c": draft_step / target_step}
+    target_steps, draft_steps, verify = [], [], {n: [] for n in range(1, k_max + 2)}
+    for _ in range(repeats):
+        target_steps.append(ms(pair.target, 1))
+        _rollback(caches[pair.target], len(ids))
+        for n in verify:
+            if pair.draft is not None:
+                draft_steps += [ms(pair.draft, 1) for _ in range(n - 1)]
+                _rollback(caches[pair.draft], len(ids))
+            verify[n].append(ms(pair.target, n))
+            _rollback(caches[pair.target], len(ids))
+    target_step = float(np.median(target_steps))
+    draft_step = float(np.median(draft_steps)) if draft_steps else 0.0
+    return {"draft_step_ms": draft_step, "target_step_ms": target_step,
+            "verify_ms": {n: float(np.median(times)) for n, times in verify.items()}, "c": draft_step / target_step}
 
 
 def read_prompts(path: str) -> list[str]:
