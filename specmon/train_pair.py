@@ -5,8 +5,7 @@ own standard-library source (PSF License), from a fixed seed.
 
 The defaults are the recipe of the shipped weights (19,000 target and 24,000 draft steps of 64 x 256 tokens): about
 6 minutes on one H200 GPU with the two models trained side by side (`--models target` and `--models draft` in two
-processes), about 55 hours on 2 CPU cores (9.0 s per target step, 1.1 s per draft step). Fewer steps make a weaker
-pair in proportion to the time.
+processes), about 55 hours on 2 CPU cores (9.0 s per target step, 1.1 s per draft step).
 
 Nothing is downloaded: the corpus is the standard library of the Python running this script (or of `--stdlib DIR`):
 every .py file under it, sorted by path, without test suites, site-packages, idlelib and lib2to3. The tokenizer is a
