@@ -81,7 +81,7 @@ def main() -> None:
         fn()  # warm-up
     plain, logged = "plain target decoding (specmon loop)", "specmon speculative, draft model, logging"
     # Rounds: every method once and the costs once per round, so that each ratio compares runs minutes apart at most
-    # (this shared machine's speed drifts by 10-20% over a run); ratios are medians over rounds, with their range.
+    # (this shared machine's speed drifts within a run); ratios are medians over rounds, with their range.
     rounds = []
     for _ in range(args.repeats):
         seconds, tokens = {}, {}

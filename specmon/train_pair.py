@@ -144,6 +144,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     files = corpus_files(args.stdlib)
+    if not files:
+        ap.error(f"--stdlib {args.stdlib}: no .py modules there to train on")
     text = corpus(files)
     tokenizer = train_tokenizer(text)
     ids = torch.tensor(tokenizer(text)["input_ids"], dtype=torch.long)

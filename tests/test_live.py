@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +39,6 @@ def test_the_shipped_pair(pair):
 
 def test_train_pair_makes_a_pair_that_loads(tmp_path):
     """The training script end to end, on a few standard-library files and two steps per model."""
-    import sysconfig
     stdlib, lib = Path(sysconfig.get_paths()["stdlib"]), tmp_path / "lib"
     for name in ("textwrap.py", "json/encoder.py", "json/decoder.py", "test/test_json/__init__.py"):
         (lib / name).parent.mkdir(parents=True, exist_ok=True)
@@ -52,6 +52,9 @@ def test_train_pair_makes_a_pair_that_loads(tmp_path):
     assert sum(p.numel() for p in trained.target.parameters()) >= 8 * sum(p.numel() for p in trained.draft.parameters())
     text = "def f(x):\n    return x"
     assert trained.tokenizer.decode(trained.tokenizer(text)["input_ids"]) == text
+    r = subprocess.run([sys.executable, "-m", "specmon.train_pair", "--stdlib", str(tmp_path / "nowhere")],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 2 and "nowhere: no .py modules there to train on" in r.stderr
 
 
 @pytest.mark.parametrize("proposer", ["draft", "ngram"])
