@@ -156,6 +156,38 @@ MIGRATIONS: list[str] = [
         q_token     DOUBLE
     );
     """,
+    # 5: watching a deployment. Rollout annotations (a template change for sources that carry no template), and
+    # the followed sources with their read position, committed in the same transaction as the data it covers.
+    """
+    CREATE SEQUENCE annotation_ids START 1;
+    CREATE TABLE annotations (
+        annotation_id INTEGER PRIMARY KEY DEFAULT nextval('annotation_ids'),
+        run_id      INTEGER NOT NULL REFERENCES runs (run_id),
+        template    VARCHAR NOT NULL,          -- the template in force from starts_at on
+        starts_at   TIMESTAMP NOT NULL,        -- UTC
+        note        VARCHAR,
+        created_at  TIMESTAMP NOT NULL
+    );
+    CREATE TABLE watch_sources (
+        source_key    VARCHAR PRIMARY KEY,     -- kind:location
+        kind          VARCHAR NOT NULL,        -- log, steplog, inbox, prometheus
+        location      VARCHAR NOT NULL,        -- path or URL
+        run           VARCHAR,
+        template      VARCHAR,
+        c             DOUBLE,
+        file_id       VARCHAR,                 -- device:inode of the file being followed
+        head_sha      VARCHAR,                 -- sha256 of its first bytes: a new file behind a reused inode
+        offset_bytes  BIGINT NOT NULL DEFAULT 0,
+        line_no       BIGINT NOT NULL DEFAULT 0,
+        reader_state  JSON,                    -- what a reader carries between reads (V0 running totals, ...)
+        last_read     TIMESTAMP,
+        last_data     TIMESTAMP,
+        rows          BIGINT NOT NULL DEFAULT 0,
+        status        VARCHAR,                 -- ok, failing, stale
+        last_error    VARCHAR,
+        failing_since TIMESTAMP
+    );
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
