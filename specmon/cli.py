@@ -207,17 +207,24 @@ def cmd_check(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _duration_seconds(text: str) -> float:
-    span = _duration(text)
-    if span is None:
-        raise SpecmonError(f"{text!r} is not a duration like 30s, 1m, 6h or 2d")
+def _duration_seconds(text: str, flag: str) -> float:
+    try:
+        span = _duration(text)
+    except OverflowError:
+        span = None
+    if span is None or span.total_seconds() <= 0:
+        raise SpecmonError(f"{flag}: {text!r} is not a duration like 30s, 1m, 6h or 2d")
     return span.total_seconds()
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
     end = datetime.now(timezone.utc).replace(tzinfo=None)
-    start = end - timedelta(seconds=_duration_seconds(args.since))
-    samples = prometheus.pull(args.prometheus, start, end, _duration_seconds(args.step))
+    since_s = _duration_seconds(args.since, "--since")
+    if since_s > (end - datetime(1970, 1, 1)).total_seconds():
+        raise SpecmonError(f"--since: {args.since!r} reaches back before 1970")
+    start = end - timedelta(seconds=since_s)
+    samples = prometheus.pull(args.prometheus, start, end, _duration_seconds(args.step, "--step"),
+                              timeout_s=args.timeout, total_timeout_s=args.total_timeout)
     if not samples:
         _err(f"{args.prometheus}: no vllm:/llamacpp: spec_decode counters or sglang:spec_ gauges since {args.since}")
         return EXIT_FINDING
@@ -417,6 +424,16 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 < v < 1e6:
+        raise argparse.ArgumentTypeError(f"must be more than 0 and less than 1e6 seconds, got {text}")
+    return v
+
+
 def _cost(text: str) -> float:
     v = float(text)
     if not v >= 0:
@@ -531,6 +548,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step", default="1m", help="sample spacing (default 1m)")
     p.add_argument("--run", default="prometheus", help="run to store into (default prometheus)")
     p.add_argument("--template", help="segment label for these samples")
+    p.add_argument("--timeout", type=_seconds, default=prometheus.DEFAULT_REQUEST_TIMEOUT_S, metavar="SECONDS",
+                   help=f"give up on a request not answered in full within this time (default "
+                        f"{prometheus.DEFAULT_REQUEST_TIMEOUT_S:g})")
+    p.add_argument("--total-timeout", type=_seconds, default=prometheus.DEFAULT_PULL_TIMEOUT_S, metavar="SECONDS",
+                   help=f"give up on the whole pull after this time (default {prometheus.DEFAULT_PULL_TIMEOUT_S:g})")
     p.set_defaults(func=cmd_pull)
 
     p = sub.add_parser("alert-rule", help="print a Prometheus alerting rule over vLLM's counters",
