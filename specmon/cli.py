@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
@@ -20,14 +21,20 @@ from specmon.faults import SpecmonError
 from specmon.ingest import FORMATS, ingest_file, ingest_samples, ingest_stream
 from specmon.steplog import DEFAULT_SUM_TOLERANCE
 from specmon.store import DB_ENV, DEFAULT_DB, Store
+from specmon.text import printable
 
 EXIT_OK, EXIT_FINDING, EXIT_ERROR = 0, 1, 2
 _PAPER_P = "0.38,0.22,0.16,0.12,0.08,0.04"
 _PAPER_Q = "0.30,0.20,0.20,0.10,0.14,0.06"
 
 
+def _out(line: str) -> None:
+    """One line on stdout; names in it cannot drive the terminal (control characters escaped)."""
+    print(printable(line))
+
+
 def _err(msg: str) -> None:
-    print(f"specmon: {msg}", file=sys.stderr)
+    print(f"specmon: {printable(msg)}", file=sys.stderr)
 
 
 def _open_store(args: argparse.Namespace, *, with_demo: bool = False) -> Store:
@@ -67,13 +74,13 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             finally:
                 bar.close()
             if args.json:
-                print(json.dumps(result.as_dict()))
+                print(json.dumps(result.as_dict()))  # JSON escapes control characters itself
             elif result.status == "stored":
-                print(f"{name}: stored {result.steps} steps, {result.positions} drafted positions "
+                _out(f"{name}: stored {result.steps} steps, {result.positions} drafted positions "
                       f"in run {result.run!r}" + (f"; {result.rejected} rows rejected, see {result.report_path}"
                                                   if result.rejected else ""))
             elif result.status == "already ingested":
-                print(f"{name}: already ingested (same content); nothing changed")
+                _out(f"{name}: already ingested (same content); nothing changed")
             if result.status == "rejected":
                 status = EXIT_FINDING
                 _err(f"{name}: rejected, nothing stored ({result.fault_count} fault(s); "
@@ -105,13 +112,13 @@ def _print_table(rows: list[dict]) -> None:
         beta = _fmt(r["beta"]) if r["beta"] is not None else (
             f"[{_fmt(r['beta_lo'])},{_fmt(r['beta_hi'])}]" if r["beta_lo"] is not None else "-")
         table.append((
-            r["run"], r["template"] or "-", r["day"] or "-", str(r["k"] or "-"), str(r["steps"]),
+            printable(r["run"]), printable(r["template"] or "-"), r["day"] or "-", str(r["k"] or "-"), str(r["steps"]),
             f"{_fmt(r['alpha'])} [{_fmt(r['alpha_lo'])},{_fmt(r['alpha_hi'])}]", beta, _fmt(r["tokens_per_step"], ".2f"),
             _fmt(r["c"]), _fmt(r["break_even_alpha"]), _fmt(r["break_even_tokens"], ".2f"), r["status"],
         ))
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     for row in table:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        _out("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
 
 
 def cmd_summary(args: argparse.Namespace) -> int:
@@ -231,9 +238,9 @@ def cmd_pull(args: argparse.Namespace) -> int:
     with _open_store(args) as store:
         result = ingest_samples(store, samples, f"{args.prometheus} since {args.since}", args.run, args.template)
     if result.status == "already ingested":
-        print(f"{args.prometheus}: nothing new since the last pull")
+        _out(f"{args.prometheus}: nothing new since the last pull")
     else:
-        print(f"{args.prometheus}: stored {result.steps} new samples of {len(samples)} in run {args.run!r}")
+        _out(f"{args.prometheus}: stored {result.steps} new samples of {len(samples)} in run {args.run!r}")
     return EXIT_OK
 
 
@@ -405,6 +412,45 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _die_with_parent() -> None:
+    """In a child, before it runs: ask Linux to SIGTERM it when its parent dies, even of SIGKILL."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: forwarding below still covers every signal that can be caught
+        pass
+
+
+def run_child(cmd: list[str], env: dict, grace_s: float = 20.0) -> int:
+    """Run a long-lived child (the Streamlit server) and leave none behind: SIGTERM, SIGINT and SIGHUP are
+    forwarded to it, it is waited for (killed after grace_s), and it dies with this process in any case.
+
+    The child gets a session of its own, so a Ctrl-C in the terminal reaches it once, through this process."""
+    child = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)
+    caught: list[int] = []
+
+    def forward(signum: int, frame: object) -> None:
+        caught.append(signum)
+        child.send_signal(signum)
+
+    handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    previous = {s: signal.signal(s, forward) for s in handled}
+    try:
+        code = child.wait()
+    finally:
+        if child.poll() is None:  # left by an exception before the child ended
+            child.terminate()
+        try:
+            code = child.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            code = child.wait()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return 128 + caught[0] if caught and code < 0 else code
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     app = Path(__file__).resolve().parent.parent / "app.py"
     if not app.is_file():
@@ -414,7 +460,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         env[DB_ENV] = args.db
     cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.address", args.address,
            "--server.port", str(args.port), "--server.headless", "true"]
-    return subprocess.call(cmd, env=env)
+    return run_child(cmd, env)
 
 
 def _positive_int(text: str) -> int:
@@ -598,8 +644,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Terminated(BaseException):
+    """SIGTERM, raised where the program is, so that cleanup (a spooled copy, a transaction) runs as on Ctrl-C."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         return args.func(args)
     except SpecmonError as exc:
@@ -607,6 +662,12 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
     except BrokenPipeError:
         return EXIT_OK
+    except KeyboardInterrupt:
+        _err("interrupted (SIGINT); an ingest not yet reported as stored was rolled back")
+        return 128 + signal.SIGINT
+    except _Terminated:
+        _err("terminated (SIGTERM); an ingest not yet reported as stored was rolled back")
+        return 128 + signal.SIGTERM
 
 
 if __name__ == "__main__":

@@ -438,10 +438,41 @@ def _already(result: IngestResult) -> IngestResult:
     return result
 
 
+SPOOL_PREFIX = "specmon-spool-"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, but another user's
+        return True
+    return True
+
+
+def sweep_spools(folder: str | None = None) -> list[str]:
+    """Remove the spooled copies that processes killed outright (SIGKILL, power loss) left behind; each carries
+    its process id in its name, and only those of processes no longer running are removed. Returns them."""
+    folder = folder or tempfile.gettempdir()
+    removed = []
+    for entry in os.scandir(folder):
+        pid = entry.name[len(SPOOL_PREFIX):].split("-", 1)[0]
+        if entry.name.startswith(SPOOL_PREFIX) and pid.isdigit() and not _pid_alive(int(pid)):
+            try:
+                os.unlink(entry.path)
+                removed.append(entry.path)
+            except OSError:  # another process swept it first, or it is not ours to remove
+                pass
+    return removed
+
+
 def ingest_stream(store: Store, stream: IO[bytes], name: str, **options) -> IngestResult:
     """Ingest an upload or standard input: spooled to a temporary file (hashing and DuckDB's readers need one),
-    ingested by ingest_file under `name`, then removed."""
-    fd, spooled = tempfile.mkstemp(prefix="specmon-upload-")
+    ingested by ingest_file under `name`, then removed, whatever ends the ingest (an exception, or a signal the
+    caller turns into one, as the CLI does with SIGTERM). Copies left by killed processes are swept first."""
+    sweep_spools()
+    fd, spooled = tempfile.mkstemp(prefix=f"{SPOOL_PREFIX}{os.getpid()}-")
     try:
         with os.fdopen(fd, "wb") as out:
             shutil.copyfileobj(stream, out)
