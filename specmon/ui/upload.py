@@ -9,18 +9,19 @@ import streamlit as st
 
 from specmon.ingest import ingest_stream
 from specmon.ui import data
-from specmon.ui.widgets import guarded
+from specmon.ui.widgets import guarded, md_text
 
 
 def result_message(result) -> tuple[str, str]:
     """(level, text) for one file's outcome."""
+    file = md_text(result.file)
     if result.status == "already ingested":
-        return "info", f"**{result.file}**: already ingested (same content); nothing changed."
+        return "info", f"**{file}**: already ingested (same content); nothing changed."
     if result.status == "rejected":
-        return "error", (f"**{result.file}**: rejected, nothing stored — {result.fault_count} fault(s). Fix them, or "
+        return "error", (f"**{file}**: rejected, nothing stored — {result.fault_count} fault(s). Fix them, or "
                          "tick *store the good rows* to skip bad rows.")
-    text = f"**{result.file}**: stored {result.steps:,} steps ({result.positions:,} drafted positions) in run " \
-           f"**{result.run}**."
+    text = f"**{file}**: stored {result.steps:,} steps ({result.positions:,} drafted positions) in run " \
+           f"**{md_text(result.run)}**."
     if result.rejected:
         text += f" {result.rejected:,} rows were rejected (listed below)."
     return "success", text
@@ -44,9 +45,10 @@ def render() -> None:
     if submitted and files:
         store = data.get_store()
         for upload in files:
-            bar = st.progress(0.0, text=f"{upload.name}: reading")
+            label = md_text(upload.name)
+            bar = st.progress(0.0, text=f"{label}: reading")
 
-            def progress(done: int, total: int, bar=bar, name=upload.name) -> None:
+            def progress(done: int, total: int, bar=bar, name=label) -> None:
                 bar.progress(min(done / total, 1.0) if total else 1.0, text=f"{name}: {done / 2**20:.1f} MB")
 
             with tempfile.TemporaryDirectory(prefix="specmon-report-") as tmp:
@@ -54,17 +56,17 @@ def render() -> None:
                 result = ingest_stream(store, upload, upload.name, run=run or None, template=template or None,
                                        skip_bad=skip_bad, report_path=report_path, progress=progress)
                 report = open(report_path, "rb").read() if result.report_path else None
-            bar.progress(1.0, text=f"{upload.name}: done")
+            bar.progress(1.0, text=f"{label}: done")
             level, text = result_message(result)
             getattr(st, level)(text)
             for note in result.notes:
-                st.caption(f"{upload.name}: {note}")
+                st.caption(f"{label}: {md_text(note)}")
             if result.faults:
                 st.dataframe(pd.DataFrame([f.as_dict() for f in result.faults]), hide_index=True, width="stretch")
                 if result.fault_count > len(result.faults):
                     st.caption(f"… and {result.fault_count - len(result.faults)} more.")
             if report:
-                st.download_button(f"Rejected rows of {upload.name} (JSON Lines)", report,
+                st.download_button(f"Rejected rows of {label} (JSON Lines)", report,
                                    file_name=f"{upload.name}.rejected.jsonl", key=f"report-{upload.name}")
     st.subheader("Past ingests")
     history = data.ingest_history()
