@@ -7,7 +7,7 @@ import streamlit as st
 
 from specmon.segments import BUCKETS
 from specmon.ui import data
-from specmon.ui.widgets import EMPTY, STATUS_BADGE, STATUS_COLOURS, demo_banner, guarded
+from specmon.ui.widgets import EMPTY, STATUS_BADGE, STATUS_COLOURS, demo_banner, guarded, md_text
 
 
 def buckets_frame(rows: list[dict]) -> pd.DataFrame:
@@ -87,18 +87,18 @@ def render() -> None:
                    f"alarm per {d.arl0_steps:,} steps, with per-request acceptance spread as in the reference "
                    f"(beta concentration {d.concentration:.3g}). The change is dated to where W last left 0.")
     for a in result.alarms:
-        (st.error if a.open else st.warning)(("**Open:** " if a.open else "**Closed:** ") + a.describe())
+        (st.error if a.open else st.warning)(("**Open:** " if a.open else "**Closed:** ") + md_text(a.describe()))
     if result.design is not None and not result.alarms:
         st.success("No drift alarm in this run.")
     for ch in result.changes:
         (st.error if ch.comparison.verdict == "hurt" or ch.below_break_even else st.info)(
-            f"**Template change.** {ch.describe()}")
+            f"**Template change.** {md_text(ch.describe())}")
     marks = pd.DataFrame([{"change_ts": a.change_ts, "alarm_ts": a.alarm_ts, "alarms": a.alarms}
                           for a in result.alarms], columns=["change_ts", "alarm_ts", "alarms"])
     st.subheader("Acceptance against break-even")
     for template, part in df.groupby("template", sort=False):
         latest = part.iloc[-1]
-        st.markdown(f"**Template {template}** — latest bucket: {STATUS_BADGE[latest['status']]}")
+        st.markdown(f"**Template {md_text(template)}** — latest bucket: {STATUS_BADGE[latest['status']]}")
         st.altair_chart(drift_chart(part, changes, marks), width="stretch")
     if result.design is not None:
         st.markdown("**Detector statistic**")
