@@ -124,13 +124,15 @@ def _print_table(rows: list[dict]) -> None:
 def cmd_summary(args: argparse.Namespace) -> int:
     with _open_store(args, with_demo=True) as store:
         rows = summary.summarize(store, by=args.by, c=args.c)
-        if rows and rows[0]["demo"]:
-            _err("showing the demo data: nothing of your own is ingested yet")
+    demo_only = bool(rows) and rows[0]["demo"]  # summarize shows demo rows only while nothing else is stored
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps(rows, indent=2))  # every demo segment carries "demo": true
     elif not rows:
-        print("no data: ingest a step log first (specmon ingest FILE)")
+        _out("no data: ingest a step log first (specmon ingest FILE)")
     else:
+        if demo_only:
+            _out(f"DEMO DATA, not yours: {store.path} holds nothing of your own yet, so these are the synthetic "
+                 f"demo figures (run {demo.DEMO_RUN!r}). They hide once you ingest a log.")
         _print_table(rows)
         print("alpha: per-token acceptance, 95% Wilson interval widened for clustering by request. "
               "beta: predicted acceptance (an interval where only top-k logprobs were logged). "
@@ -168,7 +170,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         rows = summary.summarize(store, by="template", c=args.c, since=since, per_position=False)
         if not rows or rows[0]["demo"]:
             window = f" since {since:%Y-%m-%d %H:%M} UTC" if since else ""
-            _err(f"nothing to check: {store.path} holds no steps of your own{window} (specmon ingest FILE)")
+            _err(f"nothing of yours to judge: {store.path} holds no steps of your own{window}"
+                 + (" (only the demo data)" if rows else "") + " (specmon ingest FILE)")
             return EXIT_ERROR
         runs = alarms.analyse(store, c=args.c, arl0_steps=args.false_alarm_steps)
     found = [a for r in runs for a in r.alarms if since is None or a.last_alarm_ts >= since]

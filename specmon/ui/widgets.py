@@ -31,10 +31,14 @@ def guarded(render: Callable[[], None]) -> Callable[[], None]:
     return page
 
 
+DEMO_NOTICE = ("**Demo data, not yours.** Nothing of your own is stored yet, so this is the synthetic demo log "
+               "(a template change at v2 pushes acceptance below break-even). It hides once you ingest a log.")
+
+
 def demo_banner(rows: list[dict]) -> None:
+    """The demo notice, where the rows shown are the demo's (summaries show them only while the user has none)."""
     if rows and rows[0]["demo"]:
-        st.warning("**Demo data.** Nothing of your own is stored yet, so this is the synthetic demo log "
-                   "(a template change at v2 pushes acceptance below break-even). It hides once you ingest a log.")
+        st.warning(DEMO_NOTICE)
 
 
 def md_text(value: object) -> str:
