@@ -10,9 +10,11 @@ import unicodedata
 
 # Every ASCII punctuation character: CommonMark lets a backslash make any of them literal.
 _MARKDOWN_PUNCTUATION = re.compile(r"([!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~])")
-# GitHub-flavoured Markdown links bare URLs and e-mail addresses even when every character is escaped; a word
-# joiner (U+2060, invisible) keeps them from being recognised.
-_AUTOLINK = re.compile(r"(?i)(https?|ftp|mailto|www)(?=\\[:.])|(?=\\@)")
+# Some rewriting happens on the text after escapes are resolved, so a word joiner (U+2060, invisible) goes where it
+# must break a pattern: GitHub-flavoured Markdown links bare URLs and e-mail addresses; Streamlit turns " -- ",
+# " -> ", " <= " and the like into typographic symbols and :streamlit: into its logo.
+_BREAK = re.compile(r"(?i)(?:(?<=http)|(?<=https)|(?<=ftp)|(?<=mailto))(?=\\:)|(?<=www)(?=\\\.)|(?=\\@)"
+                    r"|(?<=\\:)|(?<=\\[-<>~=])(?=\\[-<>=])")
 _WORD_JOINER = "\u2060"
 
 
@@ -26,5 +28,4 @@ def printable(text: str) -> str:
 def markdown_literal(text: str) -> str:
     """Markdown that shows text exactly as printable(text) reads: no emphasis, link, image, HTML, heading, list,
     math, emoji or icon shortcode can come out of it."""
-    escaped = _MARKDOWN_PUNCTUATION.sub(r"\\\1", printable(text))
-    return _AUTOLINK.sub(lambda m: (m.group(1) or "") + _WORD_JOINER, escaped)
+    return _BREAK.sub(_WORD_JOINER, _MARKDOWN_PUNCTUATION.sub(r"\\\1", printable(text)))

@@ -30,8 +30,11 @@ def test_markdown_literal_escapes_every_punctuation_mark(name):
     assert i == len(stripped)
 
 
-def test_markdown_literal_keeps_bare_urls_and_addresses_from_autolinking():
-    assert markdown_literal("see http://h/x") == "see http\u2060\\:\\/\\/h\\/x"
-    assert markdown_literal("www.h.com") == "www\u2060\\.h\\.com"
-    assert markdown_literal("a@b.com") == "a\u2060\\@b\\.com"
+def test_markdown_literal_breaks_what_is_rewritten_after_escapes_with_an_invisible_word_joiner():
+    wj = "\u2060"
+    assert markdown_literal("see http://h/x") == f"see http{wj}\\:{wj}\\/\\/h\\/x"  # no bare-URL link
+    assert markdown_literal("www.h.com") == f"www{wj}\\.h\\.com"
+    assert markdown_literal("a@b.com") == f"a{wj}\\@b\\.com"  # no mailto link
+    assert markdown_literal("a -- b -> c") == f"a \\-{wj}\\- b \\-{wj}\\> c"  # Streamlit's " -- " is an em dash
+    assert markdown_literal(":streamlit:") == f"\\:{wj}streamlit\\:{wj}"  # and its logo
     assert markdown_literal("x\x1b[1m") == "x\\\\x1b\\[1m"  # control characters first, then the backslash itself
