@@ -19,7 +19,7 @@ from specmon import __version__, alarms, demo, drift, prometheus, sampler, summa
 from specmon.faults import SpecmonError
 from specmon.ingest import FORMATS, ingest_file, ingest_samples, ingest_stream
 from specmon.steplog import DEFAULT_SUM_TOLERANCE
-from specmon.store import DB_ENV, DEFAULT_DB, Store
+from specmon.store import DB_ENV, DEFAULT_DB, DEFAULT_LOCK_TIMEOUT_S, LOCK_TIMEOUT_ENV, Store
 
 EXIT_OK, EXIT_FINDING, EXIT_ERROR = 0, 1, 2
 _PAPER_P = "0.38,0.22,0.16,0.12,0.08,0.04"
@@ -31,7 +31,7 @@ def _err(msg: str) -> None:
 
 
 def _open_store(args: argparse.Namespace, *, with_demo: bool = False) -> Store:
-    store = Store(args.db)
+    store = Store(args.db, lock_timeout=args.lock_timeout)
     if with_demo and not args.no_demo and demo.ensure_demo(store):
         _err(f"{store.path} was empty: loaded the demo data (run {demo.DEMO_RUN!r}); it hides once you ingest a log")
     return store
@@ -392,7 +392,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             n = demo.write_demo_log(out)
         print(f"wrote {n} steps to {args.write_log}")
         return EXIT_OK
-    with Store(args.db) as store:
+    with _open_store(args) as store:
         result = demo.load_demo(store)
     print(f"{store.path}: demo data {result.status} (run {demo.DEMO_RUN!r}, {result.steps} steps)")
     return EXIT_OK
@@ -432,6 +432,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     db = argparse.ArgumentParser(add_help=False)
     db.add_argument("--db", help=f"DuckDB file (default: ${DB_ENV}, else ./{DEFAULT_DB})")
+    db.add_argument("--lock-timeout", type=float, metavar="SECONDS",
+                    help=f"how long to wait while another process writes the database (default: "
+                         f"${LOCK_TIMEOUT_ENV}, else {DEFAULT_LOCK_TIMEOUT_S:g})")
 
     p = sub.add_parser("ingest", parents=[db], help="store step logs, engine logs or Prometheus pages",
                        description="Store specmon step logs (JSON Lines, or the flat form as CSV or Parquet), vLLM, "
