@@ -87,7 +87,7 @@ def file_sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def _utc_now() -> datetime:
+def utc_now() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
@@ -405,7 +405,7 @@ def ingest_file(
     sha = dedupe_key or file_sha256(path)
     if store.query("SELECT 1 FROM ingests WHERE sha256 = ?", [sha]):
         return _already(result)
-    ingest_time = _utc_now()
+    ingest_time = utc_now()
     default_template = template or ""
     report = _RejectReport(report_path or f"{Path(name).name}.rejected.jsonl")
     staging_path: str | None = None
@@ -495,9 +495,10 @@ def ingest_history(store: Store):
     )
 
 
-def ingest_samples(store: Store, samples: list, name: str, run: str, template: str | None = None) -> IngestResult:
+def ingest_samples(store: Store, samples: list, name: str, run: str, template: str | None = None,
+                   in_transaction: InTransaction | None = None) -> IngestResult:
     """Store samples pulled from a Prometheus server as one ingest; samples already stored are skipped, and a
-    pull that brings nothing new is reported as already ingested."""
+    pull that brings nothing new is reported as already ingested. in_transaction: as for ingest_file."""
     result = IngestResult(file=name, status="stored", source_format="prometheus-api", run=run)
     digest = hashlib.sha256(b"".join(f"{s.metric}{s.series}{s.ts.isoformat()}{s.value!r}\n".encode()
                                      for s in samples)).hexdigest()
@@ -505,10 +506,12 @@ def ingest_samples(store: Store, samples: list, name: str, run: str, template: s
         if cur.execute("SELECT 1 FROM ingests WHERE sha256 = ?", [digest]).fetchall():
             return _already(result)
         run_id = get_or_create_run(cur, run, "engine", False, None)
-        ingest_id = add_ingest(cur, file_name=name, sha256=digest, ingested_at=_utc_now(),
+        ingest_id = add_ingest(cur, file_name=name, sha256=digest, ingested_at=utc_now(),
                                source_format="prometheus-api", run_id=run_id, rows_read=len(samples))
         new = write_samples(cur, samples, ingest_id, get_or_create_segment(cur, run_id, template or ""))
         cur.execute("UPDATE ingests SET steps = ? WHERE ingest_id = ?", [new, ingest_id])
         result.rows_read, result.steps = len(samples), new
         result.notes.append(f"{new} new samples of {len(samples)} pulled")
+        if in_transaction:
+            in_transaction(cur, result)
     return result

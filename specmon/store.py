@@ -202,9 +202,19 @@ MIGRATIONS: list[str] = [
     """,
     # 6: staging moved to a file of its own per load (Store.staging), so the main file is not held while a large
     # step log is read; the staging tables of migration 2 are no longer used.
+    # Also: how long a watched source may go without data before it is shown stale, and what the watcher last
+    # announced per run and subject (an alarm, a segment's status), so a restarted watcher does not repeat itself.
     """
     DROP TABLE staging_steps;
     DROP TABLE staging_positions;
+    ALTER TABLE watch_sources ADD COLUMN stale_after_s DOUBLE;
+    CREATE TABLE watch_notices (
+        run         VARCHAR NOT NULL,
+        subject     VARCHAR NOT NULL,          -- alarm:<estimated change time> or status:<template>
+        state       VARCHAR NOT NULL,          -- open / closed, losing / not losing
+        changed_at  TIMESTAMP NOT NULL,
+        PRIMARY KEY (run, subject)
+    );
     """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,14 +1,19 @@
-"""The app's shared store and cached queries.
+"""The app's shared store, cached queries, and following the database while it changes.
 
-One Store per server process (st.cache_resource); query results are cached per (database, generation), and the
-generation changes after every write, so a new ingest shows at once on every page and in every session.
+One Store per server process (st.cache_resource); it holds no connection between queries, so other specmon
+processes (an ingest, `specmon watch`) write the same file while the dashboard is open. Query results are cached
+per (database, generation); the generation is read from the file itself and moves with every write by any
+process, so `follow_updates` reruns the page when data arrives, without a reload.
 """
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
 
-from specmon import alarms, demo, ingest, lossless, summary
+import os
+from datetime import datetime
+
+from specmon import alarms, demo, ingest, lossless, summary, watch
 from specmon.store import Store, default_db_path
 
 
@@ -94,3 +99,48 @@ def drift(run: str) -> alarms.RunDrift:
     """The run's CUSUM, alarm episodes and template-change verdicts."""
     store = get_store()
     return _drift(store.path, store.generation, run)
+
+
+@st.cache_data(max_entries=4)
+def _sources(path: str, generation: tuple) -> pd.DataFrame:
+    return watch.watched_sources(_store(path))
+
+
+def sources() -> pd.DataFrame:
+    """Every watched source with its health now (lag and staleness move with the clock, not with the data)."""
+    store = get_store()
+    return watch.source_health(_sources(store.path, store.generation))
+
+
+# How often an open page looks for new data (seconds); one stat of the database file per look.
+REFRESH_S = float(os.environ.get("SPECMON_REFRESH_S") or 2.0)
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min ago"
+    return f"{seconds / 3600:.1f} h ago"
+
+
+@st.fragment(run_every=REFRESH_S)
+def follow_updates() -> None:
+    """Rerun the page when the database changed (any process wrote it), and say how fresh watched sources are."""
+    generation = get_store().generation
+    seen = st.session_state.setdefault("seen_generation", generation)
+    if generation != seen:
+        st.session_state["seen_generation"] = generation
+        st.rerun(scope="app")
+    health = sources()
+    if health.empty:
+        return
+    latest = health["lag_s"].min()
+    st.caption(f"Watching {len(health)} source(s) · newest data {_ago(latest)} · checked "
+               f"{datetime.now():%H:%M:%S} (see Sources)")
+    for row in health[health["status"].isin(["failing", "stopped", "stale"])].itertuples():
+        what = f"{row.kind} {row.location} (run {row.run})"
+        if row.status == "stale":
+            st.warning(f"Stale: {what} has delivered no data for {_ago(row.lag_s)[:-4]}.", icon="⏸")
+        else:
+            st.error(f"{row.status.capitalize()}: {what}: {row.last_error}", icon="⚠")
