@@ -359,6 +359,7 @@ class Store:
         self._lock = _process_lock(self.path)
         self._memory = duckdb.connect(":memory:") if self.path == ":memory:" else None
         self._writes = 0
+        self._local = threading.local()
         if os.path.isdir(self.path):
             raise SpecmonError(f"{self.path}: is a directory, not a database file")
         with self._connection(read_only=False) as conn:
@@ -416,8 +417,27 @@ class Store:
         return tuple(stamp)
 
     @contextmanager
+    def reading(self) -> Iterator[None]:
+        """Queries inside the block, on this thread, share one read-only connection (opening one costs tens of
+        milliseconds; a page or an analysis makes a dozen queries). Writes are not allowed inside."""
+        if getattr(self._local, "conn", None) is not None:
+            yield
+            return
+        with self._connection(read_only=True) as conn:
+            self._local.conn = conn
+            try:
+                yield
+            finally:
+                self._local.conn = None
+
+    @contextmanager
     def cursor(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A read-only connection for a few queries; closed (and the file released) on leaving the block."""
+        """A read-only connection for a few queries; closed (and the file released) on leaving the block, unless
+        it is the one of an enclosing `reading()` block."""
+        shared = getattr(self._local, "conn", None)
+        if shared is not None:
+            yield shared
+            return
         with self._connection(read_only=True) as conn:
             yield conn
 
@@ -434,6 +454,8 @@ class Store:
     def transaction(self, attach: dict[str, str] | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
         """A write transaction: everything inside commits together or not at all. `attach` maps an alias to a
         DuckDB file opened read-only beside the database for the transaction (a load's staging file)."""
+        if getattr(self._local, "conn", None) is not None:
+            raise RuntimeError("a write inside Store.reading(): end the reading block first")
         with self._connection(read_only=False) as cur:
             for alias, path in (attach or {}).items():
                 cur.execute(f"ATTACH ? AS {alias} (READ_ONLY)", [path])

@@ -47,6 +47,8 @@ DEFAULT_INTERVAL_S = 2.0
 DEFAULT_STALE_AFTER_S = 300.0
 DEFAULT_PROMETHEUS_LOOKBACK_S = 6 * 3600.0
 DEFAULT_PROMETHEUS_STEP_S = 15.0
+# Alarms and statuses are re-evaluated at most this often per run (an analysis reads the whole run).
+DEFAULT_ALARM_EVERY_S = 5.0
 # The most a poll reads from one file: a big backlog is taken in bounded pieces, each its own transaction.
 MAX_READ_BYTES = 8 << 20
 # How long the first bytes of a file must be to identify it (a new file behind a reused inode).
@@ -91,10 +93,12 @@ class WatchConfig:
     stale_after_s: float = DEFAULT_STALE_AFTER_S
     webhook: str | None = None
     dashboard_url: str = ""  # prefixed to the link path in webhooks, e.g. http://host:8501
+    alarm_every_s: float = DEFAULT_ALARM_EVERY_S
 
 
 def load_config(path: str) -> WatchConfig:
-    """A TOML file: top-level interval, stale_after, webhook, dashboard_url (all optional), and one table per
+    """A TOML file: top-level interval, stale_after, alarm_every (seconds), webhook, dashboard_url (all optional),
+    and one table per
     source, as arrays of tables named by kind:
 
         [[log]]
@@ -113,12 +117,13 @@ def load_config(path: str) -> WatchConfig:
     except tomllib.TOMLDecodeError as exc:
         raise SpecmonError(f"{path}: not valid TOML ({exc})") from None
     config = WatchConfig()
-    known = {"interval", "stale_after", "webhook", "dashboard_url", *KINDS}
+    known = {"interval", "stale_after", "alarm_every", "webhook", "dashboard_url", *KINDS}
     unknown = set(doc) - known
     if unknown:
         raise SpecmonError(f"{path}: unknown key(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(known))})")
     config.interval_s = _number(doc, "interval", DEFAULT_INTERVAL_S, path)
     config.stale_after_s = _number(doc, "stale_after", DEFAULT_STALE_AFTER_S, path)
+    config.alarm_every_s = _number(doc, "alarm_every", DEFAULT_ALARM_EVERY_S, path)
     config.webhook = doc.get("webhook")
     config.dashboard_url = doc.get("dashboard_url", "")
     for kind in KINDS:
@@ -467,10 +472,12 @@ def notices_for(store: Store, run: str, c: float | None, dashboard_url: str = ""
 
     Returns (facts, candidates): facts maps a subject ("alarm:<change time>", "status:<template>") to its state,
     candidates are (subject, state, Notice) for the watcher to send where the state is new."""
+    with store.reading():
+        segments = summary.summarize(store, by="template", c=c, run=run, per_position=False)
+        drift_result = alarms.analyse_run(store, run, c=c)
     now = utc_now().isoformat() + "Z"
     facts: dict[str, str] = {}
     out: list[tuple[str, str, Notice]] = []
-    segments = summary.summarize(store, by="template", c=c, run=run, per_position=False)
     for seg in segments:
         subject = f"status:{seg['template']}"
         losing = seg["status"] == "losing"
@@ -482,7 +489,6 @@ def notices_for(store: Store, run: str, c: float | None, dashboard_url: str = ""
             "segment_losing" if losing else "segment_recovered", run, seg["template"], seg["status"],
             seg.get("alpha"), seg.get("alpha_lo"), seg.get("alpha_hi"), seg.get("break_even_alpha"), now,
             _link("overview", run, dashboard_url), detail)))
-    drift_result = alarms.analyse_run(store, run, c=c)
     for alarm in drift_result.alarms:
         subject = f"alarm:{alarm.change_ts.isoformat()}"
         facts[subject] = "open" if alarm.open else "closed"
@@ -546,6 +552,8 @@ class Watcher:
         self.store, self.config, self.log = store, config, log
         self._stop = threading.Event()
         self._states = {s.key: _SourceState() for s in config.sources}
+        self._unannounced: dict[str, float | None] = {}  # runs with new data since their last evaluation
+        self._announced_at: dict[str, float] = {}
         self.webhook = Webhook(config.webhook, log) if config.webhook else None
         for source in config.sources:
             _register(store, source, config.stale_after_s)
@@ -553,9 +561,9 @@ class Watcher:
     def stop(self) -> None:
         self._stop.set()
 
-    def poll_once(self) -> bool:
-        """One pass over the sources that are due; returns whether any source has a backlog left."""
-        touched: dict[str, float | None] = {}
+    def poll_once(self, final: bool = False) -> bool:
+        """One pass over the sources that are due; returns whether any source has a backlog left. Runs that got
+        data are evaluated for alarms at most every alarm_every_s (at once when final)."""
         more = False
         for source in self.config.sources:
             state = self._states[source.key]
@@ -571,9 +579,12 @@ class Watcher:
             state.failures, state.next_try = 0, 0.0
             more |= result.more
             if result.rows:
-                touched[source.run_name] = source.c
-        for run, c in touched.items():
-            self._announce(run, c)
+                self._unannounced[source.run_name] = source.c
+        for run, c in list(self._unannounced.items()):
+            if final or time.monotonic() - self._announced_at.get(run, -1e9) >= self.config.alarm_every_s:
+                del self._unannounced[run]
+                self._announced_at[run] = time.monotonic()
+                self._announce(run, c)
         return more
 
     def _poll(self, source: SourceConfig, state: _SourceState) -> PollResult:
@@ -635,6 +646,8 @@ class Watcher:
             more = self.poll_once()
             if not more:
                 self._stop.wait(self.config.interval_s)
+        for run, c in self._unannounced.items():  # what arrived since the last evaluation
+            self._announce(run, c)
         if self.webhook:
             self.webhook.close()
         self.log("stopped")

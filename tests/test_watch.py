@@ -198,7 +198,7 @@ def test_a_segment_turning_losing_reaches_the_webhook_once(tmp_path, receiver):
     log = tmp_path / "vllm.log"
     store = Store(str(tmp_path / "w.duckdb"))
     config = watch.WatchConfig([watch.SourceConfig("log", str(log), run="prod", c=0.3)], interval_s=0.1,
-                               webhook=url, dashboard_url="http://127.0.0.1:8501")
+                               webhook=url, dashboard_url="http://127.0.0.1:8501", alarm_every_s=0)
     w = watch.Watcher(store, config, log=lambda s: None)
     with open(log, "w") as fh:
         for i in range(20):

@@ -29,9 +29,10 @@ def get_store() -> Store:
 
 
 @st.cache_data(max_entries=64)
-def _summaries(path: str, generation: int, by: str, run: str | None, bucket: str | None) -> list[dict]:
+def _summaries(path: str, generation: tuple, by: str, run: str | None, bucket: str | None) -> list[dict]:
     # Timelines (bucketed) show alpha per bucket only: skip the per-position scan.
-    return summary.summarize(_store(path), by=by, run=run, bucket=bucket, per_position=bucket is None)
+    with _store(path).reading():
+        return summary.summarize(_store(path), by=by, run=run, bucket=bucket, per_position=bucket is None)
 
 
 def summaries(by: str = "template", run: str | None = None, bucket: str | None = None) -> list[dict]:
@@ -40,7 +41,7 @@ def summaries(by: str = "template", run: str | None = None, bucket: str | None =
 
 
 @st.cache_data(max_entries=4)
-def _run_names(path: str, generation: int) -> list[str]:
+def _run_names(path: str, generation: tuple) -> list[str]:
     return summary.run_names(_store(path))
 
 
@@ -50,7 +51,7 @@ def run_names() -> list[str]:
 
 
 @st.cache_data(max_entries=16)
-def _template_changes(path: str, generation: int, run: str | None) -> pd.DataFrame:
+def _template_changes(path: str, generation: tuple, run: str | None) -> pd.DataFrame:
     return summary.template_changes(_store(path), run)
 
 
@@ -60,7 +61,7 @@ def template_changes(run: str | None = None) -> pd.DataFrame:
 
 
 @st.cache_data(max_entries=4)
-def _ingest_history(path: str, generation: int) -> pd.DataFrame:
+def _ingest_history(path: str, generation: tuple) -> pd.DataFrame:
     return ingest.ingest_history(_store(path))
 
 
@@ -70,7 +71,7 @@ def ingest_history() -> pd.DataFrame:
 
 
 @st.cache_data(max_entries=4)
-def _lossless_segments(path: str, generation: int) -> list[tuple[str, str, int]]:
+def _lossless_segments(path: str, generation: tuple) -> list[tuple[str, str, int]]:
     return lossless.segments_with_distributions(_store(path))
 
 
@@ -80,9 +81,10 @@ def lossless_segments() -> list[tuple[str, str, int]]:
 
 
 @st.cache_data(max_entries=16)
-def _lossless_checks(path: str, generation: int, run: str, template: str):
+def _lossless_checks(path: str, generation: tuple, run: str, template: str):
     s = _store(path)
-    return lossless.pit_check(s, run, template), lossless.fixed_target_check(s, run, template)
+    with s.reading():
+        return lossless.pit_check(s, run, template), lossless.fixed_target_check(s, run, template)
 
 
 def lossless_checks(run: str, template: str):
@@ -91,8 +93,9 @@ def lossless_checks(run: str, template: str):
 
 
 @st.cache_data(max_entries=16)
-def _drift(path: str, generation: int, run: str) -> alarms.RunDrift:
-    return alarms.analyse_run(_store(path), run)
+def _drift(path: str, generation: tuple, run: str) -> alarms.RunDrift:
+    with _store(path).reading():
+        return alarms.analyse_run(_store(path), run)
 
 
 def drift(run: str) -> alarms.RunDrift:
