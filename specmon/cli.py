@@ -575,7 +575,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "every interval; repeatable")
     p.add_argument("--config", metavar="FILE", help="a TOML file naming sources, one table per source "
                    "([[log]] path=..., run=..., template=..., c=...; README: Watching a deployment)")
-    p.add_argument("--interval", type=float, metavar="SECONDS", help="seconds between polls (default 2)")
+    p.add_argument("--interval", type=float, metavar="SECONDS", help="seconds between polls (default 1)")
     p.add_argument("--run", help="run for the sources named on the command line (default: the file name; "
                    "'prometheus' for a server)")
     p.add_argument("--template", help="template for those sources (default: the data's own, else the latest "

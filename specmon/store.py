@@ -417,23 +417,36 @@ class Store:
         return tuple(stamp)
 
     @contextmanager
-    def reading(self) -> Iterator[None]:
-        """Queries inside the block, on this thread, share one read-only connection (opening one costs tens of
-        milliseconds; a page or an analysis makes a dozen queries). Writes are not allowed inside."""
-        if getattr(self._local, "conn", None) is not None:
+    def _shared(self, read_only: bool) -> Iterator[None]:
+        """Operations inside the block, on this thread, share one connection (opening one costs tens of
+        milliseconds, and a page, an analysis or a watcher's poll makes a dozen). A read-write block may read; a
+        read-only block may not write."""
+        held = getattr(self._local, "conn", None)
+        if held is not None:
+            if not read_only and self._local.read_only:
+                raise RuntimeError("a write inside Store.reading(): end the reading block first")
             yield
             return
-        with self._connection(read_only=True) as conn:
-            self._local.conn = conn
+        with self._connection(read_only=read_only) as conn:
+            self._local.conn, self._local.read_only = conn, read_only
             try:
                 yield
             finally:
                 self._local.conn = None
 
+    def reading(self):
+        """A block of reads on one read-only connection (the file is shared with other readers meanwhile)."""
+        return self._shared(read_only=True)
+
+    def writing(self):
+        """A block of reads and transactions on one read-write connection: the file is this process's until
+        the block ends, so keep it short (a watcher's poll)."""
+        return self._shared(read_only=False)
+
     @contextmanager
     def cursor(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A read-only connection for a few queries; closed (and the file released) on leaving the block, unless
-        it is the one of an enclosing `reading()` block."""
+        """A connection for a few read queries; closed (and the file released) on leaving the block, unless it
+        is the one of an enclosing `reading()` or `writing()` block."""
         shared = getattr(self._local, "conn", None)
         if shared is not None:
             yield shared
@@ -454,19 +467,22 @@ class Store:
     def transaction(self, attach: dict[str, str] | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
         """A write transaction: everything inside commits together or not at all. `attach` maps an alias to a
         DuckDB file opened read-only beside the database for the transaction (a load's staging file)."""
-        if getattr(self._local, "conn", None) is not None:
-            raise RuntimeError("a write inside Store.reading(): end the reading block first")
-        with self._connection(read_only=False) as cur:
+        with self.writing():
+            cur = self._local.conn
             for alias, path in (attach or {}).items():
                 cur.execute(f"ATTACH ? AS {alias} (READ_ONLY)", [path])
-            cur.execute("BEGIN TRANSACTION")
             try:
-                yield cur
-                cur.execute("COMMIT")
-                self._writes += 1
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
+                cur.execute("BEGIN TRANSACTION")
+                try:
+                    yield cur
+                    cur.execute("COMMIT")
+                    self._writes += 1
+                except BaseException:
+                    cur.execute("ROLLBACK")
+                    raise
+            finally:
+                for alias in attach or {}:
+                    cur.execute(f"DETACH {alias}")
 
     # -- staging files -------------------------------------------------------------------------------------
     def _staging_pattern(self, pid: int | str) -> str:

@@ -43,14 +43,17 @@ from specmon.ingest import (IngestResult, ingest_file, ingest_samples, store_win
 from specmon.store import Store, add_ingest, get_or_create_run, get_or_create_segment
 
 KINDS = ("log", "steplog", "inbox", "prometheus")
-DEFAULT_INTERVAL_S = 2.0
+DEFAULT_INTERVAL_S = 1.0
 DEFAULT_STALE_AFTER_S = 300.0
 DEFAULT_PROMETHEUS_LOOKBACK_S = 6 * 3600.0
 DEFAULT_PROMETHEUS_STEP_S = 15.0
 # Alarms and statuses are re-evaluated at most this often per run (an analysis reads the whole run).
 DEFAULT_ALARM_EVERY_S = 5.0
-# The most a poll reads from one file: a big backlog is taken in bounded pieces, each its own transaction.
-MAX_READ_BYTES = 8 << 20
+# What a poll reads from one file: a backlog is taken in pieces of about this size, each its own transaction,
+# so the database is free for the dashboard between them. A single line may be longer, up to MAX_LINE_BYTES
+# (a step log with full distributions has lines of megabytes).
+READ_BYTES = 1 << 20
+MAX_LINE_BYTES = 64 << 20
 # How long the first bytes of a file must be to identify it (a new file behind a reused inode).
 _HEAD_BYTES = 64
 _MAX_BACKOFF_S = 60.0
@@ -277,12 +280,16 @@ def _read_from(path: str, pos: Position, st: os.stat_result) -> Chunk | None:
         return None
     with open(path, "rb") as fh:
         fh.seek(pos.offset)
-        data = fh.read(MAX_READ_BYTES)
+        data = fh.read(READ_BYTES)
+        while b"\n" not in data and len(data) < MAX_LINE_BYTES:
+            more = fh.read(READ_BYTES)
+            if not more:
+                return None  # a half-written line waits for its newline
+            data += more
     cut = data.rfind(b"\n")
     if cut < 0:
-        if len(data) == MAX_READ_BYTES:
-            raise SpecmonError(f"{path}: a line longer than {MAX_READ_BYTES} bytes at byte {pos.offset}")
-        return None  # a half-written line waits for its newline
+        raise SpecmonError(f"{path}: line {pos.line_no + 1} is longer than {MAX_LINE_BYTES} bytes (at byte "
+                           f"{pos.offset}); the source stops there")
     data = data[:cut + 1]
     return Chunk(path, _file_id(st), _head_sha(path), pos.offset, pos.offset + len(data), pos.line_no + 1, data)
 
@@ -342,7 +349,7 @@ def poll_log(store: Store, source: SourceConfig, log: Log) -> PollResult:
             for template, group in by_template.items():
                 store_windows(cur, group, ingest_id, get_or_create_segment(cur, run_id, template), now)
         _save_position(cur, source, new_pos, len(windows), now)
-    return PollResult(len(windows), faults, more=chunk.end - chunk.start >= MAX_READ_BYTES // 2)
+    return PollResult(len(windows), faults, more=chunk.end - chunk.start >= READ_BYTES // 2)
 
 
 def poll_steplog(store: Store, source: SourceConfig, log: Log) -> PollResult:
@@ -372,7 +379,7 @@ def poll_steplog(store: Store, source: SourceConfig, log: Log) -> PollResult:
                             f"{new_pos.line_no}; the source stops here; fix the log or watch it with skip_bad)")
     if result.rejected:
         log(f"{source.location}: {result.rejected} bad line(s) skipped, see {result.report_path}")
-    return PollResult(result.steps, result.faults, more=chunk.end - chunk.start >= MAX_READ_BYTES // 2)
+    return PollResult(result.steps, result.faults, more=chunk.end - chunk.start >= READ_BYTES // 2)
 
 
 def poll_inbox(store: Store, source: SourceConfig, log: Log, seen: dict[str, tuple[int, int]]) -> PollResult:
@@ -570,7 +577,8 @@ class Watcher:
             if time.monotonic() < state.next_try or self._stop.is_set():
                 continue
             try:
-                result = self._poll(source, state)
+                with self.store.writing():  # one connection for the whole poll; the file is free between polls
+                    result = self._poll(source, state)
             except Exception as exc:  # one failing source must not stop the others
                 self._failed(source, state, exc)
                 continue
@@ -611,12 +619,13 @@ class Watcher:
     def _announce(self, run: str, c: float | None) -> None:
         """Send what changed since the last announcement for this run (remembered in the database, so a
         restarted watcher does not repeat itself)."""
-        try:
-            facts, candidates = notices_for(self.store, run, c, self.config.dashboard_url)
+        try:  # the analysis only reads: the dashboard reads beside it
+            with self.store.reading():
+                facts, candidates = notices_for(self.store, run, c, self.config.dashboard_url)
+                known = dict(self.store.query("SELECT subject, state FROM watch_notices WHERE run = ?", [run]))
         except SpecmonError as exc:
             self.log(f"run {run!r}: could not evaluate alarms ({exc})")
             return
-        known = dict(self.store.query("SELECT subject, state FROM watch_notices WHERE run = ?", [run]))
         fresh = []
         for subject, state, notice in candidates:
             previous = known.get(subject)

@@ -139,8 +139,8 @@ def follow_updates() -> None:
     if health.empty:
         return
     latest = health["lag_s"].min()
-    st.caption(f"Watching {len(health)} source(s) · newest data {_ago(latest)} · checked "
-               f"{datetime.now():%H:%M:%S} (see Sources)")
+    st.caption(f"Watching {len(health)} source(s) · {int(health['rows'].sum()):,} rows stored from them · newest "
+               f"data {_ago(latest)} · checked {datetime.now():%H:%M:%S} (see Sources)")
     for row in health[health["status"].isin(["failing", "stopped", "stale"])].itertuples():
         what = f"{row.kind} {row.location} (run {row.run})"
         if row.status == "stale":
