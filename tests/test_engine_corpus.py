@@ -20,14 +20,12 @@ def _tol(entry: dict, figure: str) -> float:
     return entry["tolerance"].get(figure, EXACT)
 
 
-def _ingest(entry: dict, tmp_path: Path) -> Store:
-    store = Store(str(tmp_path / "t.duckdb"))
+def _ingest(entry: dict, store: Store, tmp_path: Path) -> None:
     result = ingest_file(store, str(CORPUS / entry["file"]), name=entry["file"],
                          report_path=str(tmp_path / "rejected.jsonl"))
     faults = [f.as_dict() for f in result.faults]
     assert result.status == "stored", f"{entry['file']}: {result.status}: {faults}"
     assert result.fault_count == 0, f"{entry['file']}: faults {faults}"
-    return store
 
 
 def _check_sum(rows: list, col: int, expected, tol: float, what: str) -> None:
@@ -84,8 +82,9 @@ def _check_samples(entry: dict, store: Store) -> None:
 
 @pytest.mark.parametrize("entry", SNIPPETS, ids=[e["file"] for e in SNIPPETS])
 def test_real_engine_output(entry: dict, tmp_path: Path) -> None:
-    store = _ingest(entry, tmp_path)
+    store = Store(str(tmp_path / "t.duckdb"))
     try:
+        _ingest(entry, store, tmp_path)
         if entry["format"] == "prometheus":
             _check_samples(entry, store)
         else:
