@@ -487,20 +487,16 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def sweep_spools(folder: str | None = None) -> list[str]:
+def sweep_spools() -> None:
     """Remove the spooled copies that processes killed outright (SIGKILL, power loss) left behind; each carries
-    its process id in its name, and only those of processes no longer running are removed. Returns them."""
-    folder = folder or tempfile.gettempdir()
-    removed = []
-    for entry in os.scandir(folder):
+    its process id in its name, and only those of processes no longer running are removed."""
+    for entry in os.scandir(tempfile.gettempdir()):
         pid = entry.name[len(SPOOL_PREFIX):].split("-", 1)[0]
         if entry.name.startswith(SPOOL_PREFIX) and pid.isdigit() and not _pid_alive(int(pid)):
             try:
                 os.unlink(entry.path)
-                removed.append(entry.path)
             except OSError:  # another process swept it first, or it is not ours to remove
                 pass
-    return removed
 
 
 def ingest_stream(store: Store, stream: IO[bytes], name: str, **options) -> IngestResult:
