@@ -57,7 +57,7 @@ def _has_positions(value: object) -> bool:
     return isinstance(value, (list, np.ndarray)) and len(value) > 0
 
 
-def _window_checks(w: pd.Series) -> tuple[float, float] | None:
+def window_checks(w: pd.Series) -> tuple[float, float] | None:
     """(accepted, checked) positions of one window, where its per-position counts allow it."""
     if not _has_positions(w["accepted_per_position"]) or pd.isna(w["drafts"]):
         return None
@@ -95,7 +95,7 @@ def _segment(key: dict, part: pd.DataFrame, c_given: float | None, bucketed: boo
     if tokens_per_step is None and len(gauges):
         tokens_per_step = float(gauges.mean())
         note = "tokens per step is the unweighted mean of the engine's reported gauge"
-    checks = [x for x in (_window_checks(w) for _, w in part.iterrows()) if x is not None]
+    checks = [x for x in (window_checks(w) for _, w in part.iterrows()) if x is not None]
     alpha = alpha_lo = alpha_hi = tokens_lo = tokens_hi = None
     design_effect = dof = None
     k_values = part["k"].dropna()
