@@ -283,7 +283,7 @@ def analyse_run(store: Store, run: str, c: float | None = None,
         template = in_force[-1].template if in_force else stream.template[a.change_index]
         found.append(AlarmEvent(run, template, _when(stream.ts_us[a.change_index]), _when(stream.ts_us[a.alarm_index]),
                                 _when(stream.ts_us[a.last_alarm_index]), a.count,
-                                bool(len(w) - a.last_alarm_index <= drift.REFERENCE_STEPS), a.alpha_before,
+                                bool(len(w) - a.last_alarm_index <= drift.EPISODE_GAP), a.alpha_before,
                                 a.alpha_after, design, break_even, lo, hi, near))
     return RunDrift(run, design, found, changes, _chart_points(stream.ts_us, w), stream.unit, None, notes)
 

@@ -29,6 +29,7 @@ DEFAULT_DELTA = 0.10  # the drop to watch for when break-even is unknown or alre
 # how well they picture the in-control process: with 1,000 steps (about 50 requests) the study in docs/drift.md
 # measured about half the stated steps per false alarm, with 3,000 about 0.6-0.8 of it.
 REFERENCE_STEPS = 2_000
+EPISODE_GAP = 1_000  # alarms within this many points of the previous one continue its episode
 CHANGE_CONFIDENCE = 0.99  # template change verdicts at the two-sided 1% level
 # A change time whose profile log-likelihood lies within this many (design-effect-scaled) units of the maximum is
 # in the change's likely range (about a 95% set; the study in docs/drift.md measures how often it holds the truth).
@@ -265,13 +266,13 @@ def change_point(accepted: np.ndarray, checked: np.ndarray, p0: float, start: in
 def detect(accepted: np.ndarray, checked: np.ndarray, design: Design,
            reference_steps: int = REFERENCE_STEPS) -> tuple[np.ndarray, list[Alarm]]:
     """Run the CUSUM after the reference window; indices are positions in the whole stream. An alarm within
-    reference_steps of the previous alarm continues that episode. Each episode's change is dated by maximum
+    EPISODE_GAP points of the previous alarm continues that episode. Each episode's change is dated by maximum
     likelihood over the points since the previous episode (or the reference) up to its last alarm."""
     start = min(reference_steps, len(accepted))
     w, raw = cusum(accepted[start:], checked[start:], design)
     episodes: list[list[int]] = []  # [first alarm, last alarm, count]
     for alarm in raw:
-        if episodes and alarm - episodes[-1][1] <= reference_steps:
+        if episodes and alarm - episodes[-1][1] <= EPISODE_GAP:
             episodes[-1][1] = alarm
             episodes[-1][2] += 1
         else:
