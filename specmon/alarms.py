@@ -268,16 +268,19 @@ def analyse_run(store: Store, run: str, c: float | None = None,
     break_even = _break_even(store, run, c, stream.k)
     events = _events(stream, notes)
     changes = _changes(run, stream, events, break_even)
+    reference = drift.REFERENCE_STEPS if stream.unit == "steps" else drift.REFERENCE_WINDOWS
     design = drift.design_for(stream.accepted, stream.checked, stream.cluster, stream.k, break_even, arl0_steps,
-                              unit=stream.unit)
+                              reference, unit=stream.unit)
     if design is None:
         return RunDrift(run, None, [], changes, empty, stream.unit, "the reference window has no checked positions",
                         notes)
-    w, raw = drift.detect(stream.accepted, stream.checked, design)
+    w, raw = drift.detect(stream.accepted, stream.checked, design, reference)
     found = []
     for a in raw:
         lo, hi = _when(stream.ts_us[a.change_lo]), _when(stream.ts_us[a.change_hi])
-        near = tuple(e for e in events if lo <= e.ts <= hi)
+        # the change began after the point before the first likely one (for a window: during it)
+        after = _when(stream.ts_us[max(a.change_lo - 1, 0)])
+        near = tuple(e for e in events if after < e.ts <= hi)
         # the template in force when the drop began: the last change (in the data or annotated) before it
         in_force = [e for e in events if e.ts <= _when(stream.ts_us[a.change_index])]
         template = in_force[-1].template if in_force else stream.template[a.change_index]

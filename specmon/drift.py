@@ -29,6 +29,9 @@ DEFAULT_DELTA = 0.10  # the drop to watch for when break-even is unknown or alre
 # how well they picture the in-control process: with 1,000 steps (about 50 requests) the study in docs/drift.md
 # measured about half the stated steps per false alarm, with 3,000 about 0.6-0.8 of it.
 REFERENCE_STEPS = 2_000
+# An engine window (a log interval or a scrape) already batches many drafts: 200 of them (about half an hour of
+# vLLM's 10-second log lines) make the reference of a run of engine windows.
+REFERENCE_WINDOWS = 200
 EPISODE_GAP = 1_000  # alarms within this many points of the previous one continue its episode
 CHANGE_CONFIDENCE = 0.99  # template change verdicts at the two-sided 1% level
 # A change time whose profile log-likelihood lies within this many (design-effect-scaled) units of the maximum is

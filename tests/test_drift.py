@@ -141,3 +141,14 @@ def test_alert_rule_is_valid_prometheus(tmp_path, specmon_cmd):
     check = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
     assert "SUCCESS: 1 rules found" in check.stdout
+
+
+def test_an_annotation_on_a_step_log_is_judged_beside_the_template_change(store):
+    from datetime import datetime
+    ingest_file(store, str(demo.DEMO_LOG), run="prod")
+    alarms.annotate(store, "prod", "v1-cache", datetime(2026, 11, 24, 0, 0), "prefix cache on")
+    result = alarms.analyse_run(store, "prod")
+    kinds = [(ch.source, ch.template, ch.comparison.verdict) for ch in result.changes]
+    assert kinds[0][:2] == ("annotation", "v1-cache") and kinds[1] == ("data", "v2", "hurt")
+    assert kinds[0][2] != "hurt"  # nothing changed in the data there
+    assert [e.template for e in result.annotations] == ["v1-cache"]
