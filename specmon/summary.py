@@ -1,7 +1,7 @@
 """Per-segment acceptance summaries: DuckDB does the aggregation, specmon.stats and specmon.theory the rest.
 
 A segment is a run and a template (optionally a day). For each it reports the four acceptance numbers of
-math.md kept apart: per-token alpha (with a cluster-robust interval, requests as clusters), the conditional and
+docs/math.md kept apart: per-token alpha (with a cluster-robust interval, requests as clusters), the conditional and
 cumulative rates per position, and the tokens per step L; predicted beta beside them; the draft cost c and the
 break-even figures; and a status.
 """
@@ -216,7 +216,7 @@ def _segment(row: dict, positions: list[dict], c_given: float | None, by: str, d
     tokens_lo, tokens_hi = tokens_interval(row, interval.dof)
     status_model_free = "unknown"
     if be_tokens is not None and tokens_lo is not None:
-        # L against 1 + k c, the break-even that assumes nothing about how acceptance varies (math.md)
+        # L against 1 + k c, the break-even that assumes nothing about how acceptance varies (docs/math.md)
         status_model_free = segment_status(tokens_lo, tokens_hi, be_tokens)
     if c is not None and tokens_per_step is not None:
         # Model-free: measured tokens per step over the cost of the drafts actually made.

@@ -90,7 +90,7 @@ def beta(p: np.ndarray, q: np.ndarray) -> np.ndarray | float:
 
 
 def beta_bounds_from_topk_probs(p_top: Mapping, q_top: Mapping) -> tuple[float, float]:
-    """The sharp bounds on beta = sum_x min(p(x), q(x)) from top-k *probabilities* {token: p} (math.md, "beta
+    """The sharp bounds on beta = sum_x min(p(x), q(x)) from top-k *probabilities* {token: p} (docs/math.md, "beta
     from top-k logs").
 
     Known: p on its listed set P, q on Q. Every unlisted token of a side has at most that side's smallest listed
