@@ -6,9 +6,10 @@ change-time error; river's ADWIN and Page-Hinkley beside the CUSUM in one cell.
 
 Default (a few minutes on 2 cores): intervals in every cell of request correlation 0 / 0.05 / 0.2 / 0.3 x
 geometric / lognormal lengths x 20 / 50 / 200 / 1000 requests x k = 2 / 4 / 8 (300 replicates each); false alarms
-at a stated 2,000 steps in every correlation x lengths x k cell (40 reference windows each); delays and change
-times at a stated 20,000 at k = 4, correlation 0.05 and 0.2. --full: 2,000 replicates per interval cell, 100 reference windows per false-alarm cell, the stated
-20,000 steps as well, delays in every cell.
+at a stated 2,000 steps in every correlation x lengths x k cell (40 reference windows each), at the default 20,000
+at k = 4 (20 windows each); delays and change times at a stated 20,000 at k = 4, correlation 0.05 and 0.2.
+--full: 2,000 replicates per interval cell, 100 reference windows per false-alarm cell and every k at 20,000,
+delays in every cell. --reps N sets the interval replicates alone.
 
 Every figure comes with its Monte-Carlo error: a coverage or a probability with its binomial standard error;
 steps per false alarm with a 95% interval from resampling the reference windows (the windows differ, so alarms
@@ -34,6 +35,7 @@ REQUESTS = (20, 50, 200, 1000)
 KS = (2, 4, 8)
 ALPHA = 0.70  # per-token acceptance in the interval cells (break-even is put exactly there)
 P0, P_DROP, BREAK_EVEN = 0.80, 0.40, 0.45  # drift cells: in control, after the drop, break-even (p1)
+RIVER_BEFORE = 300  # watched in-control steps before the drop in the comparison with river (after the reference)
 
 
 def moments(mean: float, rho: float, k: int) -> list[float]:
@@ -54,7 +56,8 @@ def interval_cell(rng: np.random.Generator, rho: float, lengths: str, g: int, k:
     true_l = 1 + sum(e[1:])
     true_cond = [e[i] / e[i - 1] for i in range(1, k + 1)]  # position i accepted given it was checked
     c = (theory.expected_tokens(ALPHA, k) - 1) / k  # the draft cost that puts break-even exactly at alpha
-    hits = {"alpha": 0, "L": 0, "positions": 0}
+    hits = {"alpha": 0, "L": 0}
+    position_hits = np.zeros(k)
     misses_low = losing = healthy = 0
     for _ in range(reps):
         sizes = streams.request_lengths(rng, g, lengths)
@@ -77,14 +80,13 @@ def interval_cell(rng: np.random.Generator, rho: float, lengths: str, g: int, k:
         tokens = stats.ratio_interval(stats.ClusterSums.of(accepted, sizes.astype(float)), iv.dof)
         hits["L"] += tokens[0] <= true_l - 1 <= tokens[1]
         reached = np.concatenate([[sizes.sum()], acc_pos[:-1].sum(axis=1)])
-        ok = True
         for i in range(k):
             n_eff = reached[i] / iv.design_effect
             lo, hi = stats.wilson_interval(acc_pos[i].sum() / reached[i] * n_eff, n_eff, 0.95, iv.dof) \
                 if reached[i] else (0.0, 1.0)
-            ok &= lo <= true_cond[i] <= hi
-        hits["positions"] += ok
+            position_hits[i] += lo <= true_cond[i] <= hi
     out = {f"coverage_{name}": v / reps for name, v in hits.items()}
+    out["coverage_per_position"] = (position_hits / reps).tolist()  # each position's own interval
     out.update({"p_losing_at_break_even": losing / reps, "p_healthy_at_break_even": healthy / reps,
                 "upper_bound_below_truth": misses_low / reps, "replicates": reps,
                 "mc_se_at_0.95": math.sqrt(0.95 * 0.05 / reps)})
@@ -111,10 +113,11 @@ def false_alarm_cell(rng: np.random.Generator, rho: float, lengths: str, k: int,
             "watched_steps_per_window": watched, "median_h": float(np.median(hs))}
 
 
-def delay_cell(rng: np.random.Generator, rho: float, lengths: str, k: int, streams_n: int, arl0: int) -> dict:
-    """A drop from P0 to P_DROP (below break-even) after 3,000 watched steps; delay to the first alarm after it
+def delay_cell(rng: np.random.Generator, rho: float, lengths: str, k: int, streams_n: int, arl0: int,
+               before: int = 3000) -> dict:
+    """A drop from P0 to P_DROP (below break-even) after `before` watched steps; delay to the first alarm after it
     (streams that alarmed before it are left out: the conditional delay) and the error of the dated change."""
-    before, after = 3000, 3000
+    after = 3000
     delays, errors, in_range, early, missed = [], [], 0, 0, 0
     for _ in range(streams_n):
         a0, c0, r0 = streams.steps(rng, drift.REFERENCE_STEPS + before, P0, k, rho, lengths)
@@ -135,7 +138,8 @@ def delay_cell(rng: np.random.Generator, rho: float, lengths: str, k: int, strea
         in_range += e.change_lo <= change <= e.change_hi
     d, err = np.array(delays), np.array(errors)
     n = len(d)
-    return {"streams": streams_n, "alarmed_before_change": early, "missed_within_3000": missed,
+    return {"streams": streams_n, "watched_before_change": before, "alarmed_before_change": early,
+            "missed_within_3000": missed,
             "mean_delay": float(d.mean()) if n else None,
             "mean_delay_se": float(d.std(ddof=1) / math.sqrt(n)) if n > 1 else None,
             "median_delay": float(np.median(d)) if n else None,
@@ -146,13 +150,15 @@ def delay_cell(rng: np.random.Generator, rho: float, lengths: str, k: int, strea
 
 def river_cell(rng: np.random.Generator, arl0: int, target_rate: float) -> dict:
     """ADWIN and Page-Hinkley (river) on accepted/checked per step, tuned by bisection to the CUSUM's measured
-    false-alarm rate on 200,000 in-control steps of the cell (rho 0.2, geometric, k = 4), then the same drops."""
+    false-alarm rate on 200,000 in-control steps of the cell (rho 0.2, geometric, k = 4), then the same drops:
+    the reference window as warm-up, RIVER_BEFORE watched steps, the drop."""
     from river import drift as river_drift
 
     null = [streams.steps(rng, 40_000, P0, 4, 0.2, "geometric")[:2] for _ in range(5)]
     changed = []
+    start, change = drift.REFERENCE_STEPS, drift.REFERENCE_STEPS + RIVER_BEFORE
     for _ in range(60):
-        a0, c0, _ = streams.steps(rng, 3000, P0, 4, 0.2, "geometric")
+        a0, c0, _ = streams.steps(rng, change, P0, 4, 0.2, "geometric")
         a1, c1, _ = streams.steps(rng, 3000, P_DROP, 4, 0.2, "geometric")
         changed.append((np.concatenate([a0, a1]), np.concatenate([c0, c1])))
 
@@ -180,11 +186,11 @@ def river_cell(rng: np.random.Generator, arl0: int, target_rate: float) -> dict:
         param = tune(factory, lo, hi)
         delays, early = [], 0
         for a, c in changed:
-            found = run(lambda: factory(param), a, c)
-            if any(t < 3000 for t in found):
+            found = [t for t in run(lambda: factory(param), a, c) if t >= start]  # the reference is warm-up
+            if any(t < change for t in found):
                 early += 1
-            elif any(t >= 3000 for t in found):
-                delays.append(min(t for t in found if t >= 3000) - 3000)
+            elif found:
+                delays.append(found[0] - change)
         d = np.array(delays)
         out[name] = {"parameter": param, "steps_per_false_alarm": 1 / max(rate(lambda: factory(param)), 1e-12),
                      "mean_delay": float(d.mean()) if len(d) else None,
@@ -198,10 +204,12 @@ def main() -> None:
     ap.add_argument("--full", action="store_true", help="every cell at full size (about an hour on 2 cores)")
     ap.add_argument("--out", help="write the results as JSON here")
     ap.add_argument("--no-river", action="store_true", help="skip the ADWIN / Page-Hinkley comparison")
+    ap.add_argument("--reps", type=int, help="replicates per interval cell (default 300; --full 2,000)")
     args = ap.parse_args()
     rng = np.random.default_rng(2026)
     t0 = time.perf_counter()
     reps, windows = (2000, 100) if args.full else (300, 40)
+    reps = args.reps or reps
     results: dict = {"machine": machine(), "full": args.full, "reference_steps": drift.REFERENCE_STEPS,
                      "intervals": [], "false_alarms": [], "delays": []}
     for rho in RHOS:
@@ -212,12 +220,13 @@ def main() -> None:
                     cell.update(interval_cell(rng, rho, lengths, g, k, reps))
                     results["intervals"].append(cell)
     print(f"intervals done in {time.perf_counter() - t0:.0f} s", flush=True)
-    for arl0 in ((2000, 20_000) if args.full else (2000,)):
+    for arl0 in (2000, 20_000):
         for rho in RHOS:
             for lengths in LENGTHS:
-                for k in KS:
+                for k in (KS if args.full or arl0 == 2000 else (4,)):
                     cell = {"rho": rho, "lengths": lengths, "k": k}
-                    cell.update(false_alarm_cell(rng, rho, lengths, k, arl0, windows))
+                    cell.update(false_alarm_cell(rng, rho, lengths, k, arl0,
+                                                 windows if args.full or arl0 == 2000 else 20))
                     results["false_alarms"].append(cell)
                     print(json.dumps(cell), flush=True)
     print(f"false alarms done in {time.perf_counter() - t0:.0f} s", flush=True)
@@ -235,7 +244,7 @@ def main() -> None:
                             cusum["steps_per_false_alarm"],
                             "detectors": river_cell(rng, 2000, 1 / cusum["steps_per_false_alarm"])}
         delay = {"rho": 0.2, "lengths": "geometric", "k": 4}
-        delay.update(delay_cell(rng, 0.2, "geometric", 4, 60, 2000))
+        delay.update(delay_cell(rng, 0.2, "geometric", 4, 60, 2000, RIVER_BEFORE))
         results["river"]["specmon CUSUM (stated 2,000)"] = delay
     results["wall_s"] = time.perf_counter() - t0
     text = json.dumps(results, indent=1)

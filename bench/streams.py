@@ -71,20 +71,3 @@ def steps(rng: np.random.Generator, n_steps: int, alpha: float, k: int, rho: flo
         alive &= rng.random(n_steps) < p
         accepted += alive
     return accepted, np.minimum(accepted + 1, k), request
-
-
-def requests(rng: np.random.Generator, n_requests: int, alpha: float, k: int, rho: float,
-             lengths: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per-request sums (accepted, checked, steps) of n_requests requests with per-token acceptance alpha."""
-    mean = mean_for_alpha(alpha, rho, k)
-    sizes = request_lengths(rng, n_requests, lengths)
-    request = np.repeat(np.arange(n_requests), sizes)
-    p = request_rates(rng, n_requests, mean, rho)[request]
-    alive = np.ones(len(request), dtype=bool)
-    accepted = np.zeros(len(request), dtype=np.int64)
-    for _ in range(k):
-        alive &= rng.random(len(request)) < p
-        accepted += alive
-    checked = np.minimum(accepted + 1, k)
-    return (np.bincount(request, weights=accepted, minlength=n_requests),
-            np.bincount(request, weights=checked, minlength=n_requests), sizes.astype(float))

@@ -26,8 +26,8 @@ from specmon import stats
 DEFAULT_ARL0_STEPS = 20_000  # expected points between false alarms when nothing changed
 DEFAULT_DELTA = 0.10  # the drop to watch for when break-even is unknown or already above the reference
 # The first points of a stream set p0 and are resampled for the threshold. The false-alarm rate depends steeply on
-# how well they picture the in-control process: with 1,000 steps (about 50 requests) the study in docs/drift.md
-# measured about half the stated steps per false alarm, with 3,000 about 0.6-0.8 of it.
+# how well they picture the in-control process, so more is better, at the price of watching later; docs/drift.md
+# has what 2,000 steps (about 100 requests of 20 steps) give.
 REFERENCE_STEPS = 2_000
 # An engine window (a log interval or a scrape) already batches many drafts: 200 of them (about half an hour of
 # vLLM's 10-second log lines) make the reference of a run of engine windows.

@@ -101,3 +101,39 @@ def test_annotate_and_check_from_the_command_line(tmp_path, specmon_cmd):
     r = subprocess.run([*specmon_cmd, "annotate", "--db", db, "--run", "vllm-prod", "--template", "v3", "--at",
                         "tomorrow"], capture_output=True, text=True)
     assert r.returncode == 2 and "--at: 'tomorrow' is neither a duration" in r.stderr
+
+
+def test_prometheus_counter_samples_are_watched_as_windows(store):
+    # vLLM's spec_decode counters as Prometheus keeps them (cumulative, one sample per scrape), 15 s apart
+    from datetime import timezone
+
+    from specmon.ingest import ingest_samples
+    from specmon.prometheus import Sample
+
+    rng = np.random.default_rng(3)
+    labels = {"engine": "0", "model_name": "llama"}
+    totals = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "p0": 0, "p1": 0}
+    samples = []
+    for i in range(500):
+        mean = 0.8 if i < 380 else 0.3
+        r = rng.beta(mean * 40, (1 - mean) * 40)
+        drafts = int(rng.integers(40, 120))
+        first = rng.random(drafts) < r
+        second = first & (rng.random(drafts) < r)
+        totals["drafts"] += drafts
+        totals["draft_tokens"] += 2 * drafts
+        totals["p0"] += int(first.sum())
+        totals["p1"] += int(second.sum())
+        totals["accepted"] += int(first.sum() + second.sum())
+        ts = (START + timedelta(seconds=15 * i)).replace(tzinfo=timezone.utc)
+        for name, key in (("drafts", "drafts"), ("draft_tokens", "draft_tokens"), ("accepted_tokens", "accepted")):
+            samples.append(Sample(f"vllm:spec_decode_num_{name}_total", labels, ts, float(totals[key])))
+        for pos in (0, 1):
+            samples.append(Sample("vllm:spec_decode_num_accepted_tokens_per_pos_total",
+                                  {**labels, "position": str(pos)}, ts, float(totals[f"p{pos}"])))
+    assert ingest_samples(store, samples, "prometheus", "prom").status == "stored"
+    result = alarms.analyse_run(store, "prom", c=0.3)
+    assert result.unit == "windows" and result.design is not None and 0.75 < result.design.p0 < 0.85
+    assert len(result.alarms) == 1
+    drop = START + timedelta(seconds=15 * 379)  # the first window with the new rate ends at scrape 380
+    assert drop <= result.alarms[0].alarm_ts <= drop + timedelta(minutes=5)
