@@ -19,7 +19,7 @@ from specmon import __version__, alarms, demo, drift, prometheus, sampler, summa
 from specmon.faults import SpecmonError
 from specmon.ingest import FORMATS, ingest_file, ingest_samples, ingest_stream
 from specmon.steplog import DEFAULT_SUM_TOLERANCE
-from specmon.store import DB_ENV, DEFAULT_DB, Store
+from specmon.store import DB_ENV, DEFAULT_DB, DEFAULT_LOCK_TIMEOUT_S, LOCK_TIMEOUT_ENV, Store
 
 EXIT_OK, EXIT_FINDING, EXIT_ERROR = 0, 1, 2
 _PAPER_P = "0.38,0.22,0.16,0.12,0.08,0.04"
@@ -31,7 +31,7 @@ def _err(msg: str) -> None:
 
 
 def _open_store(args: argparse.Namespace, *, with_demo: bool = False) -> Store:
-    store = Store(args.db)
+    store = Store(args.db, lock_timeout=args.lock_timeout)
     if with_demo and not args.no_demo and demo.ensure_demo(store):
         _err(f"{store.path} was empty: loaded the demo data (run {demo.DEMO_RUN!r}); it hides once you ingest a log")
     return store
@@ -242,6 +242,31 @@ def cmd_pull(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_watch(args: argparse.Namespace) -> int:
+    from specmon import watch
+
+    config = watch.load_config(args.config) if args.config else watch.WatchConfig()
+    for kind, locations in (("log", args.log), ("steplog", args.steplog), ("inbox", args.inbox),
+                            ("prometheus", args.prometheus)):
+        for location in locations or []:
+            config.sources.append(watch.SourceConfig(kind, location, args.run, args.template, args.c, args.skip_bad))
+    if args.interval is not None:
+        config.interval_s = args.interval
+    if args.stale_after is not None:
+        config.stale_after_s = args.stale_after
+    if args.webhook:
+        config.webhook = args.webhook
+    if args.dashboard_url:
+        config.dashboard_url = args.dashboard_url
+
+    def log(line: str) -> None:
+        print(f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S}Z {line}", flush=True)
+
+    with _open_store(args) as store:
+        watch.Watcher(store, config, log=log).run_until_signalled()
+    return EXIT_OK
+
+
 def _proposer_args(args: argparse.Namespace):
     from specmon import live  # torch and transformers load only for the commands that run models
 
@@ -404,7 +429,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             n = demo.write_demo_log(out)
         print(f"wrote {n} steps to {args.write_log}")
         return EXIT_OK
-    with Store(args.db) as store:
+    with _open_store(args) as store:
         result = demo.load_demo(store)
     print(f"{store.path}: demo data {result.status} (run {demo.DEMO_RUN!r}, {result.steps} steps)")
     return EXIT_OK
@@ -444,6 +469,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     db = argparse.ArgumentParser(add_help=False)
     db.add_argument("--db", help=f"DuckDB file (default: ${DB_ENV}, else ./{DEFAULT_DB})")
+    db.add_argument("--lock-timeout", type=float, metavar="SECONDS",
+                    help=f"how long to wait while another process writes the database (default: "
+                         f"${LOCK_TIMEOUT_ENV}, else {DEFAULT_LOCK_TIMEOUT_S:g})")
 
     p = sub.add_parser("ingest", parents=[db], help="store step logs, engine logs or Prometheus pages",
                        description="Store specmon step logs (JSON Lines, or the flat form as CSV or Parquet), vLLM, "
@@ -555,6 +583,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", default="prometheus", help="run to store into (default prometheus)")
     p.add_argument("--template", help="segment label for these samples")
     p.set_defaults(func=cmd_pull)
+
+    p = sub.add_parser("watch", parents=[db], help="follow engine logs, step logs, an inbox or Prometheus until "
+                       "stopped", description="Follow sources until Ctrl-C or SIGTERM (the batch in hand is "
+                       "finished, exit 0). Logs are followed like tail -F (complete lines only; rotation and "
+                       "truncation survived); the read position is committed with the data, so a restart resumes "
+                       "exactly. An alarm opening or closing, or a segment turning losing or back, is logged and "
+                       "POSTed as JSON to --webhook. A failing source is retried with back-off; the others go on.")
+    p.add_argument("--log", action="append", metavar="PATH", help="an engine log (vLLM, llama.cpp, SGLang); repeatable")
+    p.add_argument("--steplog", action="append", metavar="PATH", help="an appended JSON Lines step log; repeatable")
+    p.add_argument("--inbox", action="append", metavar="DIR", help="a folder: each complete file is ingested once, "
+                   "then moved to DIR/done/ or DIR/rejected/ with its report; repeatable")
+    p.add_argument("--prometheus", action="append", metavar="URL", help="pull from where the last pull stopped, "
+                   "every interval; repeatable")
+    p.add_argument("--config", metavar="FILE", help="a TOML file naming sources, one table per source "
+                   "([[log]] path=..., run=..., template=..., c=...; README: Watching a deployment)")
+    p.add_argument("--interval", type=float, metavar="SECONDS", help="seconds between polls (default 1)")
+    p.add_argument("--run", help="run for the sources named on the command line (default: the file name; "
+                   "'prometheus' for a server)")
+    p.add_argument("--template", help="template for those sources (default: the data's own, else the latest "
+                   "`specmon annotate`)")
+    p.add_argument("--c", type=_cost, help="draft cost / target cost, for break-even and status")
+    p.add_argument("--skip-bad", action="store_true", help="skip bad lines (named in the log) instead of stopping "
+                   "that source")
+    p.add_argument("--webhook", metavar="URL", help="POST one JSON document per alarm or status change here")
+    p.add_argument("--dashboard-url", metavar="URL", help="prefix for the page links in webhooks, e.g. "
+                   "http://host:8501")
+    p.add_argument("--stale-after", type=float, metavar="SECONDS", help="show a source as stale after this long "
+                   "without data (default 300)")
+    p.set_defaults(func=cmd_watch)
 
     p = sub.add_parser("alert-rule", help="print a Prometheus alerting rule over vLLM's counters",
                        description="A Prometheus rule that fires while accepted tokens per draft over a window is "

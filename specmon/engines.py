@@ -87,80 +87,158 @@ class _Timestamps:
         return ts.replace(year=ts.year - 1) if ts > self.now else ts
 
 
+_PROCESS = re.compile(r"\(([^()]*\bpid=\d+)\)")  # vLLM's "(APIServer pid=N) " / "(EngineCore_0 pid=N) " prefix
+
+
+def _iso(ts: datetime | None) -> str | None:
+    return ts.isoformat() if ts else None
+
+
+def _from_iso(text: str | None) -> datetime | None:
+    return datetime.fromisoformat(text) if text else None
+
+
+def _window_state(w: EngineWindow) -> dict:
+    d = dict(w.__dict__)
+    d["end_ts"], d["start_ts"] = _iso(w.end_ts), _iso(w.start_ts)
+    return d
+
+
+def _window_from_state(d: dict) -> EngineWindow:
+    return EngineWindow(**{**d, "end_ts": _from_iso(d["end_ts"]), "start_ts": _from_iso(d["start_ts"])})
+
+
+class EngineLogReader:
+    """Reads an engine's text log one complete line at a time; can stop after any line and resume later.
+
+    What must survive between reads is in state(): vLLM V0's last running totals per process, the time of each
+    process's last V1 line (the next window's start), the llama.cpp example's n_* fields seen so far, and a
+    llama-server window that may still get its "acc per pos" line. A window waiting for that line is released by
+    the next line of any other kind, or by finish() at the end of a file.
+    """
+
+    def __init__(self, name: str, now: datetime, state: dict | None = None) -> None:
+        self.name = name
+        self._stamps = _Timestamps(now)
+        state = state or {}
+        self._v0: dict[str, list] = {p: list(v) for p, v in state.get("v0", {}).items()}
+        self._v1_last: dict[str, str] = dict(state.get("v1_last", {}))
+        self._example: dict[str, float] = dict(state.get("example", {}))
+        pending = state.get("pending")
+        self._pending: EngineWindow | None = _window_from_state(pending) if pending else None
+        self._windows: list[EngineWindow] = []
+        self._faults: list[Fault] = []
+
+    def state(self) -> dict:
+        """A JSON-serialisable carry-over: EngineLogReader(name, now, state=r.state()) continues where r stopped."""
+        return {"v0": {p: list(v) for p, v in self._v0.items()}, "v1_last": dict(self._v1_last),
+                "example": dict(self._example),
+                "pending": _window_state(self._pending) if self._pending else None}
+
+    def take(self) -> tuple[list[EngineWindow], list[Fault]]:
+        """The windows and faults found since the last take (a window still waiting for a line is kept back)."""
+        windows, faults = self._windows, self._faults
+        self._windows, self._faults = [], []
+        return windows, faults
+
+    def finish(self) -> None:
+        """The file ends here: release a window that was waiting for a following line."""
+        self._release()
+
+    def _release(self) -> None:
+        if self._pending is not None:
+            self._windows.append(self._pending)
+            self._pending = None
+
+    def _fault(self, no: int, reason: str) -> None:
+        self._faults.append(Fault(self.name, no, "", reason))
+
+    def feed(self, line_no: int, line: str) -> None:
+        """Read one complete line (with or without its newline)."""
+        no = line_no
+        if "acc per pos" in line:
+            m = _LLAMA_PER_POS.search(line)
+            w = self._pending
+            self._pending = None
+            if not m or w is None or w.drafts is None:
+                if w is not None:
+                    self._windows.append(w)
+                self._fault(no, "'acc per pos' line without a llama-server line before it")
+                return
+            w.accepted_per_position = [r * w.drafts for r in _floats(m.group(1))]
+            w.k = len(w.accepted_per_position)
+            self._windows.append(w)
+            return
+        self._release()
+        ts = self._stamps.parse(line)
+        m = _PROCESS.search(line)
+        process = m.group(1) if m else ""
+        if "SpecDecoding metrics:" in line:
+            w = _vllm_v1(line, no, ts)
+            if w is None:
+                self._fault(no, "looks like a vLLM 'SpecDecoding metrics' line but does not parse")
+                return
+            w.start_ts = _from_iso(self._v1_last.get(process))
+            if ts:
+                self._v1_last[process] = ts.isoformat()
+            self._windows.append(w)
+        elif "Speculative metrics:" in line:
+            m = _VLLM_V0.search(line)
+            if not m:
+                self._fault(no, "looks like a vLLM V0 'Speculative metrics' line but does not parse")
+                return
+            k, acc, drafted, emitted = (int(m.group(i)) for i in (3, 4, 5, 6))
+            prev = self._v0.get(process)
+            self._v0[process] = [acc, drafted, emitted, _iso(ts)]
+            if prev is None or drafted < prev[1] or acc < prev[0]:
+                continue_from = None  # first line, or the server restarted: these totals count from its start
+                d_acc, d_draft, d_emit = acc, drafted, emitted
+            else:
+                continue_from = _from_iso(prev[3])
+                d_acc, d_draft, d_emit = acc - prev[0], drafted - prev[1], emitted - prev[2]
+            if d_draft == 0 or k == 0:
+                return
+            drafts = d_draft / k
+            self._windows.append(EngineWindow("vllm", "vllm-v0-log", no, ts, continue_from, drafts, d_draft, d_acc,
+                                              None, k, d_emit / drafts, d_acc / d_draft))
+        elif "draft acceptance" in line:
+            m = _LLAMA_SERVER.search(line)
+            if not m:
+                self._fault(no, "looks like a llama-server 'draft acceptance' line but does not parse")
+                return
+            self._pending = _llama_server(m, no, ts)
+        elif "Decode batch" in line and "accept len" in line:
+            m = _SGLANG.search(line)
+            if not m:
+                self._fault(no, "looks like an SGLang 'Decode batch' line but does not parse")
+                return
+            self._windows.append(EngineWindow("sglang", "sglang-log", no, ts, mean_acceptance_length=_f(m.group(1)),
+                                              reported_rate=_f(m.group(2))))
+        else:
+            m = _LLAMA_EXAMPLE.match(line)
+            if not m:
+                return
+            self._example[m.group(1)] = float(m.group(2))
+            if m.group(1) != "accept":
+                return
+            example, self._example = self._example, {}
+            if "n_drafted" not in example or "n_accept" not in example:
+                self._fault(no, "llama.cpp summary 'accept' line without n_drafted and n_accept before it")
+                return
+            self._windows.append(EngineWindow(
+                "llama.cpp", "llama-example", no, ts, draft_tokens=example["n_drafted"],
+                accepted_tokens=example["n_accept"], k=int(example.get("n_draft", 0)) or None,
+                reported_rate=example["accept"] / 100))
+
+
 def read_log(path: str, name: str, now: datetime | None = None) -> tuple[list[EngineWindow], list[Fault]]:
     """Every speculative-decoding figure in an engine's text log (other lines are skipped)."""
-    now = now or datetime.now(timezone.utc).replace(tzinfo=None)
-    stamps = _Timestamps(now)
-    windows: list[EngineWindow] = []
-    faults: list[Fault] = []
-    v0_last: dict[str, tuple] = {}  # running totals of V0, per process prefix
-    v1_last_ts: dict[str, datetime] = {}
-    example: dict[str, float] = {}
+    reader = EngineLogReader(name, now or datetime.now(timezone.utc).replace(tzinfo=None))
     with open(path, encoding="utf-8", errors="replace") as fh:
         for no, line in enumerate(fh, start=1):
-            ts = stamps.parse(line)
-            process = line.split("SpecDecoding")[0].split("Speculative")[0][:24]
-            if "SpecDecoding metrics:" in line:
-                w = _vllm_v1(line, no, ts)
-                if w is None:
-                    faults.append(Fault(name, no, "", "looks like a vLLM 'SpecDecoding metrics' line but does not parse"))
-                    continue
-                w.start_ts = v1_last_ts.get(process)
-                if ts:
-                    v1_last_ts[process] = ts
-                windows.append(w)
-            elif "Speculative metrics:" in line:
-                m = _VLLM_V0.search(line)
-                if not m:
-                    faults.append(Fault(name, no, "", "looks like a vLLM V0 'Speculative metrics' line but does not parse"))
-                    continue
-                k, acc, drafted, emitted = (int(m.group(i)) for i in (3, 4, 5, 6))
-                prev = v0_last.get(process)
-                v0_last[process] = (acc, drafted, emitted, ts)
-                if prev is None or drafted < prev[1] or acc < prev[0]:
-                    continue  # first line, or the server restarted: running totals start again
-                d_acc, d_draft, d_emit = acc - prev[0], drafted - prev[1], emitted - prev[2]
-                if d_draft == 0:
-                    continue
-                drafts = d_draft / k
-                windows.append(EngineWindow("vllm", "vllm-v0-log", no, ts, prev[3], drafts, d_draft, d_acc, None, k,
-                                            d_emit / drafts, d_acc / d_draft))
-            elif "draft acceptance" in line:
-                m = _LLAMA_SERVER.search(line)
-                if not m:
-                    faults.append(Fault(name, no, "", "looks like a llama-server 'draft acceptance' line but does not parse"))
-                    continue
-                windows.append(_llama_server(m, no, ts))
-            elif "acc per pos" in line:
-                m = _LLAMA_PER_POS.search(line)
-                last = windows[-1] if windows else None
-                if not m or last is None or last.source != "llama-server" or last.drafts is None:
-                    faults.append(Fault(name, no, "", "'acc per pos' line without a llama-server line before it"))
-                    continue
-                last.accepted_per_position = [r * last.drafts for r in _floats(m.group(1))]
-                last.k = len(last.accepted_per_position)
-            elif "Decode batch" in line and "accept len" in line:
-                m = _SGLANG.search(line)
-                if not m:
-                    faults.append(Fault(name, no, "", "looks like an SGLang 'Decode batch' line but does not parse"))
-                    continue
-                windows.append(EngineWindow("sglang", "sglang-log", no, ts, mean_acceptance_length=_f(m.group(1)),
-                                            reported_rate=_f(m.group(2))))
-            else:
-                m = _LLAMA_EXAMPLE.match(line)
-                if m:
-                    example[m.group(1)] = float(m.group(2))
-                    if m.group(1) == "accept":
-                        if "n_drafted" not in example or "n_accept" not in example:
-                            faults.append(Fault(name, no, "", "llama.cpp summary 'accept' line without n_drafted and "
-                                                              "n_accept before it"))
-                        else:
-                            windows.append(EngineWindow(
-                                "llama.cpp", "llama-example", no, ts, draft_tokens=example["n_drafted"],
-                                accepted_tokens=example["n_accept"], k=int(example.get("n_draft", 0)) or None,
-                                reported_rate=example["accept"] / 100))
-                        example = {}
-    return windows, faults
+            reader.feed(no, line)
+    reader.finish()
+    return reader.take()
 
 
 def _vllm_v1(line: str, no: int, ts: datetime | None) -> EngineWindow | None:

@@ -1,14 +1,24 @@
-"""The DuckDB store: schema, migrations, one shared connection, and transactions.
+"""The DuckDB store: schema, migrations, short-lived connections, and transactions.
 
-One process holds one Store (one DuckDB connection). Readers take a cursor per query; writers go through
-`transaction()`, which serialises them under a lock so two ingests in one process never interleave.
+No process holds the database file longer than one operation. DuckDB lets one process write a file, or several
+read it, at a time; a dashboard that kept its connection open would lock every other specmon process out. So each
+read opens a read-only connection, runs, and closes it; each write opens a read-write connection for one
+transaction and closes it. An operation that finds the file locked by another process waits, a bounded and
+configurable time (`SPECMON_LOCK_TIMEOUT`, default 60 s), saying once that it is waiting. Inside one process a
+readers-writer lock keeps read-only and read-write connections from overlapping (DuckDB refuses mixed
+configurations in one process). Long work (staging a large step log) happens in a separate staging file, so the
+main file is locked only for the short transaction that publishes it.
 Every query is parameterised: nothing from user input is pasted into SQL.
 """
 from __future__ import annotations
 
+import glob
 import os
+import sys
 import threading
-from collections.abc import Iterator
+import time
+import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -21,6 +31,8 @@ DB_ENV = "SPECMON_DB"
 # DuckDB's own default is 80% of RAM; a dashboard shares the machine, so cap it (queries spill to disk beyond it).
 DEFAULT_MEMORY_LIMIT = "2GB"
 MEMORY_ENV = "SPECMON_MEMORY_LIMIT"
+LOCK_TIMEOUT_ENV = "SPECMON_LOCK_TIMEOUT"
+DEFAULT_LOCK_TIMEOUT_S = 60.0
 
 # Each entry upgrades the schema from version i to i + 1. Append; never edit a released migration.
 MIGRATIONS: list[str] = [
@@ -188,8 +200,39 @@ MIGRATIONS: list[str] = [
         failing_since TIMESTAMP
     );
     """,
+    # 6: staging moved to a file of its own per load (Store.staging), so the main file is not held while a large
+    # step log is read; the staging tables of migration 2 are no longer used.
+    # Also: how long a watched source may go without data before it is shown stale, and what the watcher last
+    # announced per run and subject (an alarm, a segment's status), so a restarted watcher does not repeat itself.
+    """
+    DROP TABLE staging_steps;
+    DROP TABLE staging_positions;
+    ALTER TABLE watch_sources ADD COLUMN stale_after_s DOUBLE;
+    CREATE TABLE watch_notices (
+        run         VARCHAR NOT NULL,
+        subject     VARCHAR NOT NULL,          -- alarm:<estimated change time> or status:<template>
+        state       VARCHAR NOT NULL,          -- open / closed, losing / not losing
+        changed_at  TIMESTAMP NOT NULL,
+        PRIMARY KEY (run, subject)
+    );
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
+
+# What a load stages, in its own DuckDB file (one per load, removed when the load ends).
+STAGING_DDL = """
+CREATE TABLE staging_steps (
+    local_step BIGINT NOT NULL, template VARCHAR NOT NULL, request_id VARCHAR NOT NULL,
+    ts TIMESTAMP NOT NULL, ts_inferred BOOLEAN NOT NULL, k INTEGER, g INTEGER NOT NULL, accepted INTEGER NOT NULL,
+    checked INTEGER NOT NULL, temperature DOUBLE, target_ms DOUBLE, draft_ms DOUBLE, beta_lo_sum DOUBLE,
+    beta_hi_sum DOUBLE, emitted_tokens INTEGER[], pit_below DOUBLE[], pit_mass DOUBLE[], extra JSON
+);
+CREATE TABLE staging_positions (
+    local_step BIGINT NOT NULL, template VARCHAR NOT NULL, position SMALLINT NOT NULL,
+    draft_token INTEGER, checked BOOLEAN NOT NULL, accepted BOOLEAN NOT NULL, beta_lo DOUBLE, beta_hi DOUBLE,
+    p_token DOUBLE, q_token DOUBLE
+);
+"""
 
 
 def default_db_path() -> str:
@@ -226,43 +269,193 @@ def migrate(conn: duckdb.DuckDBPyConnection, path: str, upto: int = SCHEMA_VERSI
             raise
 
 
-def connect(path: str) -> duckdb.DuckDBPyConnection:
-    """Open a DuckDB file with specmon's session settings (UTC timestamps)."""
-    if path != ":memory:":
+def connect(path: str, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    """Open a DuckDB file with specmon's session settings (UTC timestamps, a memory cap). Raises DuckDB's
+    IOException when another process holds a conflicting lock (Store waits and retries)."""
+    if path != ":memory:" and not read_only:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-    try:
-        conn = duckdb.connect(path)
-    except duckdb.IOException as exc:
-        raise SpecmonError(f"{path}: cannot open the database ({exc}). Is another specmon process writing it?") from None
+    conn = duckdb.connect(path, read_only=read_only)
     conn.execute("SET TimeZone = 'UTC'")
     conn.execute("SET memory_limit = ?", [os.environ.get(MEMORY_ENV) or DEFAULT_MEMORY_LIMIT])
     return conn
 
 
-class Store:
-    """A specmon database: one DuckDB connection, a cursor per reader, writers serialised."""
+def _is_lock_conflict(exc: Exception) -> bool:
+    return "lock" in str(exc).lower()
 
-    def __init__(self, path: str | None = None):
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class _ReadersWriterLock:
+    """Many readers or one writer, within this process (DuckDB refuses read-only and read-write connections to
+    one file side by side in a process)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writer = False
+
+    @contextmanager
+    def read(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._writer)
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def write(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._writer and not self._readers)
+            self._writer = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writer = False
+                self._cond.notify_all()
+
+
+_LOCKS: dict[str, _ReadersWriterLock] = {}
+_LOCKS_GUARD = threading.Lock()
+
+
+def _process_lock(path: str) -> _ReadersWriterLock:
+    key = os.path.abspath(path) if path != ":memory:" else path
+    with _LOCKS_GUARD:
+        return _LOCKS.setdefault(key, _ReadersWriterLock())
+
+
+def _say_waiting(message: str) -> None:
+    print(f"specmon: {message}", file=sys.stderr, flush=True)
+
+
+class Store:
+    """A specmon database file. Holds no connection between operations: reads and writes each open one.
+
+    lock_timeout: how long an operation waits for another process's lock (default $SPECMON_LOCK_TIMEOUT or 60 s);
+    on_wait: told once per operation that it is waiting (default: one line on stderr).
+    """
+
+    def __init__(self, path: str | None = None, *, lock_timeout: float | None = None,
+                 on_wait: Callable[[str], None] | None = None):
         self.path = path or default_db_path()
-        self._conn = connect(self.path)
-        self._write_lock = threading.Lock()
-        migrate(self._conn, self.path)
-        # No other process can hold this file open for writing, so staged rows are leftovers of a killed ingest.
-        self._conn.execute("DELETE FROM staging_steps; DELETE FROM staging_positions")
-        self._generation = 0
+        if lock_timeout is None:
+            lock_timeout = float(os.environ.get(LOCK_TIMEOUT_ENV) or DEFAULT_LOCK_TIMEOUT_S)
+        self.lock_timeout = lock_timeout
+        self.on_wait = on_wait or _say_waiting
+        self._lock = _process_lock(self.path)
+        self._memory = duckdb.connect(":memory:") if self.path == ":memory:" else None
+        self._writes = 0
+        self._local = threading.local()
+        if os.path.isdir(self.path):
+            raise SpecmonError(f"{self.path}: is a directory, not a database file")
+        with self._connection(read_only=False) as conn:
+            migrate(conn, self.path)
+        self._sweep_staging()
+
+    # -- connections ---------------------------------------------------------------------------------------
+    def _open(self, read_only: bool) -> duckdb.DuckDBPyConnection:
+        """Connect, waiting while another process holds a conflicting lock."""
+        if self._memory is not None:
+            return self._memory.cursor()
+        read_only = read_only and os.path.exists(self.path)
+        deadline = time.monotonic() + self.lock_timeout
+        delay, told = 0.01, False
+        while True:
+            try:
+                return connect(self.path, read_only=read_only)
+            except duckdb.IOException as exc:
+                if not _is_lock_conflict(exc):
+                    raise SpecmonError(f"{self.path}: cannot open the database ({exc})") from None
+                if time.monotonic() >= deadline:
+                    raise SpecmonError(
+                        f"{self.path}: still locked by another process after {self.lock_timeout:g} s "
+                        f"({str(exc).splitlines()[0]}); raise {LOCK_TIMEOUT_ENV} or --lock-timeout to wait longer"
+                    ) from None
+                if not told:
+                    self.on_wait(f"waiting for the database {self.path} (another process is writing it; "
+                                 f"up to {self.lock_timeout:g} s)")
+                    told = True
+                time.sleep(delay)
+                delay = min(delay * 2, 0.2)
+            except duckdb.Error as exc:
+                raise SpecmonError(f"{self.path}: cannot open the database ({str(exc).splitlines()[0]})") from None
+
+    @contextmanager
+    def _connection(self, read_only: bool) -> Iterator[duckdb.DuckDBPyConnection]:
+        with (self._lock.read() if read_only else self._lock.write()):
+            conn = self._open(read_only)
+            try:
+                yield conn
+            finally:
+                conn.close()
 
     @property
-    def generation(self) -> int:
-        """A counter that changes after every committed write; a cache key for query results."""
-        return self._generation
+    def generation(self) -> tuple:
+        """Changes after every committed write, by any process: a cache key for query results (the file's and
+        its write-ahead log's modification times and sizes, and this process's write count)."""
+        stamp: list[int] = [self._writes]
+        for p in (self.path, self.path + ".wal"):
+            try:
+                st = os.stat(p)
+                stamp += [st.st_mtime_ns, st.st_size]
+            except OSError:
+                stamp += [0, 0]
+        return tuple(stamp)
 
-    def cursor(self) -> duckdb.DuckDBPyConnection:
-        cur = self._conn.cursor()
-        cur.execute("SET TimeZone = 'UTC'")
-        return cur
+    @contextmanager
+    def _shared(self, read_only: bool) -> Iterator[None]:
+        """Operations inside the block, on this thread, share one connection (opening one costs tens of
+        milliseconds, and a page, an analysis or a watcher's poll makes a dozen). A read-write block may read; a
+        read-only block may not write."""
+        held = getattr(self._local, "conn", None)
+        if held is not None:
+            if not read_only and self._local.read_only:
+                raise RuntimeError("a write inside Store.reading(): end the reading block first")
+            yield
+            return
+        with self._connection(read_only=read_only) as conn:
+            self._local.conn, self._local.read_only = conn, read_only
+            try:
+                yield
+            finally:
+                self._local.conn = None
+
+    def reading(self):
+        """A block of reads on one read-only connection (the file is shared with other readers meanwhile)."""
+        return self._shared(read_only=True)
+
+    def writing(self):
+        """A block of reads and transactions on one read-write connection: the file is this process's until
+        the block ends, so keep it short (a watcher's poll)."""
+        return self._shared(read_only=False)
+
+    @contextmanager
+    def cursor(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A connection for a few read queries; closed (and the file released) on leaving the block, unless it
+        is the one of an enclosing `reading()` or `writing()` block."""
+        shared = getattr(self._local, "conn", None)
+        if shared is not None:
+            yield shared
+            return
+        with self._connection(read_only=True) as conn:
+            yield conn
 
     def query_df(self, sql: str, params: list | None = None):
-        """Run one read query on its own cursor and return a pandas DataFrame."""
+        """Run one read query and return a pandas DataFrame."""
         with self.cursor() as cur:
             return cur.execute(sql, params or []).df()
 
@@ -271,23 +464,62 @@ class Store:
             return cur.execute(sql, params or []).fetchall()
 
     @contextmanager
-    def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A write transaction: everything inside commits together or not at all."""
-        with self._write_lock:
-            cur = self.cursor()
-            cur.execute("BEGIN TRANSACTION")
+    def transaction(self, attach: dict[str, str] | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A write transaction: everything inside commits together or not at all. `attach` maps an alias to a
+        DuckDB file opened read-only beside the database for the transaction (a load's staging file)."""
+        with self.writing():
+            cur = self._local.conn
+            for alias, path in (attach or {}).items():
+                cur.execute(f"ATTACH ? AS {alias} (READ_ONLY)", [path])
             try:
-                yield cur
-                cur.execute("COMMIT")
-                self._generation += 1
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
+                cur.execute("BEGIN TRANSACTION")
+                try:
+                    yield cur
+                    cur.execute("COMMIT")
+                    self._writes += 1
+                except BaseException:
+                    cur.execute("ROLLBACK")
+                    raise
             finally:
-                cur.close()
+                for alias in attach or {}:
+                    cur.execute(f"DETACH {alias}")
+
+    # -- staging files -------------------------------------------------------------------------------------
+    def _staging_pattern(self, pid: int | str) -> str:
+        return f"{self.path}.stage-{pid}-*.duckdb"
+
+    @contextmanager
+    def staging(self) -> Iterator[tuple[str, duckdb.DuckDBPyConnection]]:
+        """A fresh staging file of this process with the staging tables, as (path, connection). The connection
+        closes when the block ends; the file stays until `discard_staging` (publish it with transaction(attach=))."""
+        base = self.path if self._memory is None else os.path.join(os.environ.get("TMPDIR", "/tmp"), "specmon")
+        path = f"{base}.stage-{os.getpid()}-{uuid.uuid4().hex}.duckdb"
+        conn = connect(path)
+        try:
+            conn.execute(STAGING_DDL)
+            yield path, conn
+        finally:
+            conn.close()
+
+    @staticmethod
+    def discard_staging(path: str) -> None:
+        for p in (path, path + ".wal"):
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
+
+    def _sweep_staging(self) -> None:
+        """Remove staging files left by loads whose process died (kill -9): they were never published."""
+        for p in glob.glob(self._staging_pattern("*")):
+            pid = p[len(self.path) + len(".stage-"):].split("-", 1)[0]
+            if pid.isdigit() and not _pid_alive(int(pid)):
+                self.discard_staging(p)
 
     def close(self) -> None:
-        self._conn.close()
+        """Nothing is held between operations; kept so `with Store(...)` reads naturally."""
+        if self._memory is not None:
+            self._memory.close()
 
     def __enter__(self) -> Store:
         return self

@@ -2,9 +2,11 @@
 noise, and malformed variants."""
 import json
 import os
+from datetime import datetime
 
 import pytest
 
+from specmon.engines import EngineLogReader
 from specmon.ingest import detect_format, ingest_file
 from specmon.summary import summarize
 
@@ -78,9 +80,12 @@ def test_vllm_early_v1_and_v0(store, tmp_path):
     rows = store.query("SELECT source, drafts, draft_tokens, accepted_tokens, mean_acceptance_length, reported_rate "
                        "FROM engine_windows ORDER BY line")
     assert rows[0] == ("vllm-v1-early-log", None, 400.0, 250.0, None, 0.625)
-    # V0 totals are running sums: one window (the difference of the first two lines); the third line restarts them
-    assert rows[1] == ("vllm-v0-log", 120.0, 480.0, 300.0, pytest.approx(420 / 120), pytest.approx(0.625))
-    assert len(rows) == 2
+    # V0 totals are running sums: the first line is the window from the engine's start, the second the difference
+    # of the first two lines; the third fell, so the server restarted and it counts from the new start
+    assert rows[1] == ("vllm-v0-log", 40.0, 160.0, 100.0, pytest.approx(140 / 40), pytest.approx(0.625))
+    assert rows[2] == ("vllm-v0-log", 120.0, 480.0, 300.0, pytest.approx(420 / 120), pytest.approx(0.625))
+    assert rows[3] == ("vllm-v0-log", 20.0, 80.0, 50.0, pytest.approx(70 / 20), pytest.approx(0.625))
+    assert len(rows) == 4
     seg = only(store)
     assert seg["alpha"] is None and "per-position counts" in seg["note"]
 
@@ -217,3 +222,47 @@ def test_malformed_json_responses_and_example_blocks(store, tmp_path):
     block = write(tmp_path, "example.log", ["n_draft   = 8", "accept    = 62.500%"])
     res = ingest_file(store, block, fmt="engine-log")
     assert res.status == "rejected" and res.faults[0].line == 2 and "without n_drafted" in res.faults[0].reason
+
+
+def test_the_incremental_reader_resumes_at_every_line_as_if_read_in_one_go():
+    v0 = "INFO 11-29 10:0%d:00 metrics.py:467] " + VLLM_V0
+    lines = (NOISE + [v1_line(0, 10, 100, [80, 60, 40]),
+                      "(EngineCore_1 pid=77) " + v1_line(0, 12, 50, [40, 30, 20])[len("(APIServer pid=4242) "):],
+                      v1_line(0, 20, 200, [150, 100, 60], depth=3),
+                      v0 % (1, 0.6, 0.7, 4, 96, 160, 140), v0 % (2, 0.6, 0.7, 4, 384, 640, 560),
+                      v0 % (3, 0.6, 0.7, 4, 48, 80, 70)]
+             + (LLAMA_EXAMPLE % (8, 256, 320, 200, 62.5)).splitlines()
+             + ["slot release: id  0 | task 14 | " + LLAMA_SERVER_3.strip() % (0.75, 75, 100, 4.0),
+                "     acc per pos = (0.900, 0.800, 0.700, 0.600)",
+                "slot release: id  0 | task 15 | " + LLAMA_SERVER_3.strip() % (0.5, 50, 100, 3.0),
+                "[2026-11-29 10:00:01 TP0] " + SGLANG % (4, 900, 0.01, 3.21, 0.74, 410.5, 0),
+                "Speculative metrics: Draft acceptance rate: 0.5, System efficiency: x",
+                "slot release: id  0 | task 16 | " + LLAMA_SERVER_1.strip() % (0.5, 50, 100)])
+    now = datetime(2026, 11, 30, 12, 0)
+    whole = EngineLogReader("x.log", now)
+    for no, line in enumerate(lines, start=1):
+        whole.feed(no, line + "\n")
+    whole.finish()
+    expected = whole.take()
+    assert len(expected[0]) == 11 and len(expected[1]) == 1
+    # V1 windows start where the same process's previous line ended; another process has its own clock
+    assert [w.start_ts for w in expected[0][:3]] == [None, None, datetime(2026, 11, 29, 10, 0, 10)]
+    assert expected[0][7].accepted_per_position == pytest.approx([22.5, 20.0, 17.5, 15.0])
+    for cut in range(len(lines) + 1):
+        first = EngineLogReader("x.log", now)
+        for no, line in enumerate(lines[:cut], start=1):
+            first.feed(no, line)
+        got_w, got_f = first.take()
+        second = EngineLogReader("x.log", now, state=json.loads(json.dumps(first.state())))
+        for no, line in enumerate(lines[cut:], start=cut + 1):
+            second.feed(no, line)
+        second.finish()
+        more_w, more_f = second.take()
+        assert (got_w + more_w, got_f + more_f) == expected, f"split after line {cut}"
+
+
+def test_one_v0_line_without_a_prefix_is_a_window_from_the_engine_start(store, tmp_path):
+    line = ("INFO 08-14 09:12:30 metrics.py:396] " + VLLM_V0 % (0.7, 0.6, 5, 700, 1000, 960))
+    res = ingest_file(store, write(tmp_path, "v0.log", [NOISE[2], line]))
+    assert res.status == "stored" and res.steps == 1
+    assert store.query("SELECT start_ts, drafts, draft_tokens FROM engine_windows") == [(None, 200.0, 1000.0)]

@@ -115,8 +115,8 @@ def test_migrations_upgrade_an_older_file_and_refuse_a_newer_one(tmp_path):
     store_mod.migrate(con, path, upto=store_mod.SCHEMA_VERSION - 1)
     assert store_mod.schema_version(con) == store_mod.SCHEMA_VERSION - 1
     con.close()
-    with Store(path) as s:
-        assert store_mod.schema_version(s._conn) == store_mod.SCHEMA_VERSION
+    with Store(path) as s, s.cursor() as con:
+        assert store_mod.schema_version(con) == store_mod.SCHEMA_VERSION
     con = duckdb.connect(path)
     con.execute("INSERT INTO schema_version VALUES (?, now()::TIMESTAMP)", [store_mod.SCHEMA_VERSION + 1])
     con.close()

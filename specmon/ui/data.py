@@ -1,14 +1,19 @@
-"""The app's shared store and cached queries.
+"""The app's shared store, cached queries, and following the database while it changes.
 
-One Store per server process (st.cache_resource); query results are cached per (database, generation), and the
-generation changes after every write, so a new ingest shows at once on every page and in every session.
+One Store per server process (st.cache_resource); it holds no connection between queries, so other specmon
+processes (an ingest, `specmon watch`) write the same file while the dashboard is open. Query results are cached
+per (database, generation); the generation is read from the file itself and moves with every write by any
+process, so `follow_updates` reruns the page when data arrives, without a reload.
 """
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
 
-from specmon import alarms, demo, ingest, lossless, summary
+import os
+from datetime import datetime
+
+from specmon import alarms, demo, ingest, lossless, summary, watch
 from specmon.store import Store, default_db_path
 
 
@@ -24,9 +29,10 @@ def get_store() -> Store:
 
 
 @st.cache_data(max_entries=64)
-def _summaries(path: str, generation: int, by: str, run: str | None, bucket: str | None) -> list[dict]:
+def _summaries(path: str, generation: tuple, by: str, run: str | None, bucket: str | None) -> list[dict]:
     # Timelines (bucketed) show alpha per bucket only: skip the per-position scan.
-    return summary.summarize(_store(path), by=by, run=run, bucket=bucket, per_position=bucket is None)
+    with _store(path).reading():
+        return summary.summarize(_store(path), by=by, run=run, bucket=bucket, per_position=bucket is None)
 
 
 def summaries(by: str = "template", run: str | None = None, bucket: str | None = None) -> list[dict]:
@@ -35,7 +41,7 @@ def summaries(by: str = "template", run: str | None = None, bucket: str | None =
 
 
 @st.cache_data(max_entries=4)
-def _run_names(path: str, generation: int) -> list[str]:
+def _run_names(path: str, generation: tuple) -> list[str]:
     return summary.run_names(_store(path))
 
 
@@ -45,7 +51,7 @@ def run_names() -> list[str]:
 
 
 @st.cache_data(max_entries=16)
-def _template_changes(path: str, generation: int, run: str | None) -> pd.DataFrame:
+def _template_changes(path: str, generation: tuple, run: str | None) -> pd.DataFrame:
     return summary.template_changes(_store(path), run)
 
 
@@ -55,7 +61,7 @@ def template_changes(run: str | None = None) -> pd.DataFrame:
 
 
 @st.cache_data(max_entries=4)
-def _ingest_history(path: str, generation: int) -> pd.DataFrame:
+def _ingest_history(path: str, generation: tuple) -> pd.DataFrame:
     return ingest.ingest_history(_store(path))
 
 
@@ -65,7 +71,7 @@ def ingest_history() -> pd.DataFrame:
 
 
 @st.cache_data(max_entries=4)
-def _lossless_segments(path: str, generation: int) -> list[tuple[str, str, int]]:
+def _lossless_segments(path: str, generation: tuple) -> list[tuple[str, str, int]]:
     return lossless.segments_with_distributions(_store(path))
 
 
@@ -75,9 +81,10 @@ def lossless_segments() -> list[tuple[str, str, int]]:
 
 
 @st.cache_data(max_entries=16)
-def _lossless_checks(path: str, generation: int, run: str, template: str):
+def _lossless_checks(path: str, generation: tuple, run: str, template: str):
     s = _store(path)
-    return lossless.pit_check(s, run, template), lossless.fixed_target_check(s, run, template)
+    with s.reading():
+        return lossless.pit_check(s, run, template), lossless.fixed_target_check(s, run, template)
 
 
 def lossless_checks(run: str, template: str):
@@ -86,11 +93,57 @@ def lossless_checks(run: str, template: str):
 
 
 @st.cache_data(max_entries=16)
-def _drift(path: str, generation: int, run: str) -> alarms.RunDrift:
-    return alarms.analyse_run(_store(path), run)
+def _drift(path: str, generation: tuple, run: str) -> alarms.RunDrift:
+    with _store(path).reading():
+        return alarms.analyse_run(_store(path), run)
 
 
 def drift(run: str) -> alarms.RunDrift:
     """The run's CUSUM, alarm episodes and template-change verdicts."""
     store = get_store()
     return _drift(store.path, store.generation, run)
+
+
+@st.cache_data(max_entries=4)
+def _sources(path: str, generation: tuple) -> pd.DataFrame:
+    return watch.watched_sources(_store(path))
+
+
+def sources() -> pd.DataFrame:
+    """Every watched source with its health now (lag and staleness move with the clock, not with the data)."""
+    store = get_store()
+    return watch.source_health(_sources(store.path, store.generation))
+
+
+# How often an open page looks for new data (seconds); one stat of the database file per look.
+REFRESH_S = float(os.environ.get("SPECMON_REFRESH_S") or 2.0)
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min ago"
+    return f"{seconds / 3600:.1f} h ago"
+
+
+@st.fragment(run_every=REFRESH_S)
+def follow_updates() -> None:
+    """Rerun the page when the database changed (any process wrote it), and say how fresh watched sources are."""
+    generation = get_store().generation
+    seen = st.session_state.setdefault("seen_generation", generation)
+    if generation != seen:
+        st.session_state["seen_generation"] = generation
+        st.rerun(scope="app")
+    health = sources()
+    if health.empty:
+        return
+    latest = health["lag_s"].min()
+    st.caption(f"Watching {len(health)} source(s) · {int(health['rows'].sum()):,} rows stored from them · newest "
+               f"data {_ago(latest)} · checked {datetime.now():%H:%M:%S} (see Sources)")
+    for row in health[health["status"].isin(["failing", "stopped", "stale"])].itertuples():
+        what = f"{row.kind} {row.location} (run {row.run})"
+        if row.status == "stale":
+            st.warning(f"Stale: {what} has delivered no data for {_ago(row.lag_s)[:-4]}.", icon="⏸")
+        else:
+            st.error(f"{row.status.capitalize()}: {what}: {row.last_error}", icon="⚠")

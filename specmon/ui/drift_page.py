@@ -73,7 +73,8 @@ def render() -> None:
     if not runs:
         st.info(EMPTY)
         return
-    run = st.selectbox("Run", runs, key="drift_run")
+    asked = st.query_params.get("run")  # links from webhooks name the run: /drift?run=NAME
+    run = st.selectbox("Run", runs, index=runs.index(asked) if asked in runs else 0, key="drift_run")
     bucket = st.radio("bucket", list(BUCKETS), index=list(BUCKETS).index("6 hours"), horizontal=True,
                       key="drift_bucket")
     rows = data.summaries(run=run, bucket=bucket)

@@ -1,0 +1,261 @@
+"""specmon watch: sources followed like tail -F, positions committed with the data, failures contained, notices
+sent. Real files, real processes (kill -9 included), a real HTTP receiver."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from specmon import watch
+from specmon.faults import SpecmonError
+from specmon.store import Store
+
+# The shape of a real vLLM V1 line (tests/data/engines/vllm-v1-current-1.log), with figures filled in.
+V1_LINE = ("(APIServer pid=1) INFO 05-21 21:{m:02d}:{s:02d} [metrics.py:101] SpecDecoding metrics: Mean acceptance "
+           "length: {mean:.2f}, Accepted throughput: 3.87 tokens/s, Drafted throughput: 5.72 tokens/s, Accepted: "
+           "{acc} tokens, Drafted: {drafted} tokens, Per-position acceptance rate: {rates}, Avg Draft acceptance "
+           "rate: {pct:.1f}%\n")
+
+
+def v1_line(i: int, drafts: int, per_pos: list[int]) -> tuple[str, int, int]:
+    """A V1 line for `drafts` drafts of k = len(per_pos) whose accepted prefix reached position j per_pos[j]
+    times; returns the line, the accepted and the drafted tokens."""
+    k = len(per_pos)
+    acc, drafted = sum(per_pos), drafts * k
+    rates = ", ".join(f"{n / drafts:.3f}" for n in per_pos)
+    line = V1_LINE.format(m=(i // 60) % 60, s=i % 60, mean=1 + acc / drafts, acc=acc, drafted=drafted, rates=rates,
+                          pct=100 * acc / drafted)
+    return line, acc, drafted
+
+
+def totals(store: Store) -> tuple[float, float]:
+    acc, drafted = store.query("SELECT coalesce(sum(accepted_tokens), 0), coalesce(sum(draft_tokens), 0) "
+                               "FROM engine_windows")[0]
+    return acc, drafted
+
+
+def test_a_followed_log_counts_every_line_once_through_half_lines_rotation_and_truncation(tmp_path):
+    log = tmp_path / "vllm.log"
+    store = Store(str(tmp_path / "w.duckdb"))
+    w = watch.Watcher(store, watch.WatchConfig([watch.SourceConfig("log", str(log), run="prod")], interval_s=0.1))
+    want_acc = want_drafted = 0
+
+    def write(path: Path, i: int, mode: str = "a", cut: int | None = None) -> str:
+        nonlocal want_acc, want_drafted
+        line, acc, drafted = v1_line(i, 100, [80, 60, 40])
+        want_acc, want_drafted = want_acc + acc, want_drafted + drafted
+        with open(path, mode) as fh:
+            fh.write(line if cut is None else line[:cut])
+        return line
+
+    for i in range(5):
+        write(log, i)
+    half = write(log, 5, cut=50)  # the writer is mid-line
+    w.poll_once()
+    assert store.query("SELECT count(*) FROM engine_windows")[0][0] == 5
+    with open(log, "a") as fh:
+        fh.write(half[50:])
+    os.rename(log, tmp_path / "vllm.log.1")  # rotation by rename; the old file still gets a line
+    write(tmp_path / "vllm.log.1", 6)
+    write(log, 7, mode="w")
+    w.poll_once()
+    w.poll_once()
+    assert totals(store) == (want_acc, want_drafted)
+    write(log, 8, mode="w")  # copytruncate: the file starts again
+    w.poll_once()
+    assert totals(store) == (want_acc, want_drafted)
+    assert store.query("SELECT count(*) FROM engine_windows")[0][0] == 9
+    w.poll_once()  # nothing new: nothing stored twice
+    assert store.query("SELECT count(*) FROM engine_windows")[0][0] == 9
+
+
+def _watch(db: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "specmon.cli", "watch", "--db", db, "--interval", "0.2", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _until(predicate, timeout: float = 60.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def test_a_watcher_killed_mid_stream_resumes_exactly_and_stops_cleanly_on_sigterm(tmp_path):
+    db, log = str(tmp_path / "w.duckdb"), tmp_path / "vllm.log"
+    log.write_text("")
+    want_acc = want_drafted = 0
+    watcher = _watch(db, "--log", str(log), "--run", "prod")
+    for i in range(200):
+        line, acc, drafted = v1_line(i, 50 + i % 7, [40, 20 + i % 5, 10])
+        with open(log, "a") as fh:
+            fh.write(line)
+        want_acc, want_drafted = want_acc + acc, want_drafted + drafted
+        if i == 100:
+            watcher.kill()  # kill -9: no chance to tidy up
+            watcher.wait()
+            watcher = _watch(db, "--log", str(log), "--run", "prod")
+        time.sleep(0.01)
+    _until(lambda: totals(Store(db)) == (want_acc, want_drafted), what="every line stored")
+    watcher.send_signal(signal.SIGTERM)
+    out, _ = watcher.communicate(timeout=60)
+    assert watcher.returncode == 0, out
+    assert "SIGTERM: finishing the batch in hand" in out and "stopped" in out
+    store = Store(db)
+    assert totals(store) == (want_acc, want_drafted)
+    assert store.query("SELECT count(*) FROM engine_windows")[0][0] == 200
+
+
+def test_a_bad_line_stops_its_source_with_a_message_and_nothing_else(tmp_path):
+    db = str(tmp_path / "w.duckdb")
+    steps, log = tmp_path / "steps.jsonl", tmp_path / "vllm.log"
+    steps.write_text('{"request_id": "a", "draft_tokens": [1, 2], "accepted": 1}\n{"request_id": "b", "dr\n')
+    line, acc, drafted = v1_line(0, 10, [5, 3, 1])
+    log.write_text(line)
+    store = Store(db)
+    sources = [watch.SourceConfig("steplog", str(steps), run="s"), watch.SourceConfig("log", str(log), run="e"),
+               watch.SourceConfig("log", str(tmp_path / "missing.log"), run="m"),
+               watch.SourceConfig("prometheus", "http://127.0.0.1:9", run="p")]
+    lines: list[str] = []
+    w = watch.Watcher(store, watch.WatchConfig(sources, interval_s=0.1), log=lines.append)
+    w.poll_once()
+    assert totals(store) == (acc, drafted)  # the good source went on
+    health = watch.source_health(watch.watched_sources(store)).set_index("location")
+    assert health.loc[str(steps), "status"] == "stopped"
+    assert f"{steps}:2" in health.loc[str(steps), "last_error"] and "invalid JSON" in health.loc[str(steps), "last_error"]
+    assert health.loc[str(tmp_path / "missing.log"), "status"] == "failing"
+    assert "no such file" in health.loc[str(tmp_path / "missing.log"), "last_error"]
+    assert health.loc["http://127.0.0.1:9", "status"] == "failing"
+    assert health.loc[str(log), "status"] == "ok"
+    assert store.query("SELECT count(*) FROM steps")[0][0] == 0  # all-or-nothing per piece
+    assert any("failing" in x for x in lines)
+    # With skip_bad the same source stores the good line and reports the bad one.
+    sources[0].skip_bad = True
+    w2 = watch.Watcher(store, watch.WatchConfig(sources[:1], interval_s=0.1), log=lines.append)
+    w2.poll_once()
+    assert store.query("SELECT count(*) FROM steps")[0][0] == 1
+    assert Path(f"{steps}.rejected.jsonl").exists()
+
+
+def test_an_inbox_ingests_each_complete_file_once_and_files_it(tmp_path):
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    (inbox / "good.jsonl").write_text('{"request_id": "a", "draft_tokens": [1, 2], "accepted": 2}\n')
+    (inbox / "bad.jsonl").write_text('{"request_id": "a", "draft_tokens": [1, 2], "accepted": 7}\n')
+    (inbox / "coming.jsonl.part").write_text("{")
+    store = Store(str(tmp_path / "w.duckdb"))
+    w = watch.Watcher(store, watch.WatchConfig([watch.SourceConfig("inbox", str(inbox))], interval_s=0.1),
+                      log=lambda s: None)
+    w.poll_once()  # first look: files may still be growing
+    assert store.query("SELECT count(*) FROM steps")[0][0] == 0
+    w.poll_once()
+    assert store.query("SELECT count(*) FROM steps")[0][0] == 1
+    assert (inbox / "done" / "good.jsonl").exists() and (inbox / "done" / "good.jsonl.report.json").exists()
+    assert (inbox / "rejected" / "bad.jsonl").exists()
+    report = json.loads((inbox / "rejected" / "bad.jsonl.report.json").read_text())
+    assert report["status"] == "rejected" and report["faults"][0]["field"] == "accepted"
+    assert (inbox / "coming.jsonl.part").exists()
+    (inbox / "again.jsonl").write_bytes((inbox / "done" / "good.jsonl").read_bytes())  # same content again
+    w.poll_once()
+    w.poll_once()
+    assert store.query("SELECT count(*) FROM steps")[0][0] == 1
+    assert (inbox / "done" / "again.jsonl").exists()
+
+
+class _Receiver(BaseHTTPRequestHandler):
+    received: list = []
+
+    def do_POST(self):  # noqa: N802 (http.server's name)
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).received.append(json.loads(body))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def receiver():
+    _Receiver.received = []
+    server = HTTPServer(("127.0.0.1", 0), _Receiver)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}/hook", _Receiver.received
+    server.shutdown()
+
+
+def test_a_segment_turning_losing_reaches_the_webhook_once(tmp_path, receiver):
+    url, received = receiver
+    log = tmp_path / "vllm.log"
+    store = Store(str(tmp_path / "w.duckdb"))
+    config = watch.WatchConfig([watch.SourceConfig("log", str(log), run="prod", c=0.3)], interval_s=0.1,
+                               webhook=url, dashboard_url="http://127.0.0.1:8501", alarm_every_s=0)
+    w = watch.Watcher(store, config, log=lambda s: None)
+    with open(log, "w") as fh:
+        for i in range(20):
+            fh.write(v1_line(i, 100, [90, 80, 70])[0])
+    w.poll_once()
+    with open(log, "a") as fh:  # acceptance collapses below break-even (1 + k c = 1.9 tokens per step)
+        for i in range(20, 400):
+            fh.write(v1_line(i, 100, [20, 5, 1])[0])
+    w.poll_once()
+    w.webhook.close()
+    losing = [r for r in received if r["event"] == "segment_losing"]
+    assert len(losing) == 1, received
+    notice = losing[0]
+    assert notice["run"] == "prod" and notice["status"] == "losing"
+    assert notice["alpha_hi"] < notice["break_even"]
+    assert notice["link"].startswith("http://127.0.0.1:8501/")
+    w.poll_once()  # nothing new: nothing sent again
+    restarted = watch.Watcher(store, config, log=lambda s: None)
+    with open(log, "a") as fh:
+        fh.write(v1_line(400, 100, [20, 5, 1])[0])
+    restarted.poll_once()
+    restarted.webhook.close()
+    assert len([r for r in received if r["event"] == "segment_losing"]) == 1
+
+
+def test_the_config_file_names_sources_and_bad_ones_are_clear(tmp_path):
+    cfg = tmp_path / "watch.toml"
+    cfg.write_text('interval = 0.5\nwebhook = "http://127.0.0.1:1/x"\n[[log]]\npath = "a.log"\nrun = "prod"\n'
+                   'template = "v7"\nc = 0.1\n[[prometheus]]\nurl = "http://127.0.0.1:9090"\nstep = 30\n')
+    config = watch.load_config(str(cfg))
+    assert config.interval_s == 0.5 and config.webhook == "http://127.0.0.1:1/x"
+    assert [(s.kind, s.location, s.run_name, s.template, s.c) for s in config.sources] == [
+        ("log", "a.log", "prod", "v7", 0.1), ("prometheus", "http://127.0.0.1:9090", "prometheus", None, None)]
+    cfg.write_text('[[log]]\nrun = "x"\n')
+    with pytest.raises(SpecmonError, match=r"\[\[log\]\] #1: needs path"):
+        watch.load_config(str(cfg))
+    cfg.write_text('[[log]]\npath = "a"\nc = "high"\n')
+    with pytest.raises(SpecmonError, match="c must be a number"):
+        watch.load_config(str(cfg))
+    cfg.write_text("[[log]\n")
+    with pytest.raises(SpecmonError, match="not valid TOML"):
+        watch.load_config(str(cfg))
+
+
+def test_the_sources_page_lists_sources_and_flags_a_stale_one(tmp_path, monkeypatch):
+    db = str(tmp_path / "app.duckdb")
+    monkeypatch.setenv("SPECMON_DB", db)
+    log = tmp_path / "vllm.log"
+    log.write_text(v1_line(0, 10, [5, 3, 1])[0])
+    store = Store(db)
+    w = watch.Watcher(store, watch.WatchConfig([watch.SourceConfig("log", str(log), run="prod")],
+                                               stale_after_s=0.5), log=lambda s: None)
+    w.poll_once()
+    time.sleep(1.0)
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"), default_timeout=90).run()
+    at.switch_page("specmon/ui/sources.py").run()
+    assert not at.exception, at.exception
+    table = at.dataframe[0].value
+    assert list(table["location"]) == [str(log)] and list(table["status"]) == ["stale"]
+    assert any("Stale" in w.value and str(log) in w.value for w in at.warning)
