@@ -270,7 +270,7 @@ def detect(accepted: np.ndarray, checked: np.ndarray, design: Design,
            reference_steps: int = REFERENCE_STEPS) -> tuple[np.ndarray, list[Alarm]]:
     """Run the CUSUM after the reference window; indices are positions in the whole stream. An alarm within
     EPISODE_GAP points of the previous alarm continues that episode. Each episode's change is dated by maximum
-    likelihood over the points since the previous episode (or the reference) up to its last alarm."""
+    likelihood over the points since the previous episode (or the reference) up to its first alarm."""
     start = min(reference_steps, len(accepted))
     w, raw = cusum(accepted[start:], checked[start:], design)
     episodes: list[list[int]] = []  # [first alarm, last alarm, count]
@@ -284,7 +284,8 @@ def detect(accepted: np.ndarray, checked: np.ndarray, design: Design,
     since = start
     for first, last, count in episodes:
         first, last = start + first, start + last
-        change, lo, hi = change_point(accepted, checked, design.p0, since, last + 1, design.design_effect)
+        # dated from the points up to the first alarm: fixed from then on, so a watcher sees one episode
+        change, lo, hi = change_point(accepted, checked, design.p0, since, first + 1, design.design_effect)
         a, c = accepted[change:last + 1], checked[change:last + 1]
         alarms.append(Alarm(change, first, last, count, design.p0, float(np.sum(a) / max(np.sum(c), 1)), lo, hi))
         since = last + 1
