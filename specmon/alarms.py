@@ -194,6 +194,9 @@ def _events(stream: _Stream, notes: list[Event]) -> list[Event]:
     """Template changes in time order: each template's first point in the data, then the annotations."""
     _, first = np.unique(stream.template, return_index=True)
     seen = [Event(_when(stream.ts_us[i]), stream.template[i], "data") for i in sorted(first)][1:]
+    # a template first seen after an annotation that rolled it out is that rollout (the watcher files data stored
+    # after an annotation under its template): one event, the annotation's
+    seen = [e for e in seen if not any(n.template == e.template and n.ts <= e.ts for n in notes)]
     return sorted(seen + notes, key=lambda e: e.ts)
 
 

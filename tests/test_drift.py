@@ -152,3 +152,12 @@ def test_an_annotation_on_a_step_log_is_judged_beside_the_template_change(store)
     assert kinds[0][:2] == ("annotation", "v1-cache") and kinds[1] == ("data", "v2", "hurt")
     assert kinds[0][2] != "hurt"  # nothing changed in the data there
     assert [e.template for e in result.annotations] == ["v1-cache"]
+
+
+def test_a_template_first_seen_after_its_annotation_is_one_event(store):
+    from datetime import datetime
+    ingest_file(store, str(demo.DEMO_LOG), run="prod")
+    alarms.annotate(store, "prod", "v2", datetime(2026, 11, 25, 12, 0), "v2 rollout")  # v2's steps start 12:34
+    result = alarms.analyse_run(store, "prod")
+    assert [(ch.source, ch.template, ch.comparison.verdict) for ch in result.changes] == [
+        ("annotation", "v2", "hurt")]
