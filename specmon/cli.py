@@ -505,12 +505,14 @@ def build_parser() -> argparse.ArgumentParser:
                        "that hurt (for cron and CI)",
                        description="Exit 0: every segment healthy, no drift alarm, no template change that hurt. "
                                    "1: a problem (one line each). 2: error, or c unknown for a segment (pass --c). "
-                                   "Drift: a one-sided Bernoulli CUSUM per run, calibrated by simulation (with the "
-                                   "data's request clustering) to one false alarm per --false-alarm-steps steps.")
+                                   "Drift: a one-sided Bernoulli CUSUM per run (step logs, engine logs, Prometheus), "
+                                   "calibrated on the run's own first requests (or windows) to one false alarm per "
+                                   "--false-alarm-steps; template changes and annotations are judged before/after.")
     p.add_argument("--c", type=_cost, help="draft cost / target cost, overriding the measured one")
     p.add_argument("--since", help="only steps, alarms and template changes since then: 6h, 2d, 30m, 1w or ISO time")
     p.add_argument("--false-alarm-steps", type=_positive_int, default=drift.DEFAULT_ARL0_STEPS,
-                   help=f"expected steps between false alarms when nothing changed (default {drift.DEFAULT_ARL0_STEPS})")
+                   help="expected steps (engine windows) between false alarms when nothing changed "
+                   f"(default {drift.DEFAULT_ARL0_STEPS})")
     p.add_argument("--json", action="store_true", help="problems, statuses, alarms and template changes as JSON")
     p.set_defaults(func=cmd_check)
 
