@@ -65,7 +65,9 @@ class ClusterSums:
         a = np.asarray(successes, dtype=float)
         n = np.asarray(trials, dtype=float)
         total = n.sum()
-        w = 1.0 / (1.0 - n / total) if len(n) > 1 and total > 0 else np.ones_like(n)
+        share = n / total if total > 0 else np.zeros_like(n)
+        # a cluster holding all trials has no CR2 weight (1 - share = 0): 1, as the database form does
+        w = np.where(share < 1.0, 1.0 / np.where(share < 1.0, 1.0 - share, 1.0), 1.0)
         return cls(len(a), float(a.sum()), float(total), float((a * a).sum()), float((a * n).sum()),
                    float((n * n).sum()), float((w * a * a).sum()), float((w * a * n).sum()),
                    float((w * n * n).sum()), float((n ** 3).sum()), float((n ** 4).sum()))

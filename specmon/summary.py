@@ -40,9 +40,10 @@ WITH s AS (
            sum(beta_lo_sum::{exact})::DOUBLE AS b_lo, sum(beta_hi_sum::{exact})::DOUBLE AS b_hi
     FROM s GROUP BY run, template, bucket, request_id
 ), leverage AS (
-    -- CR2 weights 1 / (1 - n_j / N): for alpha n_j is checked positions, for L it is steps
-    SELECT *, 1 / (1 - checked / nullif(sum(checked) OVER seg, 0)) AS w_n,
-              1 / (1 - steps / sum(steps) OVER seg) AS w_s
+    -- CR2 weights 1 / (1 - n_j / N): for alpha n_j is checked positions, for L it is steps; a cluster holding
+    -- all of N (one request) has no such weight: 1, and the statistics ignore the spread of a single cluster anyway
+    SELECT *, coalesce(1 / nullif(1 - checked / nullif(sum(checked) OVER seg, 0), 0), 1) AS w_n,
+              coalesce(1 / nullif(1 - steps / sum(steps) OVER seg, 0), 1) AS w_s
     FROM per_request WINDOW seg AS (PARTITION BY run, template, bucket)
 ), by_request AS (
     SELECT run, template, bucket, count(*) AS requests,
