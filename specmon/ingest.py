@@ -24,6 +24,7 @@ import orjson
 import pyarrow as pa
 
 from specmon import engines, flatlog, prometheus, steplog
+from specmon.formats import engine_json, engine_log
 from specmon.faults import Fault, RowFault, SpecmonError
 from specmon.store import Store, add_ingest, get_or_create_run, get_or_create_segment, next_step_id
 
@@ -69,9 +70,10 @@ def detect_format(path: str) -> str:
         head = fh.read(_SNIFF_BYTES)
     if head.startswith(b"PAR1"):
         return "flat-parquet"
-    engine = engines.sniff(head)
-    if engine:
-        return engine
+    if engine_json.sniff(head):
+        return "engine-json"
+    if engine_log.sniff(head):
+        return "engine-log"
     if prometheus.sniff(head):
         return "prometheus"
     if head.lstrip()[:1] in (b"{", b""):

@@ -96,17 +96,20 @@ def test_llama_cpp_outputs(store, tmp_path):
         "slot release: id  0 | task 12 | " + LLAMA_SERVER_1.strip() % (0.5, 50, 100),
         "slot release: id  0 | task 13 | " + LLAMA_SERVER_2.strip() % (0.6, 60, 100, 2.5, "0.700, 0.500, 0.300"),
         "slot release: id  0 | task 14 | " + LLAMA_SERVER_3.strip() % (0.75, 75, 100, 4.0),
-        "     acc per pos = (0.900, 0.800, 0.700, 0.600)",
+        "     acc per pos = (0.920, 0.800, 0.680, 0.600)",
     ]
     path = write(tmp_path, "llama.log", ["main: loading model"] + example + server)
     res = ingest_file(store, path)
     assert res.status == "stored" and res.steps == 4
     rows = store.query("SELECT source, drafts, draft_tokens, accepted_tokens, accepted_per_position, k FROM "
                        "engine_windows ORDER BY line")
-    assert rows[0] == ("llama-example", None, 320.0, 200.0, None, 8)
+    # the example's n_draft is its final draft length (an adaptive run changes it): a label, not k
+    assert rows[0] == ("llama-example", None, 320.0, 200.0, None, None)
+    assert json.loads(store.query("SELECT labels FROM engine_windows ORDER BY line")[0][0]) == {"n_draft": 8,
+                                                                                                "n_predict": 256}
     assert rows[1][:4] == ("llama-server", None, 100.0, 50.0)
     assert rows[2][1] == pytest.approx(40.0) and rows[2][4] == pytest.approx([28.0, 20.0, 12.0])
-    assert rows[3][1] == pytest.approx(25.0) and rows[3][4] == pytest.approx([22.5, 20.0, 17.5, 15.0])
+    assert rows[3][1] == pytest.approx(25.0) and rows[3][4] == pytest.approx([23.0, 20.0, 17.0, 15.0])
 
 
 def test_sglang_decode_lines(store, tmp_path):
@@ -141,17 +144,22 @@ def test_json_responses(store, tmp_path):
     assert rows[2][0] == "llama-timings"
 
 
-@pytest.mark.parametrize("line,phrase", [
-    (PREFIX % (0, 1) + "SpecDecoding metrics: Mean acceptance length: 2.80, Accepted: lots", "SpecDecoding"),
-    ("draft acceptance = 0.5 (accepted / generated)", "llama-server"),
-    ("Speculative metrics: Draft acceptance rate: 0.5, System efficiency: x", "V0"),
-    ("[2026-11-29 10:00:01 TP0] Decode batch, #running-req: 1, accept len: ??", "SGLang"),
+@pytest.mark.parametrize("line,phrase,field", [
+    (PREFIX % (0, 1) + "SpecDecoding metrics: Mean acceptance length: 2.80, Accepted: lots", "SpecDecoding",
+     "Accepted"),
+    (PREFIX % (0, 1) + "SpecDecoding metrics: Mean acceptance length: 2.80, Accepted: 5 tokens", "SpecDecoding",
+     "Drafted"),
+    ("draft acceptance = 0.5 (accepted / generated)", "llama-server", "accepted / generated"),
+    ("Speculative metrics: Draft acceptance rate: 0.5, System efficiency: 0.4, Number of speculative tokens: 4, "
+     "Number of accepted tokens: 5, Number of draft tokens: 8, Number of emitted tokens: x.", "V0",
+     "Number of emitted tokens"),
+    ("[2026-11-29 10:00:01 TP0] Decode batch, #running-req: 1, accept len: ??", "SGLang", "accept len"),
 ])
-def test_a_malformed_line_is_reported_with_its_number(store, tmp_path, line, phrase):
+def test_a_malformed_line_is_reported_with_its_number(store, tmp_path, line, phrase, field):
     path = write(tmp_path, "bad.log", [NOISE[0], v1_line(0, 10, 100, [80, 60, 40]), line])
     res = ingest_file(store, path)
     assert res.status == "rejected"
-    assert res.faults[0].line == 3 and phrase in res.faults[0].reason
+    assert res.faults[0].line == 3 and phrase in res.faults[0].reason and res.faults[0].field == field
     assert store.query("SELECT count(*) FROM engine_windows")[0][0] == 0
     res = ingest_file(store, path, skip_bad=True, report_path=str(tmp_path / "rep.jsonl"))
     assert res.status == "stored" and res.steps == 1 and res.rejected == 1
@@ -217,8 +225,9 @@ def test_malformed_json_responses_and_example_blocks(store, tmp_path):
                     + json.dumps({"timings": {"draft_n": "many"}}) + "\n{not json\n[1, 2]\n")
     res = ingest_file(store, str(path), fmt="engine-json")
     assert res.status == "rejected"
-    assert [(f.line, f.field) for f in res.faults] == [(1, "speculative_decoding"), (2, "timings"), (3, ""), (4, "")]
-    assert "expected a JSON object, got list" in res.faults[3].reason
+    assert [(f.line, f.field) for f in res.faults] == [(1, "speculative_decoding.num_spec_steps"),
+                                                       (2, "timings.draft_n"), (3, ""), (4, "")]
+    assert "expected a JSON object, got a JSON array" in res.faults[3].reason
     block = write(tmp_path, "example.log", ["n_draft   = 8", "accept    = 62.500%"])
     res = ingest_file(store, block, fmt="engine-log")
     assert res.status == "rejected" and res.faults[0].line == 2 and "without n_drafted" in res.faults[0].reason
@@ -233,7 +242,7 @@ def test_the_incremental_reader_resumes_at_every_line_as_if_read_in_one_go():
                       v0 % (3, 0.6, 0.7, 4, 48, 80, 70)]
              + (LLAMA_EXAMPLE % (8, 256, 320, 200, 62.5)).splitlines()
              + ["slot release: id  0 | task 14 | " + LLAMA_SERVER_3.strip() % (0.75, 75, 100, 4.0),
-                "     acc per pos = (0.900, 0.800, 0.700, 0.600)",
+                "     acc per pos = (0.920, 0.800, 0.680, 0.600)",
                 "slot release: id  0 | task 15 | " + LLAMA_SERVER_3.strip() % (0.5, 50, 100, 3.0),
                 "[2026-11-29 10:00:01 TP0] " + SGLANG % (4, 900, 0.01, 3.21, 0.74, 410.5, 0),
                 "Speculative metrics: Draft acceptance rate: 0.5, System efficiency: x",
@@ -247,7 +256,7 @@ def test_the_incremental_reader_resumes_at_every_line_as_if_read_in_one_go():
     assert len(expected[0]) == 11 and len(expected[1]) == 1
     # V1 windows start where the same process's previous line ended; another process has its own clock
     assert [w.start_ts for w in expected[0][:3]] == [None, None, datetime(2026, 11, 29, 10, 0, 10)]
-    assert expected[0][7].accepted_per_position == pytest.approx([22.5, 20.0, 17.5, 15.0])
+    assert expected[0][7].accepted_per_position == pytest.approx([23.0, 20.0, 17.0, 15.0])
     for cut in range(len(lines) + 1):
         first = EngineLogReader("x.log", now)
         for no, line in enumerate(lines[:cut], start=1):
