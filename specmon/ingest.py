@@ -24,7 +24,7 @@ import orjson
 import pyarrow as pa
 
 from specmon import engines, flatlog, prometheus, steplog
-from specmon.formats import engine_json, engine_log
+from specmon.formats import engine_json, engine_log, textio
 from specmon.faults import Fault, RowFault, SpecmonError
 from specmon.store import Store, add_ingest, get_or_create_run, get_or_create_segment, next_step_id
 
@@ -67,9 +67,9 @@ def detect_format(path: str) -> str:
     """Tell the format from the file's first bytes: Parquet magic, an engine's log or JSON responses, a
     Prometheus exposition, a step log (JSON objects), or else the flat form's CSV."""
     with open(path, "rb") as fh:
-        head = fh.read(_SNIFF_BYTES)
-    if head.startswith(b"PAR1"):
-        return "flat-parquet"
+        if fh.read(4) == b"PAR1":
+            return "flat-parquet"
+    head = textio.head(path, _SNIFF_BYTES)
     if engine_json.sniff(head):
         return "engine-json"
     if engine_log.sniff(head):

@@ -1,5 +1,6 @@
 """Engine outputs, built from the engines' own format strings (formats.md §2) with realistic values, mixed into
 noise, and malformed variants."""
+import gzip
 import json
 import os
 from datetime import datetime
@@ -7,6 +8,7 @@ from datetime import datetime
 import pytest
 
 from specmon.engines import EngineLogReader
+from specmon.formats import engine_log
 from specmon.ingest import detect_format, ingest_file
 from specmon.summary import summarize
 
@@ -275,3 +277,131 @@ def test_one_v0_line_without_a_prefix_is_a_window_from_the_engine_start(store, t
     res = ingest_file(store, write(tmp_path, "v0.log", [NOISE[2], line]))
     assert res.status == "stored" and res.steps == 1
     assert store.query("SELECT start_ts, drafts, draft_tokens FROM engine_windows") == [(None, 200.0, 1000.0)]
+
+
+# Lines as real users pasted them in public vLLM, llama.cpp and SGLang issues (copied verbatim; their sources are
+# in tests/data/engines/index.json, where the same lines sit in their files).
+REAL_V1_DEPTH_AFTER_MEAN = (
+    "(APIServer pid=1) INFO 09-04 11:01:16 [metrics.py:125] SpecDecoding metrics: Mean acceptance length: 6.82, "
+    "Current speculative depth: 7, Accepted throughput: 6.46 tokens/s, Drafted throughput: 7.77 tokens/s, Accepted: "
+    "256 tokens, Drafted: 308 tokens, Per-position acceptance rate: 1.000, 1.000, 1.000, 1.000, 0.795, 0.614, 0.409, "
+    "Avg Draft acceptance rate: 83.1%")
+REAL_V1_010 = (
+    "(APIServer pid=2236552) INFO 09-09 11:51:35 [metrics.py:96] SpecDecoding metrics: Draft acceptance rate: 88.8%, "
+    "Mean acceptance length: 5.44, Accepted throughput: 4.37 tokens/s, Drafted throughput: 4.92 tokens/s, Accepted: "
+    "262 tokens, Drafted: 295 tokens, Per-position acceptance rate: 0.983, 0.949, 0.915, 0.881, 0.712")
+REAL_V1_09 = (
+    "INFO 06-06 14:20:34 [metrics.py:86] SpecDecoding metrics: Draft acceptance rate: 38.8%, Mean acceptance length: "
+    "2.16, Accepted: 150 tokens, Drafted: 387 tokens, Per-position acceptance rate: 0.543, 0.357, 0.264")
+REAL_V1_08 = "Speculative metrics: Draft acceptance rate: 1.000, Number of accepted tokens: 66, Number of draft tokens: 66, "
+REAL_V0 = (
+    "INFO 10-16 19:05:47 metrics.py:367] Speculative metrics: Draft acceptance rate: 0.642, System efficiency: 0.598, "
+    "Number of speculative tokens: 3, Number of accepted tokens: 8547, Number of draft tokens: 13311, Number of "
+    "emitted tokens: 10616.")
+REAL_LLAMA_SERVER_3 = [
+    "0.06.896.015 I slot print_timing: id  1 | task 0 | draft acceptance = 0.64479 (  167 accepted /   259 generated), "
+    "mean acceptance length =  2.92, acceptance rate per position = (0.805, 0.632, 0.483)",
+    "0.06.896.057 I statistics     draft-eagle3: #calls(b,g,a) =    1     87     87, #gen drafts =     87, #acc drafts "
+    "=    70, #gen tokens =    259, #acc tokens =   167, #mean acc len = 2.92, #acc rate/pos = (0.805, 0.632, 0.483), "
+    "dur(b,g,a) = 0.005, 325.555, 0.114 ms"]
+REAL_SGLANG_OLD = ("[2025-10-22 10:27:57 TP0] Decode batch. #running-req: 1, #token: 108, token usage: 0.00, accept len: "
+                   "2.17, accept rate: 0.54, cuda graph: True, gen throughput (token/s): 0.39, #queue-req: 0, ")
+REAL_SGLANG_NEW = ("[2026-09-11 23:47:28 TP0 EP0] Decode batch, #running-req: 1, #full token: 0, full token usage: 0.00, "
+                   "#swa token: 0, swa token usage: 0.00, accept len: 3.08, accept rate: 0.41, cuda graph: True, gen "
+                   "throughput (token/s): 3.12, #queue-req: 0")
+NOW = datetime(2026, 11, 30, 12, 0)
+
+
+def read_lines(lines, now=NOW):
+    r = EngineLogReader("x.log", now)
+    for no, line in enumerate(lines, start=1):
+        r.feed(no, line)
+    r.finish()
+    return r.take()
+
+
+def test_vllm_v1_fields_are_read_by_name_in_every_release_shape():
+    (depth,), _ = read_lines([REAL_V1_DEPTH_AFTER_MEAN])
+    assert (depth.drafts, depth.k, depth.draft_tokens, depth.accepted_tokens) == (44, 7, 308, 256)
+    assert depth.accepted_per_position == [44, 44, 44, 44, 35, 27, 18]
+    assert depth.labels["current speculative depth"] == 7 and depth.reported_rate == pytest.approx(0.831)
+    (w010,), _ = read_lines([REAL_V1_010])  # 'Draft acceptance rate' first, no 'Avg Draft acceptance rate'
+    assert (w010.drafts, w010.k, w010.accepted_per_position) == (59, 5, [58, 56, 54, 52, 42])
+    assert w010.reported_rate == pytest.approx(0.888) and w010.mean_acceptance_length == 5.44
+    (w09,), _ = read_lines([REAL_V1_09])  # no throughputs
+    assert (w09.drafts, w09.accepted_per_position, w09.end_ts) == (129, [70, 46, 34], datetime(2026, 6, 6, 14, 20, 34))
+    (w08,), _ = read_lines([REAL_V1_08])  # V1's first per-interval line, under V0's phrase: not a running total
+    assert (w08.source, w08.draft_tokens, w08.accepted_tokens, w08.drafts, w08.k) == ("vllm-v1-0.8-log", 66, 66, None,
+                                                                                      None)
+
+
+def test_a_depth_that_changed_within_the_interval_takes_drafts_from_the_rates():
+    # Built from vLLM's format string: depth 2 printed, but 5 positions listed and 35 tokens drafted in 7 drafts
+    line = ("SpecDecoding metrics: Mean acceptance length: 3.00, Current speculative depth: 2, Accepted: 14 tokens, "
+            "Drafted: 35 tokens, Per-position acceptance rate: 0.714, 0.429, 0.286, 0.286, 0.286, Avg Draft "
+            "acceptance rate: 40.0%")
+    (w,), _ = read_lines([line])
+    assert w.drafts == 7 and w.accepted_per_position == [5, 3, 2, 2, 2]
+
+
+def test_vllm_v0_tokens_per_step_come_from_emitted_tokens():
+    (w,), faults = read_lines(["INFO 10-16 19:06:01 metrics.py:361] Prefix cache hit rate: GPU: 94.35%, CPU: 0.00%",
+                               REAL_V0][::-1])
+    assert not faults and w.start_ts is None and w.end_ts == datetime(2026, 10, 16, 19, 5, 47)
+    assert w.drafts == 4437 and w.k == 3
+    # V0 counts accepted positions after the first rejection too (8547): tokens per step are emitted / drafts
+    assert w.mean_acceptance_length == pytest.approx(10616 / 4437)
+    assert w.accepted_tokens == 10616 - 4437 and w.labels == {"v0 accepted tokens (any position)": 8547}
+    assert w.reported_rate == pytest.approx(8547 / 13311)
+
+
+def test_vllm_v0_with_zero_speculative_tokens_is_a_named_fault():
+    line = REAL_V0.replace("Number of speculative tokens: 3", "Number of speculative tokens: 0")
+    windows, faults = read_lines([line])
+    assert windows == [] and faults[0].field == "Number of speculative tokens" and "1 to 512" in faults[0].reason
+
+
+def test_llama_server_statistics_lines_are_not_counted_twice():
+    (w,), faults = read_lines(REAL_LLAMA_SERVER_3)
+    assert not faults and (w.drafts, w.k, w.accepted_per_position) == (87, 3, [70, 55, 42])
+
+
+def test_sglang_accept_rate_definition_is_inferred_where_only_one_fits():
+    (old,), _ = read_lines([REAL_SGLANG_OLD])
+    (new,), _ = read_lines([REAL_SGLANG_NEW])
+    assert old.labels == {"accept rate definition": "accept len / draft tokens"}  # 2.17 / 4 = 0.54
+    assert new.mean_acceptance_length == 3.08 and new.end_ts == datetime(2026, 9, 11, 23, 47, 28)
+    assert engine_log.sglang_rate_definition(3.08, 0.52) == "(accept len - 1) / draft tokens"  # 2.08 / 4
+    assert engine_log.sglang_rate_definition(2.0, 0.5) == "unknown"  # 2/4 and 1/2 both fit
+
+
+def test_dates_in_log_lines():
+    feb29 = REAL_V1_09.replace("06-06", "02-29")
+    (w,), _ = read_lines([feb29], now=datetime(2027, 3, 1))  # 2027 is not a leap year: the log is from 2024
+    assert w.end_ts == datetime(2024, 2, 29, 14, 20, 34)
+    # an impossible date on a line without speculative figures is no concern of specmon's
+    windows, faults = read_lines(["[2026-13-45 10:00:00] INFO something else", REAL_V1_09])
+    assert len(windows) == 1 and not faults
+    windows, faults = read_lines([REAL_SGLANG_NEW.replace("2026-09-11", "2026-13-45")])
+    assert windows == [] and faults[0].field == "time" and faults[0].line == 1
+
+
+def test_bounds_are_checked_before_anything_is_built():
+    many = REAL_V1_09.replace("0.543, 0.357, 0.264", ", ".join(["0.5"] * 600))
+    _, faults = read_lines([many])
+    assert faults[0].field == "Per-position acceptance rate" and "512" in faults[0].reason
+    huge = REAL_V1_09.replace("Accepted: 150", "Accepted: " + "9" * 400)
+    _, faults = read_lines([huge])
+    assert faults[0].field == "Accepted" and "2^53" in faults[0].reason
+    long = REAL_V1_09 + " " * (1 << 17)
+    _, faults = read_lines([long])
+    assert "longer than" in faults[0].reason
+
+
+def test_gzip_and_overlong_lines_in_a_file(tmp_path):
+    p = tmp_path / "server.log.gz"
+    with gzip.open(p, "wt") as fh:
+        fh.write(NOISE[0] + "\n" + REAL_V1_DEPTH_AFTER_MEAN + "\n" + "x" * (1 << 17) + "\n" + REAL_V1_09 + "\n")
+    assert detect_format(str(p)) == "engine-log"
+    windows, faults = engine_log.read(str(p), "server.log.gz", NOW)
+    assert [w.line for w in windows] == [2, 4] and not faults
