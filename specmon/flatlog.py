@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import duckdb
 
 from specmon.faults import Fault
+from specmon.limits import MAX_DRAFT_LEN, MAX_TOKEN_ID
 
 REQUIRED = ("request_id", "step", "position", "draft_token", "accepted")
 # column -> DuckDB type it must cast to; ts is handled on its own (ISO-8601, epoch seconds, or a timestamp).
@@ -120,6 +121,10 @@ def check(cur: duckdb.DuckDBPyConnection, flat: FlatFile, name: str) -> list[Fau
                 "SELECT line, 'ts', 'not an ISO-8601 timestamp or epoch seconds: ' || raw_ts FROM flat_typed "
                 "WHERE raw_ts IS NOT NULL AND raw_ts <> '' AND ts IS NULL"
             )
+            checks.append(
+                "SELECT line, 'ts', raw_ts || ' in UTC falls outside the years 1 to 9999' FROM flat_typed "
+                "WHERE NOT ts BETWEEN TIMESTAMP '0001-01-01' AND TIMESTAMP '9999-12-31 23:59:59.999999'"
+            )
         elif TYPES[c] != "VARCHAR":
             kind = {"BIGINT": "an integer", "BOOLEAN": "true or false", "DOUBLE": "a number"}[TYPES[c]]
             checks.append(
@@ -129,7 +134,10 @@ def check(cur: duckdb.DuckDBPyConnection, flat: FlatFile, name: str) -> list[Fau
     checks += [
         f"SELECT line, 'position', 'position ' || position || ' is below {base} (positions count from 1, or from 0 "
         f"throughout a file)' FROM flat_typed WHERE position < {base}",
-        "SELECT line, 'draft_token', 'token id ' || draft_token || ' is negative' FROM flat_typed WHERE draft_token < 0",
+        f"SELECT line, 'draft_token', 'token id ' || draft_token || ' is outside 0..{MAX_TOKEN_ID}' FROM flat_typed "
+        f"WHERE draft_token < 0 OR draft_token > {MAX_TOKEN_ID}",
+        f"SELECT line, 'position', 'position ' || position || ' is beyond the {MAX_DRAFT_LEN} draft positions specmon "
+        f"reads' FROM flat_typed WHERE position - {base} + 1 > {MAX_DRAFT_LEN}",
         "SELECT line, 'step', 'step ' || step || ' is negative' FROM flat_typed WHERE step < 0",
     ]
     for c in _PROBABILITY_COLUMNS:

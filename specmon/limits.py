@@ -7,6 +7,8 @@ from __future__ import annotations
 
 # Draft positions of one step: the store keeps a position as SMALLINT.
 MAX_DRAFT_LEN = 32767
+# Token ids are INTEGER in the store (vocabularies are far smaller).
+MAX_TOKEN_ID = 2 ** 31 - 1
 # Draft length (k) an engine may report; per-position lists of engine windows are at most this long. Real
 # configurations draft at most a few dozen tokens (EAGLE trees up to 64); 512 leaves room without letting a
 # 200-byte response claim millions of positions.
@@ -17,5 +19,3 @@ MAX_COUNT = 2 ** 53
 MAX_ENGINE_LINE_BYTES = 1 << 16
 # One line of a step log or of an engine's JSON responses (a step with dense distributions belongs in Parquet).
 MAX_JSON_LINE_BYTES = 1 << 25
-# Nesting of JSON objects and arrays in one line (the step-log contract needs 3 levels).
-MAX_JSON_DEPTH = 64

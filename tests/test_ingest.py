@@ -214,3 +214,33 @@ def test_concurrent_ingests_in_one_process_lose_nothing_and_count_nothing_twice(
     assert counts(store) == (3, 3, 60000, 240000)
     assert store.query("SELECT count(DISTINCT step_id) FROM steps")[0][0] == 60000
     assert not glob.glob(f"{store.path}.stage-*")
+
+
+# Values no column can hold, and sizes no reader may allocate: one bad row among many good ones is a named fault;
+# without --skip-bad the file stores nothing, with it the good rows are stored and the bad one reported.
+HOSTILE_STEPS = [
+    ("token id >= 2^31", {"draft_tokens": [2 ** 31], "accepted": 0}, "draft_tokens", "token ids"),
+    ("k >= 2^31", {"k": 2 ** 31}, "k", "1 to 32767"),
+    ("a draft of 32768 tokens", {"draft_tokens": [1] * 32768, "accepted": 0}, "draft_tokens", "32767"),
+    ("year 1 shifted out of the calendar", {"ts": "0001-01-01T00:00:00+05:00"}, "ts", "years 1 to 9999"),
+    ("year 9999 shifted out of the calendar", {"ts": "9999-12-31T23:59:59-05:00"}, "ts", "years 1 to 9999"),
+    ("a large negative epoch", {"ts": -62135596801}, "ts", "years 1 to 9999"),
+    ("an epoch of 1e20", {"ts": 1e20}, "ts", "not epoch seconds"),
+    ("unknown fields nested 300 deep", {"deep": json.loads('{"a":' * 300 + "1" + "}" * 300)}, "deep", "nested"),
+]
+
+
+@pytest.mark.parametrize("label,change,field,reason", HOSTILE_STEPS, ids=[h[0] for h in HOSTILE_STEPS])
+def test_hostile_step_values_are_named_faults_and_skip_bad_keeps_the_good_rows(store, tmp_path, label, change, field,
+                                                                              reason):
+    good = [{"request_id": f"r{i % 7}", "draft_tokens": [1, 2], "accepted": i % 3} for i in range(3000)]
+    bad = {"request_id": "bad", "draft_tokens": [1], "accepted": 0, **change}
+    raw_bad = json.dumps(bad).encode() + b"\n"  # orjson itself refuses to write 300 levels
+    path = write_jsonl(tmp_path / "h.jsonl", good[:1500] + [raw_bad] + good[1500:])
+    res = ingest_file(store, path)
+    assert res.status == "rejected" and counts(store) == (0, 0, 0, 0)
+    assert (res.faults[0].line, res.faults[0].field) == (1501, field) and reason in res.faults[0].reason
+    res = ingest_file(store, path, skip_bad=True, report_path=str(tmp_path / "rep.jsonl"))
+    assert res.status == "stored" and res.steps == 3000 and res.rejected == 1
+    assert json.loads((tmp_path / "rep.jsonl").read_text())["line"] == 1501
+    summarize(store)  # every stored value reads back
