@@ -405,3 +405,21 @@ def test_gzip_and_overlong_lines_in_a_file(tmp_path):
     assert detect_format(str(p)) == "engine-log"
     windows, faults = engine_log.read(str(p), "server.log.gz", NOW)
     assert [w.line for w in windows] == [2, 4] and not faults
+
+
+@pytest.mark.parametrize("sample,field,reason", [
+    ('vllm:spec_decode_num_drafts_total{engine="0"} -50', "vllm:spec_decode_num_drafts_total", "count >= 0"),
+    ('vllm:spec_decode_num_drafts_total{engine="0"} +Inf', "vllm:spec_decode_num_drafts_total", "finite"),
+    ('vllm:spec_decode_num_drafts_total{engine="0"} 5 99999999999999999999', "vllm:spec_decode_num_drafts_total",
+     "years 1 to 9999"),
+    ('vllm:spec_decode_num_drafts_total{engine="0"} 5 -99999999999999', "vllm:spec_decode_num_drafts_total",
+     "years 1 to 9999"),
+])
+def test_impossible_counter_samples_are_named_faults(store, tmp_path, sample, field, reason):
+    p = tmp_path / "metrics.txt"
+    p.write_text('vllm:spec_decode_num_drafts_total{engine="0"} 10 1796032800000\n' + sample + "\n")
+    res = ingest_file(store, str(p))
+    assert res.status == "rejected" and (res.faults[0].line, res.faults[0].field) == (2, field)
+    assert reason in res.faults[0].reason
+    assert ingest_file(store, str(p), skip_bad=True, report_path=str(tmp_path / "r.jsonl")).status == "stored"
+    assert store.query("SELECT count(*) FROM counter_samples") == [(1,)]
