@@ -1,4 +1,5 @@
-"""Prometheus: the text exposition format (a saved /metrics page) and the HTTP API (`specmon pull`).
+"""Prometheus: the speculative-decoding metrics, their samples, and the HTTP API (`specmon pull`); saved pages
+(the text exposition format) are read by specmon.formats.prometheus_text.
 
 specmon keeps the raw samples of the speculative-decoding counters (vLLM's, and llama.cpp's that mirror them)
 and takes differences between consecutive samples of the same series itself, so a saved page, a series of
@@ -9,25 +10,19 @@ SGLang's spec_accept_length and spec_accept_rate are gauges: kept as samples, ne
 from __future__ import annotations
 
 import json
-import math
-import re
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 
 import pandas as pd
 
-from specmon.faults import Fault, RowFault, SpecmonError
-from specmon.formats import textio
-from specmon.limits import MAX_ENGINE_LINE_BYTES
+from specmon.faults import SpecmonError
 
 COUNTERS = ("spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total",
             "spec_decode_num_accepted_tokens_total", "spec_decode_num_accepted_tokens_per_pos_total")
 GAUGES = ("sglang:spec_accept_length", "sglang:spec_accept_rate")
 PREFIXES = ("vllm:", "llamacpp:")
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+(-?\d+))?\s*$")
-_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"\s*(?:,|$)')
 
 
 @dataclass(frozen=True)
@@ -44,76 +39,6 @@ class Sample:
 
 def wanted(metric: str) -> bool:
     return metric in GAUGES or any(metric == p + c for p in PREFIXES for c in COUNTERS)
-
-
-def _labels(text: str | None) -> dict | None:
-    if not text:
-        return {}
-    out, pos = {}, 0
-    while pos < len(text):
-        m = _LABEL.match(text, pos)
-        if not m:
-            return None
-        out[m.group(1)] = m.group(2).replace('\\"', '"').replace("\\\\", "\\")
-        pos = m.end()
-    return out
-
-
-# Sample timestamps (milliseconds) that fall within the years 1 to 9999.
-_MIN_MS, _MAX_MS = -62135596800000, 253402300799999
-
-
-def _sample(line: str, scrape_ts: datetime) -> Sample | None:
-    """One wanted sample of a line, None for other metrics; raises RowFault naming the metric."""
-    m = _SAMPLE.match(line.strip())
-    metric = m.group(1) if m else line.split("{")[0].split()[0]
-    if not wanted(metric):
-        return None
-    labels = _labels(m.group(2)) if m else None
-    if labels is None:
-        raise RowFault(metric, "a speculative-decoding sample that does not parse")
-    try:
-        value = float(m.group(3))
-    except ValueError:
-        raise RowFault(metric, f"value {m.group(3)[:40]!r} is not a number") from None
-    if not math.isfinite(value) or (metric not in GAUGES and value < 0):
-        raise RowFault(metric, f"value {value:g}: a counter is a finite count >= 0")
-    if m.group(4) is None:
-        return Sample(metric, labels, scrape_ts, value)
-    ms = int(m.group(4)) if len(m.group(4)) <= 16 else _MAX_MS + 1
-    if not _MIN_MS <= ms <= _MAX_MS:
-        raise RowFault(metric, f"timestamp {m.group(4)[:24]} ms is outside the years 1 to 9999")
-    return Sample(metric, labels, datetime(1970, 1, 1) + timedelta(milliseconds=ms), value)
-
-
-def parse_exposition(path: str, name: str, scrape_ts: datetime) -> tuple[list[Sample], list[Fault]]:
-    """The speculative-decoding samples of a text exposition (plain or gzip). Samples without their own timestamp
-    get scrape_ts (the file's modification time, for a saved page); with timestamps, one file can hold a series."""
-    samples, faults = [], []
-    try:
-        for no, raw, too_long in textio.lines(path, MAX_ENGINE_LINE_BYTES):
-            line = raw.decode("utf-8", "replace")
-            if not line.strip() or line.startswith("#"):
-                continue
-            if too_long:
-                if any(line.startswith(p) for p in PREFIXES + ("sglang:",)):
-                    faults.append(Fault(name, no, "", f"line longer than {MAX_ENGINE_LINE_BYTES} bytes"))
-                continue
-            try:
-                sample = _sample(line, scrape_ts)
-            except RowFault as exc:
-                faults.append(Fault(name, no, exc.field, exc.reason))
-                continue
-            if sample is not None:
-                samples.append(sample)
-    except textio.Unreadable as exc:
-        return [], [Fault(name, 0, "", str(exc))]
-    return samples, faults
-
-
-def sniff(head: bytes) -> bool:
-    text = head.decode("utf-8", "replace")
-    return any(f"{p}{c}" in text for p in PREFIXES for c in COUNTERS) or any(g in text for g in GAUGES)
 
 
 def counter_windows(samples: pd.DataFrame) -> pd.DataFrame:

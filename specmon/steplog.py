@@ -83,7 +83,7 @@ def _int_list(obj: dict, field: str) -> list[int]:
         raise RowFault(field, f"{len(v)} tokens; specmon reads steps of up to {MAX_DRAFT_LEN}")
     for i, t in enumerate(v):
         if type(t) is not int or not 0 <= t <= MAX_TOKEN_ID:
-            raise RowFault(field, f"item {i} is {str(t)[:40]}; token ids are integers from 0 to {MAX_TOKEN_ID}")
+            raise RowFault(field, f"item {i} is {repr(t)[:40]}; token ids are integers from 0 to {MAX_TOKEN_ID}")
     return v
 
 

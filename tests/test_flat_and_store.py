@@ -106,7 +106,7 @@ def test_skip_bad_drops_the_whole_step_of_a_bad_row(store, tmp_path):
     res = ingest_file(store, str(tmp_path / "bad.parquet"), skip_bad=True, report_path=str(report))
     assert (res.steps, res.rejected) == (9, 4)
     lines = report.read_text().splitlines()
-    assert '"line":6' in lines[1] and "negative" in lines[1]  # Parquet: line = row number, from 1
+    assert '"line":6' in lines[1] and "outside 0.." in lines[1]  # Parquet: line = row number, from 1
 
 
 def test_migrations_upgrade_an_older_file_and_refuse_a_newer_one(tmp_path):

@@ -12,10 +12,12 @@ from datetime import datetime, timezone
 
 from specmon import jsonlines
 from specmon.faults import Fault, RowFault
-from specmon.formats.engine_log import EngineWindow
+from specmon.formats.engine_window import EngineWindow, WindowReader
 from specmon.limits import MAX_COUNT, MAX_ENGINE_K
 
-FORMAT = "engine-json"
+FORMATS = ("engine-json",)
+SOURCE = "engine"
+SNIFF_ORDER = 10
 # Epoch seconds of 0001-01-02 and 9999-12-30: a `created` outside cannot be a date.
 _MIN_EPOCH, _MAX_EPOCH = -62135510400, 253402041600
 
@@ -128,11 +130,19 @@ def read(path: str, name: str) -> tuple[list[EngineWindow], list[Fault]]:
     return windows, faults
 
 
-def sniff(head: bytes) -> bool:
-    """Whether the first bytes look like engine responses (a JSON object mentioning their figures)."""
+def sniff(head: bytes) -> str | None:
+    """Engine responses: JSON whose first object mentions their figures."""
     text = head.decode("utf-8", "replace").lstrip()
     if text[:1] not in ("{", "["):
-        return False
+        return None
     first = text[:4096]
-    return "speculative_decoding" in first or '"timings"' in first or ('"draft_n"' in first and
-                                                                         '"predicted_n"' in first)
+    found = "speculative_decoding" in first or '"timings"' in first or ('"draft_n"' in first and
+                                                                          '"predicted_n"' in first)
+    return FORMATS[0] if found else None
+
+
+class Reader(WindowReader):
+    NOTHING = "no vLLM speculative_decoding metrics or llama-server timings with drafts in these responses"
+
+    def read(self) -> tuple[list[EngineWindow], list[Fault]]:
+        return read(self.job.path, self.job.name)

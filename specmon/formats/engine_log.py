@@ -27,14 +27,16 @@ from __future__ import annotations
 import calendar
 import math
 import re
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from specmon.faults import Fault, RowFault
 from specmon.formats import textio
+from specmon.formats.engine_window import EngineWindow, WindowReader
 from specmon.limits import MAX_COUNT, MAX_ENGINE_K, MAX_ENGINE_LINE_BYTES
 
-FORMAT = "engine-log"
+FORMATS = ("engine-log",)
+SOURCE = "engine"
+SNIFF_ORDER = 20
 
 _NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 _VLLM_TS = re.compile(r"(?:^|\s)[A-Z]+ (\d{2})-(\d{2}) (\d{2}):(\d{2}):(\d{2})")
@@ -53,23 +55,6 @@ LLAMA_SERVER = "draft acceptance"
 ACC_PER_POS = "acc per pos"
 SGLANG = "Decode batch"
 KEY_PHRASES = (V1, V0, LLAMA_SERVER, ACC_PER_POS)
-
-
-@dataclass
-class EngineWindow:
-    engine: str  # vllm, llama.cpp or sglang
-    source: str  # which of the engine's outputs
-    line: int
-    end_ts: datetime | None  # None: the log gave no time (the ingest time is used)
-    start_ts: datetime | None = None
-    drafts: float | None = None  # verification steps that drafted
-    draft_tokens: float | None = None
-    accepted_tokens: float | None = None  # tokens of accepted prefixes
-    accepted_per_position: list[float] | None = None  # drafts whose accepted prefix reached position i (1..k)
-    k: int | None = None
-    mean_acceptance_length: float | None = None  # as reported (tokens per step, bonus included)
-    reported_rate: float | None = None  # the engine's own rate, as a fraction, in its own definition
-    labels: dict = field(default_factory=dict)
 
 
 # ---- values ---------------------------------------------------------------------------------------------------
@@ -485,8 +470,16 @@ def read(path: str, name: str, now: datetime | None = None) -> tuple[list[Engine
     return reader.take()
 
 
-def sniff(head: bytes) -> bool:
-    """Whether the first bytes hold an engine's speculative-decoding line."""
+def sniff(head: bytes) -> str | None:
+    """An engine's speculative-decoding line in the first bytes."""
     text = head.decode("utf-8", "replace")
-    return any(p in text for p in KEY_PHRASES) or (SGLANG in text and "accept len" in text) \
+    found = any(p in text for p in KEY_PHRASES) or (SGLANG in text and "accept len" in text) \
         or re.search(r"^\s*n_drafted\s*=", text, re.M) is not None
+    return FORMATS[0] if found else None
+
+
+class Reader(WindowReader):
+    NOTHING = "no speculative-decoding lines of vLLM, llama.cpp or SGLang in this log"
+
+    def read(self) -> tuple[list[EngineWindow], list[Fault]]:
+        return read(self.job.path, self.job.name, self.job.ingest_time)
