@@ -1,5 +1,6 @@
 """Ingest of the step log: every fault names file, line and field, and leaves the database as it was."""
 import glob
+import gzip
 import json
 import math
 
@@ -9,6 +10,7 @@ import orjson
 import pytest
 
 from specmon import sampler
+from specmon.faults import SpecmonError
 from specmon.ingest import ingest_file
 from specmon.store import Store
 from specmon.summary import summarize
@@ -244,3 +246,49 @@ def test_hostile_step_values_are_named_faults_and_skip_bad_keeps_the_good_rows(s
     assert res.status == "stored" and res.steps == 3000 and res.rejected == 1
     assert json.loads((tmp_path / "rep.jsonl").read_text())["line"] == 1501
     summarize(store)  # every stored value reads back
+
+
+def test_bom_and_gzip_just_work(store, tmp_path):
+    steps = [{"request_id": f"r{i}", "draft_tokens": [1, 2], "accepted": i % 3} for i in range(50)]
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + b"".join(orjson.dumps(s) + b"\n" for s in steps))
+    packed = tmp_path / "steps.jsonl.gz"
+    packed.write_bytes(gzip.compress(b"".join(orjson.dumps({**s, "template": "gz"}) + b"\n" for s in steps)))
+    unnamed = tmp_path / "steps-gzip-without-suffix"
+    unnamed.write_bytes(gzip.compress(b"".join(orjson.dumps({**s, "template": "gz2"}) + b"\n" for s in steps)))
+    csv_bom = tmp_path / "excel.csv"  # Excel's "CSV UTF-8"
+    csv_bom.write_bytes(b"\xef\xbb\xbfrequest_id,step,position,draft_token,accepted\r\n"
+                        + b"".join(f"c{i},{i},1,5,{'true' if i % 2 else 'false'}\r\n".encode() for i in range(20)))
+    csv_gz = tmp_path / "flat.csv.gz"
+    csv_gz.write_bytes(gzip.compress(b"request_id,step,position,draft_token,accepted\n"
+                                     + b"".join(f"z{i},{i},1,5,true\n".encode() for i in range(10))))
+    results = [ingest_file(store, str(p)) for p in (bom, packed, unnamed, csv_bom, csv_gz)]
+    assert [(r.status, r.source_format, r.steps) for r in results] == [
+        ("stored", "steplog-jsonl", 50), ("stored", "steplog-jsonl", 50), ("stored", "steplog-jsonl", 50),
+        ("stored", "flat-csv", 20), ("stored", "flat-csv", 10)]
+
+
+@pytest.mark.parametrize("content,seen", [
+    (b'[{"request_id": "r", "draft_tokens": [1], "accepted": 1}]\n', "a JSON array"),
+    (b"1\n2\n3\n", "lines of JSON values (int)"),
+    (bytes(range(256)) * 8, "binary data"),
+    (b"INFO 11-29 10:00:00 [api_server.py:1090] Starting vLLM API server on http://0.0.0.0:8000\n"
+     b"INFO:     127.0.0.1:51234 - \"POST /v1/completions HTTP/1.1\" 200 OK\n", "without speculative-decoding lines"),
+    (b"when,what,who\n1,2,3\n", "a CSV file with the columns when, what, who"),
+])
+def test_a_file_no_format_claims_is_named_for_what_it_looks_like(store, tmp_path, content, seen):
+    path = tmp_path / "input.jsonl"
+    path.write_bytes(content)
+    res = ingest_file(store, str(path))
+    assert res.status == "rejected" and seen in res.faults[0].reason and "specmon reads step logs" in res.faults[0].reason
+    assert counts(store) == (0, 0, 0, 0)
+
+
+def test_an_empty_file_is_nothing_to_ingest_and_a_directory_is_named(store, tmp_path):
+    for name in ("empty.jsonl", "blank.jsonl", "other-empty.csv"):
+        (tmp_path / name).write_bytes(b"\n\n" if name == "blank.jsonl" else b"")
+        res = ingest_file(store, str(tmp_path / name))
+        assert res.status == "nothing to ingest" and "empty" in res.notes[0]
+    assert counts(store) == (0, 0, 0, 0)  # no run, no ingest: a later empty file is not "already ingested"
+    with pytest.raises(SpecmonError, match="is a directory"):
+        ingest_file(store, str(tmp_path))
