@@ -423,3 +423,16 @@ def test_impossible_counter_samples_are_named_faults(store, tmp_path, sample, fi
     assert reason in res.faults[0].reason
     assert ingest_file(store, str(p), skip_bad=True, report_path=str(tmp_path / "r.jsonl")).status == "stored"
     assert store.query("SELECT count(*) FROM counter_samples") == [(1,)]
+
+
+def test_a_saved_pretty_printed_timings_object_is_one_response(store, tmp_path):
+    # `curl ... | jq .timings` as a llama.cpp user pasted it (tests/data/engines/llama-timings-1.json)
+    p = tmp_path / "timings.json"
+    p.write_text('{\n  "prompt_n": 1,\n  "prompt_ms": 228.522,\n  "prompt_per_token_ms": 228.522,\n  "prompt_per_second": '
+                 '4.375946298387026,\n  "predicted_n": 200,\n  "predicted_ms": 11082.606,\n  "predicted_per_token_ms": '
+                 '55.41303,\n  "predicted_per_second": 18.0462970532382,\n  "draft_n": 347,\n  "draft_n_accepted": 65\n}\n')
+    assert detect_format(str(p)) == "engine-json"
+    res = ingest_file(store, str(p))
+    assert res.status == "stored"
+    assert store.query("SELECT source, drafts, draft_tokens, accepted_tokens FROM engine_windows") == [
+        ("llama-timings", None, 347.0, 65.0)]

@@ -21,12 +21,17 @@ def open_binary(path: str) -> IO[bytes]:
 
 
 def head(path: str, size: int) -> bytes:
-    """Up to `size` first bytes of the content (decompressed), without a BOM; b"" where gzip is corrupt."""
+    """Up to `size` first bytes of the content (decompressed), without a BOM; b"" where gzip is corrupt. Read in
+    chunks, so a small file never costs a buffer of `size`."""
+    chunks, got = [], 0
     try:
         with open_binary(path) as fh:
-            data = fh.read(size)
+            while got < size and (chunk := fh.read(min(1 << 20, size - got))):
+                chunks.append(chunk)
+                got += len(chunk)
     except (OSError, EOFError, zlib.error):
         return b""
+    data = b"".join(chunks)
     return data[len(BOM):] if data.startswith(BOM) else data
 
 
