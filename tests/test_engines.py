@@ -436,3 +436,37 @@ def test_a_saved_pretty_printed_timings_object_is_one_response(store, tmp_path):
     assert res.status == "stored"
     assert store.query("SELECT source, drafts, draft_tokens, accepted_tokens FROM engine_windows") == [
         ("llama-timings", None, 347.0, 65.0)]
+
+
+REAL_LLAMA_SERVER_MTP = [  # two requests on one slot (tests/data/engines/llama-server-5.log, lines 1 and 5-7, 36-39)
+    "2026-05-14 22:40:29.046 | slot print_timing: id  3 | task 0 | ",
+    "2026-05-14 22:40:29.046 | draft acceptance rate = 0.98260 ( 1186 accepted /  1207 generated)",
+    "2026-05-14 22:40:29.046 | statistics mtp: #calls(b,g,a) = 1 861 690, #gen drafts = 690, #acc drafts = 690, "
+    "#gen tokens = 1207, #acc tokens = 1186, dur(b,g,a) = 0.006, 3112.317, 0.287 ms",
+    "2026-05-14 22:40:29.046 | slot      release: id  3 | task 0 | stop processing: n_tokens = 2180, truncated = 0",
+    "2026-05-14 22:40:43.119 | slot print_timing: id  3 | task 921 | ",
+    "2026-05-14 22:40:43.119 | draft acceptance rate = 1.00000 (    6 accepted /     6 generated)",
+    "2026-05-14 22:40:43.119 | statistics mtp: #calls(b,g,a) = 2 864 693, #gen drafts = 693, #acc drafts = 693, "
+    "#gen tokens = 1213, #acc tokens = 1192, dur(b,g,a) = 0.007, 3124.913, 0.287 ms",
+    "2026-05-14 22:40:43.119 | slot      release: id  3 | task 921 | stop processing: n_tokens = 20, truncated = 0"]
+
+
+def test_llama_server_statistics_lines_give_the_drafts_a_request_line_lacks():
+    windows, faults = read_lines(REAL_LLAMA_SERVER_MTP)
+    assert not faults and [(w.drafts, w.draft_tokens, w.accepted_tokens) for w in windows] == [(690, 1207, 1186),
+                                                                                               (3, 6, 6)]
+    assert windows[0].end_ts == datetime(2026, 5, 14, 22, 40, 29)
+    # without the first request the second one's increment is unknown: drafts stay null
+    windows, _ = read_lines(REAL_LLAMA_SERVER_MTP[4:])
+    assert windows[0].drafts is None
+    # split anywhere, the same
+    for cut in range(len(REAL_LLAMA_SERVER_MTP) + 1):
+        first = EngineLogReader("x.log", NOW)
+        for no, line in enumerate(REAL_LLAMA_SERVER_MTP[:cut], start=1):
+            first.feed(no, line)
+        got = first.take()[0]
+        second = EngineLogReader("x.log", NOW, state=json.loads(json.dumps(first.state())))
+        for no, line in enumerate(REAL_LLAMA_SERVER_MTP[cut:], start=cut + 1):
+            second.feed(no, line)
+        second.finish()
+        assert [w.drafts for w in got + second.take()[0]] == [690, 3]

@@ -15,7 +15,10 @@ How each engine's figures become counts (the README's engine table says the same
   accepted even after the first rejection, so accepted-prefix tokens are emitted - drafts (each step emits its
   accepted prefix and one more token) and L = emitted / drafts; V0's own count is kept as a label.
 - llama-server prints, per request, accepted / generated draft tokens and the mean acceptance length (1 +
-  accepted / drafts): drafts = accepted / (sum of per-position rates) or accepted / (L - 1), rounded.
+  accepted / drafts): drafts = accepted / (sum of per-position rates) or accepted / (L - 1), rounded. Where a
+  line gives no length, the `statistics <drafter>: #calls(b,g,a) = B ..., #gen drafts = N, ...` lines after it
+  (running totals of the slot's drafter, B counting requests) give the request's drafts as the difference from
+  that drafter's previous line (or N itself when B is 1), used only where their token counts match the request's.
 - llama.cpp's examples print n_drafted and n_accept; their n_draft is the final draft length, which an adaptive
   (heuristic) run changes as it goes, so it is kept as a label, not taken for k.
 - SGLang prints gauges: accept len (tokens per step, bonus included) and, in most releases, accept rate, whose
@@ -47,6 +50,9 @@ _LLAMA_COUNTS = re.compile(r"\(\s*(\d+) accepted /\s*(\d+) generated\)")
 _LLAMA_RATE = re.compile(r"draft acceptance(?: rate)? = (" + _NUM + ")")
 _LLAMA_MEAN = re.compile(r"mean (?:acceptance length|len) =\s*(" + _NUM + ")")
 _LLAMA_PER_POS = re.compile(r"(?:acceptance rate per position|acc per pos) = \(([^)]*)\)")
+_LLAMA_SLOT = re.compile(r"print_timing: id\s+(\d+)")
+_LLAMA_STATS = re.compile(r"\bstatistics\s+([\w.-]+):(.*)")
+_LLAMA_CALLS = re.compile(r"#calls\(b,g,a\)\s*=\s*(\d+)\s+\d+\s+\d+")
 _LLAMA_EXAMPLE = re.compile(r"^\s*(n_draft|n_predict|n_drafted|n_accept|accept)\s*=\s*(" + _NUM + r")%?\s*$")
 
 V1 = "SpecDecoding metrics:"
@@ -331,6 +337,10 @@ class EngineLogReader:
         self._example: dict[str, str] = dict(state.get("example", {}))
         pending = state.get("pending")
         self._pending: EngineWindow | None = _window_from_state(pending) if pending else None
+        self._slot: str = state.get("slot", "")  # the llama-server slot of the last print_timing line
+        self._stats: dict[str, list[int]] = {k: list(v) for k, v in state.get("stats", {}).items()}
+        self._pending_stats: list[list[int] | None] = [None if x is None else list(x)
+                                                       for x in state.get("pending_stats", [])]
         self._windows: list[EngineWindow] = []
         self._faults: list[Fault] = []
 
@@ -338,7 +348,9 @@ class EngineLogReader:
         """A JSON-serialisable carry-over: EngineLogReader(name, now, state=r.state()) continues where r stopped."""
         return {"v0": {p: list(v) for p, v in self._v0.items()}, "v1_last": dict(self._v1_last),
                 "example": dict(self._example),
-                "pending": _window_state(self._pending) if self._pending else None}
+                "pending": _window_state(self._pending) if self._pending else None, "slot": self._slot,
+                "stats": {k: list(v) for k, v in self._stats.items()},
+                "pending_stats": [None if x is None else list(x) for x in self._pending_stats]}
 
     def take(self) -> tuple[list[EngineWindow], list[Fault]]:
         """The windows and faults found since the last take (a window still waiting for a line is kept back)."""
@@ -351,9 +363,42 @@ class EngineLogReader:
         self._release()
 
     def _release(self) -> None:
+        w, stats = self._pending, self._pending_stats
+        self._pending, self._pending_stats = None, []
+        if w is None:
+            return
+        if w.drafts is None and stats and None not in stats and sum(x[1] for x in stats) == w.draft_tokens \
+                and sum(x[2] for x in stats) == w.accepted_tokens and sum(x[0] for x in stats) > 0:
+            w.drafts = float(sum(x[0] for x in stats))
+            w.labels["drafts from"] = "llama.cpp statistics lines"
+        self._windows.append(w)
+
+    def _statistics(self, line: str) -> bool:
+        """A llama-server `statistics <drafter>:` line: running totals of the slot's drafter. Returns whether the
+        line was one; its increment since that drafter's previous line goes with the window waiting for it."""
+        m = _LLAMA_STATS.search(line)
+        if not m:
+            return False
+        rest = m.group(2)
+        calls = _LLAMA_CALLS.search(rest)
+        found = [re.search(re.escape(key) + r"\s*=\s*(\d+)", rest) for key in
+                 ("#gen drafts", "#gen tokens", "#acc tokens")]
+        if calls is None or None in found:
+            return True  # an older statistics line without the request count: nothing to learn from it
+        begins = count("#calls(b,g,a)", calls.group(1))
+        totals = [count(key, f.group(1)) for key, f in zip(("#gen drafts", "#gen tokens", "#acc tokens"), found)]
+        key = f"{self._slot}/{m.group(1)}"
+        prev = self._stats.get(key)
+        self._stats[key] = [begins] + totals
+        if begins == 1:
+            increment = totals
+        elif prev is not None and begins == prev[0] + 1 and all(t >= p for t, p in zip(totals, prev[1:])):
+            increment = [t - p for t, p in zip(totals, prev[1:])]
+        else:
+            increment = None  # requests of this drafter were not all in this log
         if self._pending is not None:
-            self._windows.append(self._pending)
-            self._pending = None
+            self._pending_stats.append(increment)
+        return True
 
     def feed(self, line_no: int, line: str, *, cut: bool = False) -> None:
         """Read one complete line (with or without its newline). cut: the line was longer than the bound and this
@@ -371,6 +416,11 @@ class EngineLogReader:
             self._faults.append(Fault(self.name, line_no, exc.field, f"{_kind(line)}: {exc.reason}"))
 
     def _line(self, no: int, line: str) -> None:
+        slot = _LLAMA_SLOT.search(line)
+        if slot:
+            self._slot = slot.group(1)
+        if self._statistics(line):
+            return
         if ACC_PER_POS in line:
             w, self._pending = self._pending, None
             if w is None or w.drafts is None or w.accepted_per_position is not None:
