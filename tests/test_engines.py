@@ -470,3 +470,21 @@ def test_llama_server_statistics_lines_give_the_drafts_a_request_line_lacks():
             second.feed(no, line)
         second.finish()
         assert [w.drafts for w in got + second.take()[0]] == [690, 3]
+
+
+def test_a_response_created_in_1e20_is_a_named_fault_and_skip_bad_keeps_the_rest(store, tmp_path):
+    good = {"id": "cmpl-1", "created": 1796032800, "metrics": {"speculative_decoding": {
+        "num_spec_steps": 10, "num_draft_tokens": 30, "num_accepted_draft_tokens": 18, "num_spec_tokens": 3}}}
+    path = tmp_path / "responses.jsonl"
+    path.write_text(json.dumps(good) + "\n" + json.dumps({**good, "id": "cmpl-2", "created": 1e20}) + "\n")
+    res = ingest_file(store, str(path))
+    assert res.status == "rejected" and (res.faults[0].line, res.faults[0].field) == (2, "created")
+    res = ingest_file(store, str(path), skip_bad=True, report_path=str(tmp_path / "r.jsonl"))
+    assert (res.status, res.steps, res.rejected) == ("stored", 1, 1)
+
+
+def test_a_corrupt_gzip_log_is_named(store, tmp_path):
+    path = tmp_path / "server.log.gz"
+    path.write_bytes(gzip.compress(((REAL_V1_09 + "\n") * 50).encode())[:60])
+    res = ingest_file(store, str(path))
+    assert res.status == "rejected" and "gzip" in res.faults[0].reason
