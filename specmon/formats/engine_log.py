@@ -208,7 +208,7 @@ def _vllm_v1(f: dict[str, str], no: int, ts: datetime | None) -> EngineWindow | 
                         _counts(per_pos, drafts), k, mean_len, rate, labels)
 
 
-def _vllm_v0(f: dict[str, str], no: int, ts: datetime | None) -> tuple[int, int, int, int | None]:
+def _vllm_v0(f: dict[str, str]) -> tuple[int, int, int, int | None]:
     """(k, draft tokens, emitted tokens, V0's accepted count or None): running totals."""
     k = depth("Number of speculative tokens", count("Number of speculative tokens",
                                                     f.get("number of speculative tokens")))
@@ -241,8 +241,9 @@ def _vllm_v1_interval(f: dict[str, str], no: int, ts: datetime | None) -> Engine
     k = depth("Number of speculative tokens", count("Number of speculative tokens", f["number of speculative tokens"])) \
         if "number of speculative tokens" in f else None
     drafts = drafted / k if k else None
+    rate = number("Draft acceptance rate", f["draft acceptance rate"]) if "draft acceptance rate" in f else None
     return EngineWindow("vllm", "vllm-v1-0.8-log", no, ts, None, drafts, float(drafted), float(accepted), None, k,
-                        1 + accepted / drafts if drafts else None, accepted / drafted)
+                        1 + accepted / drafts if drafts else None, rate)
 
 
 def _llama_server(line: str, no: int, ts: datetime | None) -> EngineWindow:
@@ -416,10 +417,10 @@ class EngineLogReader:
             self._faults.append(Fault(self.name, line_no, exc.field, f"{_kind(line)}: {exc.reason}"))
 
     def _line(self, no: int, line: str) -> None:
-        slot = _LLAMA_SLOT.search(line)
+        slot = _LLAMA_SLOT.search(line) if "print_timing" in line else None
         if slot:
             self._slot = slot.group(1)
-        if self._statistics(line):
+        if "statistics" in line and self._statistics(line):
             return
         if ACC_PER_POS in line:
             w, self._pending = self._pending, None
@@ -467,7 +468,7 @@ class EngineLogReader:
             if w is not None:
                 self._windows.append(w)
             return
-        k, drafted, emitted, accepted = _vllm_v0(f, no, ts)
+        k, drafted, emitted, accepted = _vllm_v0(f)
         process = self._process(line)
         prev = self._v0.get(process)
         self._v0[process] = [drafted, emitted, accepted, _iso(ts)]
@@ -489,7 +490,7 @@ class EngineLogReader:
                                           d_acc / d_draft if d_acc is not None else None, labels))
 
     def _example_line(self, no: int, line: str) -> None:
-        m = _LLAMA_EXAMPLE.match(line)
+        m = _LLAMA_EXAMPLE.match(line) if "=" in line else None
         if not m:
             return
         self._example[m.group(1)] = m.group(2)
