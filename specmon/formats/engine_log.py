@@ -371,6 +371,7 @@ class EngineLogReader:
         if w.drafts is None and stats and None not in stats and sum(x[1] for x in stats) == w.draft_tokens \
                 and sum(x[2] for x in stats) == w.accepted_tokens and sum(x[0] for x in stats) > 0:
             w.drafts = float(sum(x[0] for x in stats))
+            w.mean_acceptance_length = 1 + w.accepted_tokens / w.drafts
             w.labels["drafts from"] = "llama.cpp statistics lines"
         self._windows.append(w)
 
