@@ -101,6 +101,8 @@ def ingest_file(
         raise SpecmonError(f"{name}: is a directory; give the files in it (e.g. {name.rstrip('/')}/*.jsonl)")
     if not os.path.isfile(path):
         raise SpecmonError(f"{name}: no such file")
+    if not os.access(path, os.R_OK):
+        raise SpecmonError(f"{name}: cannot be read (permission denied)")
     result = IngestResult(file=name, status="stored", source_format=fmt or "", run=run or Path(name).stem or "default")
     if fmt is None:
         try:

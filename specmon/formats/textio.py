@@ -24,13 +24,13 @@ def head(path: str, size: int) -> bytes:
     """Up to `size` first bytes of the content (decompressed), without a BOM; b"" where gzip is corrupt. Read in
     chunks, so a small file never costs a buffer of `size`."""
     chunks, got = [], 0
-    try:
-        with open_binary(path) as fh:
+    with open_binary(path) as fh:  # a file that cannot be opened is the caller's error to report
+        try:
             while got < size and (chunk := fh.read(min(1 << 20, size - got))):
                 chunks.append(chunk)
                 got += len(chunk)
-    except (OSError, EOFError, zlib.error):
-        return b""
+        except (OSError, EOFError, zlib.error):  # a corrupt gzip stream
+            return b""
     data = b"".join(chunks)
     return data[len(BOM):] if data.startswith(BOM) else data
 
