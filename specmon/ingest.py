@@ -25,7 +25,7 @@ from specmon.faults import Fault, SpecmonError
 from specmon.formats.base import MAX_FAULTS_KEPT, Job, Progress, Rejected, RejectReport
 from specmon.formats.engine_window import store_windows  # noqa: F401  (the watcher stores windows through ingest)
 from specmon.formats.prometheus_text import write_samples
-from specmon.store import Store, add_ingest, get_or_create_run, get_or_create_segment
+from specmon.store import Store, add_ingest, get_or_create_run, get_or_create_segment, pid_alive
 
 FORMATS = formats.names()
 
@@ -181,22 +181,12 @@ def _already(result: IngestResult) -> IngestResult:
 SPOOL_PREFIX = "specmon-spool-"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, but another user's
-        return True
-    return True
-
-
 def sweep_spools() -> None:
     """Remove the spooled copies that processes killed outright (SIGKILL, power loss) left behind; each carries
     its process id in its name, and only those of processes no longer running are removed."""
     for entry in os.scandir(tempfile.gettempdir()):
         pid = entry.name[len(SPOOL_PREFIX):].split("-", 1)[0]
-        if entry.name.startswith(SPOOL_PREFIX) and pid.isdigit() and not _pid_alive(int(pid)):
+        if entry.name.startswith(SPOOL_PREFIX) and pid.isdigit() and not pid_alive(int(pid)):
             try:
                 os.unlink(entry.path)
             except OSError:  # another process swept it first, or it is not ours to remove
