@@ -13,15 +13,12 @@ import argparse
 import json
 import time
 import timeit
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from _common import machine
-from specmon import live, theory
-
-ROOT = Path(__file__).resolve().parent.parent
+from specmon import live, resources, theory
 
 
 def timed(fn) -> tuple[float, int]:
@@ -37,11 +34,11 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 leaves a core to the rest of the machine)")
-    ap.add_argument("--prompts", default=str(ROOT / "data" / "prompts" / "copy.jsonl"))
+    ap.add_argument("--prompts", default=str(resources.PROMPTS / "copy.jsonl"))
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
-    pair = live.load_pair(str(ROOT / "data/models/target"), str(ROOT / "data/models/draft"))
+    pair = live.load_pair(str(resources.TARGET_MODEL), str(resources.DRAFT_MODEL))
     ngram_pair = live.Pair(pair.target, None, pair.tokenizer, "ngram")
     prompts = live.read_prompts(args.prompts)
     n, k = args.max_new_tokens, args.k
@@ -109,7 +106,8 @@ def main() -> None:
     logging_ms = timeit.timeit(lambda: live.log_fields(p_rows, q_rows), number=2000) / 2000 * 1000
 
     def predicted(costs: dict) -> float:
-        # math.md's measured cost model: a step costs T_verify(k+1) + k T_draft, a plain token T_target(1).
+        # Measured costs in place of 1 + k c (docs/math.md, "Economics"): a step costs T_verify(k+1) + k T_draft,
+        # a plain token T_target(1).
         return tokens_per_step * costs["target_step_ms"] / (costs["verify_ms"][k + 1] + k * costs["draft_step_ms"])
 
     results["specmon_model"] = {

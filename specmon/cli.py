@@ -11,12 +11,13 @@ import os
 import signal
 import subprocess
 import sys
+import tomllib
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import numpy as np
 
-from specmon import __version__, alarms, demo, drift, prometheus, sampler, summary, theory
+from specmon import __version__, alarms, demo, drift, prometheus, resources, sampler, summary, theory
 from specmon.faults import SpecmonError
 from specmon.ingest import FORMATS, ingest_file, ingest_samples, ingest_stream
 from specmon.steplog import DEFAULT_SUM_TOLERANCE
@@ -491,16 +492,25 @@ def run_child(cmd: list[str], env: dict, grace_s: float = 20.0) -> int:
     return 128 + caught[0] if caught and code < 0 else code
 
 
+def _streamlit_flags(overrides: dict[str, object]) -> list[str]:
+    """The shipped Streamlit settings (specmon/ui/streamlit.toml), then `overrides`, as `streamlit run` flags.
+
+    Streamlit reads .streamlit/config.toml only from the working directory and the home folder, which an installed
+    specmon cannot count on, so serve passes its settings on the command line.
+    """
+    with open(resources.STREAMLIT_CONFIG, "rb") as f:
+        settings = {f"{section}.{key}": value for section, table in tomllib.load(f).items()
+                    for key, value in table.items()}
+    settings.update(overrides)
+    return [f"--{name}={str(value).lower() if isinstance(value, bool) else value}" for name, value in settings.items()]
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
-    app = Path(__file__).resolve().parent.parent / "app.py"
-    if not app.is_file():
-        raise SpecmonError(f"cannot find the app at {app}; run specmon serve from a checkout of the project")
     env = dict(os.environ)
     if args.db:
         env[DB_ENV] = args.db
-    cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.address", args.address,
-           "--server.port", str(args.port), "--server.headless", "true"]
-    return run_child(cmd, env)
+    flags = _streamlit_flags({"server.address": args.address, "server.port": args.port, "server.headless": True})
+    return run_child([sys.executable, "-m", "streamlit", "run", str(resources.APP), *flags], env)
 
 
 def _positive_int(text: str) -> int:
@@ -593,12 +603,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--note", help="free text shown with the verdict")
     p.set_defaults(func=cmd_annotate)
 
-    models = Path(__file__).resolve().parent.parent / "data" / "models"
-    prompts = Path(__file__).resolve().parent.parent / "data" / "prompts"
     pair_args = argparse.ArgumentParser(add_help=False)
-    pair_args.add_argument("--target", default=str(models / "target"), help="target model directory or hub name "
+    pair_args.add_argument("--target", default=str(resources.TARGET_MODEL), help="target model directory or hub name "
                            "(default: the shipped pair's target)")
-    pair_args.add_argument("--draft", default=str(models / "draft"), help="draft model (default: the shipped draft)")
+    pair_args.add_argument("--draft", default=str(resources.DRAFT_MODEL), help="draft model (default: the shipped draft)")
     pair_args.add_argument("--k", type=int, default=4, help="draft length (default 4)")
     pair_args.add_argument("--max-new-tokens", type=_positive_int, default=64)
     pair_args.add_argument("--seed", type=int, default=0)
@@ -612,8 +620,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ngram-max", type=_positive_int, default=3)
     p.add_argument("--temperature", type=_cost, default=0.7, help="0 is greedy (default 0.7)")
     p.add_argument("--top-p", type=float, help="nucleus sampling on both sides")
-    p.add_argument("--prompts", default=str(prompts / "copy.jsonl"), help="JSON lines {\"prompt\": ...} or a "
-                   ".txt file of blank-line-separated prompts (default: the shipped copy-heavy set)")
+    p.add_argument("--prompts", type=resources.prompt_file, default="copy",
+                   help="JSON lines {\"prompt\": ...}, a .txt file of blank-line-separated prompts, or a shipped "
+                        f"set: {', '.join(resources.PROMPT_SETS)} (default: copy, the copy-heavy set)")
     p.add_argument("--template", help="segment label (default: the prompt file's name)")
     p.add_argument("--run", help="run name (default: from the pair, k and temperature)")
     p.add_argument("--out", help="also keep the step log here (JSON Lines)")
@@ -625,7 +634,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Greedy: speculative decoding (draft model and n-gram) must equal the target's "
                                    "own greedy decoding token for token. Sampled: the randomized PIT of emitted "
                                    "tokens under the target's distribution must be uniform (KS test). Exit 1 if not.")
-    p.add_argument("--prompts", nargs="+", default=[str(prompts / "copy.jsonl"), str(prompts / "open.jsonl")])
+    p.add_argument("--prompts", nargs="+", type=resources.prompt_file,
+                   default=[resources.prompt_file(name) for name in resources.PROMPT_SETS],
+                   help="prompt files or shipped sets (default: every shipped set)")
     p.add_argument("--temperature", type=_cost, default=1.0, help="temperature of the sampled check (default 1)")
     p.add_argument("--alpha", type=float, default=0.01, help="significance level of the KS test (default 0.01)")
     p.set_defaults(func=cmd_verify)
@@ -718,11 +729,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("demo", parents=[db], help="load the demo data (or write its step log)",
-                       description="Load data/demo_steplog.jsonl as the demo run; --write-log regenerates it.")
+                       description="Load the shipped demo step log as the demo run; --write-log regenerates it.")
     p.add_argument("--write-log", metavar="PATH", help="write the demo step log from its seed instead")
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("serve", parents=[db], help="start the dashboard (streamlit run app.py)")
+    p = sub.add_parser("serve", parents=[db], help="start the dashboard (Streamlit)")
     p.add_argument("--port", type=int, default=8501)
     p.add_argument("--address", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.set_defaults(func=cmd_serve)

@@ -1,22 +1,21 @@
 """The demo data: a synthetic production step log in which a template change pushes acceptance below break-even.
 
-Made by specmon's own sampler from a fixed seed, so `specmon demo --write-log` reproduces data/demo_steplog.jsonl
+Made by specmon's own sampler from a fixed seed, so `specmon demo --write-log` reproduces specmon/data/demo_steplog.jsonl
 byte for byte. Each request gets its own target/draft pair (acceptance varies by prompt and is correlated within
 a request, as in real traffic); template v2 makes the draft a much worse guesser of the target.
 """
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from typing import IO
 
 import numpy as np
 
 from specmon import sampler, theory
 from specmon.ingest import IngestResult, ingest_file
+from specmon.resources import DEMO_LOG
 from specmon.store import Store
 
-DEMO_LOG = Path(__file__).resolve().parent.parent / "data" / "demo_steplog.jsonl"
 DEMO_RUN = "demo (synthetic)"
 DEMO_SEED = 20261129
 DEMO_K = 4

@@ -245,7 +245,7 @@ def measure_costs(pair: Pair, prompt: str, k_max: int = 8, repeats: int = 7) -> 
     """Median wall times on this machine, each as decoding meets it: a target decode step with the target's passes back
     to back (plain decoding); a draft decode step and a target verification pass of n = 1..k_max+1 tokens in
     speculative decoding's alternation (n - 1 draft passes, then one target pass), where each model finds the CPU
-    caches holding the other's weights. c = draft step / target decode step (math.md)."""
+    caches holding the other's weights. c = draft step / target decode step (docs/math.md, "Economics")."""
     ids = pair.tokenizer(prompt)["input_ids"]
     caches = {model: DynamicCache() for model in (pair.target, pair.draft) if model is not None}
     for model, cache in caches.items():

@@ -1,4 +1,4 @@
-"""Is the output still the target's? Distributional checks on stored steps (math.md, "losslessness").
+"""Is the output still the target's? Distributional checks on stored steps (docs/math.md, "Losslessness").
 
 Ingest keeps, for every emitted token whose target distribution was logged in full, F_t(x_t - 1) and p_t(x_t).
 From those: the randomized PIT (uniform under losslessness, whatever p_t is) and, where the data show one fixed

@@ -1,6 +1,6 @@
 """Leviathan et al.'s Algorithm 1 on numpy arrays, and a simulator that writes a step log.
 
-The simulator is how specmon checks itself: with one fixed (p, q) pair every quantity in math.md has a known
+The simulator is how specmon checks itself: with one fixed (p, q) pair every quantity in docs/math.md has a known
 value (beta, alpha, tokens per step, the distribution of emitted tokens), so the whole pipeline from step log
 to summary can be tested against theory.
 """

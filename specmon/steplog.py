@@ -1,4 +1,4 @@
-"""specmon's step-log contract (shared/spec/formats.md §1): one JSON object per verification step.
+"""specmon's step-log contract (README, "The step log (what to log)"): one JSON object per verification step.
 
 parse_step turns one decoded JSON object into a validated Step, or raises RowFault naming the field.
 The JSON Schema of the same contract ships as specmon/schema/steplog.schema.json.
@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path
 
 import numpy as np
 import orjson
@@ -16,8 +15,6 @@ import orjson
 from specmon import theory
 from specmon.faults import RowFault
 from specmon.limits import MAX_DRAFT_LEN, MAX_TOKEN_ID
-
-SCHEMA_PATH = Path(__file__).parent / "schema" / "steplog.schema.json"
 
 KNOWN_FIELDS = frozenset(
     {

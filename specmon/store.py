@@ -92,7 +92,7 @@ MIGRATIONS: list[str] = [
         pit_mass      DOUBLE[],                -- p_t(x_t) per emitted token
         extra         JSON
     );
-    -- One row per drafted position (1-based, as in math.md).
+    -- One row per drafted position (1-based, as in docs/math.md).
     CREATE TABLE positions (
         step_id     BIGINT NOT NULL,
         segment_id  INTEGER NOT NULL,

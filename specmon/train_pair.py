@@ -1,7 +1,7 @@
 """Train specmon's default model pair: a small target and a much smaller draft sharing one tokenizer, on CPython's
 own standard-library source (PSF License), from a fixed seed.
 
-    python -m specmon.train_pair --out data/models
+    python -m specmon.train_pair --out specmon/data/models
 
 The defaults are the recipe of the shipped weights (19,000 target and 24,000 draft steps of 64 x 256 tokens): about
 6 minutes on one H200 GPU with the two models trained side by side (`--models target` and `--models draft` in two
@@ -30,6 +30,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
+from specmon.resources import MODELS
+
 EOS = "<|endoftext|>"
 VOCAB = 4096
 CONTEXT = 256
@@ -37,7 +39,7 @@ SEED = 20261129
 WARMUP = 200
 COPY_FRACTION = 0.25
 COPY_POOL = 20_000
-COPY_SEPARATOR = "\n\n"  # after a block's own final newline: two blank lines, as in data/prompts/copy.jsonl
+COPY_SEPARATOR = "\n\n"  # after a block's own final newline: two blank lines, as in specmon/data/prompts/copy.jsonl
 SKIPPED_DIRS = {"site-packages", "test", "tests", "idlelib", "lib2to3"}
 # The target has about 11x the draft's parameters (4.27M against 0.38M).
 CONFIGS = {"target": dict(n_layer=4, n_embd=256, n_head=4), "draft": dict(n_layer=2, n_embd=64, n_head=2)}
@@ -133,7 +135,7 @@ def greedy_accuracy(model: GPT2LMHeadModel, windows: torch.Tensor, skip: int = 0
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "data" / "models"))
+    ap.add_argument("--out", default=str(MODELS), help="where to write the pair (default: the shipped pair's folder)")
     ap.add_argument("--stdlib", help="the standard library to train on (default: this Python's)")
     ap.add_argument("--models", nargs="+", choices=sorted(CONFIGS), default=["draft", "target"])
     ap.add_argument("--target-steps", type=int, default=19_000)

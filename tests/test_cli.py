@@ -6,8 +6,7 @@ import jsonschema
 import orjson
 import pytest
 
-from specmon import demo
-from specmon.steplog import SCHEMA_PATH
+from specmon import demo, resources
 
 SUMMARY_KEYS = {"run", "template", "k", "steps", "drafted", "checked", "accepted", "alpha", "alpha_lo", "alpha_hi",
                 "beta", "beta_lo", "beta_hi", "tokens_per_step", "c", "break_even_alpha", "break_even_tokens",
@@ -116,7 +115,7 @@ def test_demo_log_is_reproducible_and_valid(tmp_path, specmon_cmd):
     r = run(specmon_cmd, "demo", "--write-log", str(out))
     assert r.returncode == 0
     assert out.read_bytes() == demo.DEMO_LOG.read_bytes()
-    schema = json.loads(SCHEMA_PATH.read_text())
+    schema = json.loads(resources.STEPLOG_SCHEMA.read_text())
     validator = jsonschema.Draft202012Validator(schema)
     lines = out.read_bytes().splitlines()
     for line in lines[:: max(1, len(lines) // 300)]:

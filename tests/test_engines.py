@@ -1,4 +1,4 @@
-"""Engine outputs, built from the engines' own format strings (formats.md §2) with realistic values, mixed into
+"""Engine outputs, built from the engines' own format strings (README, "Already running vLLM, llama.cpp or SGLang?") with realistic values, mixed into
 noise, and malformed variants."""
 import gzip
 import json

@@ -155,7 +155,7 @@ def test_precomputed_beta_is_used(store, tmp_path):
 
 
 def test_a_wrong_beta_is_flagged_as_disagreeing(store, tmp_path):
-    # The pipeline bug math.md warns of: beta computed from the wrong pair.
+    # The pipeline bug gap_z catches (docs/math.md, "Losslessness"): beta computed from the wrong pair.
     recs = list(sampler.simulate_fixed_pair(PAPER_P, PAPER_Q, 4, 5000, np.random.default_rng(3), distributions="none"))
     path = write_jsonl(tmp_path / "wrong.jsonl", [{**r, "beta": [0.80] * 4} for r in recs])
     ingest_file(store, path)

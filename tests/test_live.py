@@ -16,12 +16,12 @@ except ImportError:
     if os.environ.get("CI"):
         raise RuntimeError("torch is missing: the test command installs .[dev,live]") from None
     pytest.skip("the live-run stack is not installed (pip install -e '.[live]')", allow_module_level=True)
-from specmon import live, stats  # noqa: E402
+from specmon import live, resources, stats  # noqa: E402
 from specmon.faults import SpecmonError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGET, DRAFT = str(ROOT / "data/models/target"), str(ROOT / "data/models/draft")
-PROMPTS = [str(ROOT / "data/prompts/copy.jsonl"), str(ROOT / "data/prompts/open.jsonl")]
+TARGET, DRAFT = str(resources.TARGET_MODEL), str(resources.DRAFT_MODEL)
+PROMPTS = [str(resources.PROMPTS / "copy.jsonl"), str(resources.PROMPTS / "open.jsonl")]
 
 
 @pytest.fixture(scope="module")

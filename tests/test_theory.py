@@ -1,4 +1,4 @@
-"""Reference values from math.md and from the literature."""
+"""Reference values from docs/math.md and from the literature."""
 import math
 
 import numpy as np

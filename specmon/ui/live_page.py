@@ -5,12 +5,9 @@ from pathlib import Path
 
 import streamlit as st
 
+from specmon.resources import DRAFT_MODEL, PROMPT_SETS, PROMPTS, TARGET_MODEL
 from specmon.ui import data
 from specmon.ui.widgets import guarded, md_text, segment_label
-
-ROOT = Path(__file__).resolve().parent.parent.parent
-MODELS = ROOT / "data" / "models"
-PROMPTS = ROOT / "data" / "prompts"
 
 
 @st.cache_resource
@@ -31,10 +28,10 @@ def render() -> None:
                "draft trained on CPython's standard library to write Python and to continue a repetition.")
     with st.form("live"):
         c1, c2 = st.columns(2)
-        target = c1.text_input("Target model", value=str(MODELS / "target"), help="a local directory or a hub name")
+        target = c1.text_input("Target model", value=str(TARGET_MODEL), help="a local directory or a hub name")
         proposer = c2.radio("Proposer", ["draft model", "n-gram prompt lookup"], horizontal=True)
-        draft = c2.text_input("Draft model", value=str(MODELS / "draft"), help="ignored for n-gram lookup")
-        prompt_files = sorted(p.name for p in PROMPTS.glob("*.jsonl"))
+        draft = c2.text_input("Draft model", value=str(DRAFT_MODEL), help="ignored for n-gram lookup")
+        prompt_files = [f"{name}.jsonl" for name in PROMPT_SETS]
         prompt_set = c1.selectbox("Prompt set", prompt_files, help="copy.jsonl: repeat or edit a given text; "
                                                                     "open.jsonl: open-ended code")
         k = st.slider("draft length k", 1, 8, 4)

@@ -1,0 +1,31 @@
+"""specmon's dashboard entry: `specmon serve` runs this file with Streamlit, and the checkout's app.py calls main().
+
+Only navigation lives here. Page files are named by absolute paths next to this module, so they resolve from a
+source checkout and from an installed wheel alike, whatever the working directory.
+"""
+from __future__ import annotations
+
+import streamlit as st
+
+from specmon.resources import UI
+from specmon.ui.data import follow_updates
+
+
+def main() -> None:
+    st.set_page_config(page_title="specmon", page_icon="⚡", layout="wide")
+    page = st.navigation([
+        st.Page(UI / "overview.py", title="Overview", default=True),  # served at /
+        st.Page(UI / "acceptance.py", title="Acceptance", url_path="acceptance"),
+        st.Page(UI / "economics_page.py", title="Economics", url_path="economics"),
+        st.Page(UI / "drift_page.py", title="Drift", url_path="drift"),
+        st.Page(UI / "upload.py", title="Ingest", url_path="ingest"),
+        st.Page(UI / "live_page.py", title="Live run", url_path="live"),
+        st.Page(UI / "lossless_page.py", title="Losslessness", url_path="losslessness"),
+        st.Page(UI / "sources.py", title="Sources", url_path="sources"),
+    ])
+    follow_updates()  # new data from any process reruns the page; watched sources' freshness on every page
+    page.run()
+
+
+if __name__ == "__main__":  # Streamlit runs its script as __main__, on every rerun
+    main()
