@@ -11,7 +11,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import tomllib
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -277,12 +279,14 @@ def cmd_watch(args: argparse.Namespace) -> int:
     if args.dashboard_url:
         config.dashboard_url = args.dashboard_url
 
-    def log(line: str) -> None:
-        print(f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S}Z {line}", flush=True)
-
     with _open_store(args) as store:
-        watch.Watcher(store, config, log=log).run_until_signalled()
+        watch.Watcher(store, config, log=_watch_log).run_until_signalled()
     return EXIT_OK
+
+
+def _watch_log(line: str) -> None:
+    """The watcher's log: one timestamped line per event on stdout."""
+    print(f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S}Z {printable(line)}", flush=True)
 
 
 def _proposer_args(args: argparse.Namespace):
@@ -463,9 +467,11 @@ def _die_with_parent() -> None:
         pass
 
 
-def run_child(cmd: list[str], env: dict, grace_s: float = 20.0) -> int:
+def run_child(cmd: list[str], env: dict, grace_s: float = 20.0,
+              on_signal: Callable[[], None] | None = None) -> int:
     """Run a long-lived child (the Streamlit server) and leave none behind: SIGTERM, SIGINT and SIGHUP are
-    forwarded to it, it is waited for (killed after grace_s), and it dies with this process in any case.
+    forwarded to it (and on_signal is called), it is waited for (killed after grace_s), and it dies with this
+    process in any case.
 
     The child gets a session of its own, so a Ctrl-C in the terminal reaches it once, through this process."""
     child = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)
@@ -474,6 +480,8 @@ def run_child(cmd: list[str], env: dict, grace_s: float = 20.0) -> int:
     def forward(signum: int, frame: object) -> None:
         caught.append(signum)
         child.send_signal(signum)
+        if on_signal:
+            on_signal()
 
     handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
     previous = {s: signal.signal(s, forward) for s in handled}
@@ -510,7 +518,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.db:
         env[DB_ENV] = args.db
     flags = _streamlit_flags({"server.address": args.address, "server.port": args.port, "server.headless": True})
-    return run_child([sys.executable, "-m", "streamlit", "run", str(resources.APP), *flags], env)
+    cmd = [sys.executable, "-m", "streamlit", "run", str(resources.APP), *flags]
+    if not args.watch:
+        return run_child(cmd, env)
+    from specmon import watch
+
+    config = watch.load_config(args.watch)  # a bad file is an error before anything starts
+    store = _open_store(args)
+    watcher = watch.Watcher(store, config, log=_watch_log)
+    thread = threading.Thread(target=watcher.run, name="specmon-watch", daemon=True)
+    thread.start()
+    try:
+        return run_child(cmd, env, on_signal=watcher.stop)
+    finally:
+        watcher.stop()  # the dashboard ended: finish the batch in hand
+        thread.join(timeout=60)
 
 
 def _positive_int(text: str) -> int:
@@ -736,6 +758,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", parents=[db], help="start the dashboard (Streamlit)")
     p.add_argument("--port", type=int, default=8501)
     p.add_argument("--address", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--watch", metavar="FILE", help="also run `specmon watch --config FILE` beside the dashboard "
+                   "(stopped with it)")
     p.set_defaults(func=cmd_serve)
     return parser
 
