@@ -152,10 +152,10 @@ def annotate(store: Store, run: str, template: str, at: datetime, note: str | No
         created = datetime.now(timezone.utc).replace(tzinfo=None)
         return cur.execute("INSERT INTO annotations (run_id, template, starts_at, note, created_at) "
                            "VALUES (?, ?, ?, ?, ?) RETURNING annotation_id",
-                           [found[0], template, at, note, created]).fetchone()[0]
+                           [found[0], template, at, note, created]).fetchall()[0][0]
 
 
-def annotations(store: Store, run: str) -> list[Event]:
+def run_annotations(store: Store, run: str) -> list[Event]:
     df = store.query_df(_ANNOTATIONS_SQL, [run])
     return [Event(r.starts_at.to_pydatetime(), r.template, "annotation", r.note if isinstance(r.note, str) else None)
             for r in df.itertuples(index=False)]
@@ -219,7 +219,7 @@ def _changes(run: str, stream: _Stream, events: list[Event], break_even: float |
         t = times[i]
         prev_t = times[i - 1] if i else np.iinfo(np.int64).min
         next_t = times[i + 1] if i + 1 < len(events) else np.iinfo(np.int64).max
-        previous = events[i - 1].template if i else _template_at(stream, t)
+        previous = events[i - 1].template if i else _template_at(stream, int(t))
         if event.source == "data":
             earlier = stream.template[stream.ts_us < t]
             previous = earlier[-1] if len(earlier) else previous
@@ -261,7 +261,7 @@ def analyse_run(store: Store, run: str, c: float | None = None,
                 arl0_steps: int = drift.DEFAULT_ARL0_STEPS) -> RunDrift:
     """Calibrate the detector on the run's first points, run it, date each drop, and judge every template change
     and annotation. Works on step logs, engine log windows and Prometheus samples alike."""
-    notes = annotations(store, run)
+    notes = run_annotations(store, run)
     stream = _step_stream(store, run) or _window_stream(store, run)
     empty = pd.DataFrame(columns=["ts", "W"])
     if stream is None:
@@ -323,5 +323,6 @@ def prometheus_alert_rule(k: int, c: float, window: str = "15m", for_: str = "30
           severity: warning
         annotations:
           summary: "Speculative decoding on {{{{ $labels.model_name }}}} costs more than it saves"
-          description: "Accepted tokens per draft is {{{{ $value | printf \\"%.3f\\" }}}} over {window}, below the break-even {threshold:.3f} for k = {k}, c = {c:g}: turn speculation off or retune k."
+          description: "Accepted tokens per draft is {{{{ $value | printf \\"%.3f\\" }}}} over {window},
+            below the break-even {threshold:.3f} for k = {k}, c = {c:g}: turn speculation off or retune k."
 """

@@ -116,7 +116,8 @@ def _print_table(rows: list[dict]) -> None:
             f"[{_fmt(r['beta_lo'])},{_fmt(r['beta_hi'])}]" if r["beta_lo"] is not None else "-")
         table.append((
             printable(r["run"]), printable(r["template"] or "-"), r["day"] or "-", str(r["k"] or "-"), str(r["steps"]),
-            f"{_fmt(r['alpha'])} [{_fmt(r['alpha_lo'])},{_fmt(r['alpha_hi'])}]", beta, _fmt(r["tokens_per_step"], ".2f"),
+            f"{_fmt(r['alpha'])} [{_fmt(r['alpha_lo'])},{_fmt(r['alpha_hi'])}]", beta,
+            _fmt(r["tokens_per_step"], ".2f"),
             _fmt(r["c"]), _fmt(r["break_even_alpha"]), _fmt(r["break_even_tokens"], ".2f"), r["status"],
         ))
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
@@ -194,7 +195,8 @@ def cmd_check(args: argparse.Namespace) -> int:
             "segments": [{k: r[k] for k in ("run", "template", "status", "alpha", "alpha_lo", "alpha_hi",
                                             "break_even_alpha", "c", "k", "steps")} for r in rows],
             "alarms": [{"run": a.run, "template": a.template, "change_ts": a.change_ts.isoformat(),
-                        "change_lo_ts": a.change_lo_ts.isoformat(), "change_hi_ts": a.change_hi_ts.isoformat(),
+                        "change_lo_ts": a.change_lo_ts.isoformat() if a.change_lo_ts else None,
+                        "change_hi_ts": a.change_hi_ts.isoformat() if a.change_hi_ts else None,
                         "near": [e.describe() for e in a.near], "unit": a.design.unit,
                         "alarm_ts": a.alarm_ts.isoformat(), "last_alarm_ts": a.last_alarm_ts.isoformat(),
                         "alarms": a.alarms, "open": a.open, "alpha_before": a.alpha_before,
@@ -224,7 +226,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_annotate(args: argparse.Namespace) -> int:
-    at = parse_since(args.at, "--at") if args.at else datetime.now(timezone.utc).replace(tzinfo=None)
+    at = parse_since(args.at, "--at") or datetime.now(timezone.utc).replace(tzinfo=None)
     with _open_store(args) as store:
         annotation_id = alarms.annotate(store, args.run, args.template, at, args.note)
     print(f"annotation {annotation_id}: run {args.run!r} rolled out template {args.template!r} at "
@@ -326,9 +328,9 @@ def cmd_live(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from specmon import live, stats
-
     from tqdm import tqdm
+
+    from specmon import live, stats
 
     prompts = [p for path in args.prompts for p in live.read_prompts(path)]
     target = live.load_pair(args.target, args.draft)
@@ -363,7 +365,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     ks = stats.uniformity_ks(u)
     ok = ks.pvalue >= args.alpha
     failures += not ok
-    print(f"sampled (T = {args.temperature:g}, draft model): randomized PIT of {len(u)} tokens, KS = {ks.statistic:.4f}, "
+    print(f"sampled (T = {args.temperature:g}, draft model): randomized PIT of {len(u)} tokens, "
+          f"KS = {ks.statistic:.4f}, "
           f"p = {ks.pvalue:.3g}: {'consistent with' if ok else 'NOT consistent with'} the target's distribution "
           f"at the {args.alpha:g} level")
     return EXIT_FINDING if failures else EXIT_OK
@@ -628,7 +631,8 @@ def build_parser() -> argparse.ArgumentParser:
     pair_args = argparse.ArgumentParser(add_help=False)
     pair_args.add_argument("--target", default=str(resources.TARGET_MODEL), help="target model directory or hub name "
                            "(default: the shipped pair's target)")
-    pair_args.add_argument("--draft", default=str(resources.DRAFT_MODEL), help="draft model (default: the shipped draft)")
+    pair_args.add_argument("--draft", default=str(resources.DRAFT_MODEL),
+                           help="draft model (default: the shipped draft)")
     pair_args.add_argument("--k", type=int, default=4, help="draft length (default 4)")
     pair_args.add_argument("--max-new-tokens", type=_positive_int, default=64)
     pair_args.add_argument("--seed", type=int, default=0)
@@ -663,7 +667,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--alpha", type=float, default=0.01, help="significance level of the KS test (default 0.01)")
     p.set_defaults(func=cmd_verify)
 
-    p = sub.add_parser("replay", parents=[db, pair_args], help="predict acceptance on recorded traffic (teacher forcing)",
+    p = sub.add_parser("replay", parents=[db, pair_args],
+                       help="predict acceptance on recorded traffic (teacher forcing)",
                        description="Score every completion position of recorded transcripts with both models (one "
                                    "forward pass each) and store beta per position as a replay run: a prediction "
                                    "of per-token acceptance, not a measurement (README: what replay predicts).")

@@ -1,8 +1,9 @@
 """The demo data: a synthetic production step log in which a template change pushes acceptance below break-even.
 
-Made by specmon's own sampler from a fixed seed, so `specmon demo --write-log` reproduces specmon/data/demo_steplog.jsonl
-byte for byte. Each request gets its own target/draft pair (acceptance varies by prompt and is correlated within
-a request, as in real traffic); template v2 makes the draft a much worse guesser of the target.
+Made by specmon's own sampler from a fixed seed, so `specmon demo --write-log` reproduces
+specmon/data/demo_steplog.jsonl byte for byte. Each request gets its own target/draft pair (acceptance varies by
+prompt and is correlated within a request, as in real traffic); template v2 makes the draft a much worse guesser of
+the target.
 """
 from __future__ import annotations
 
@@ -49,12 +50,13 @@ def demo_records(seed: int = DEMO_SEED) -> list[dict]:
             p, q = np.round(p, 6), np.round(q, 6)
             p, q = p / p.sum(), q / q.sum()
         p_rows, q_rows = np.tile(p, (DEMO_K + 1, 1)), np.tile(q, (DEMO_K, 1))
-        b = round(theory.beta(p, q), 6)
+        b = round(float(theory.beta(p, q)), 6)
         for i in range(int(rng.integers(15, 41))):
             step = sampler.speculative_step(p_rows, q_rows, rng)
             rec = {
                 "request_id": f"req-{r:04d}",
-                "ts": (start + timedelta(milliseconds=55 * i)).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+                "ts": (start + timedelta(milliseconds=55 * i)).isoformat(timespec="milliseconds")
+                .replace("+00:00", "Z"),
                 "template": template,
                 "k": DEMO_K,
                 "temperature": 1.0,
@@ -70,7 +72,7 @@ def demo_records(seed: int = DEMO_SEED) -> list[dict]:
             else:
                 rec["beta"] = [b] * DEMO_K
             records.append(rec)
-    records.sort(key=lambda rec: rec["ts"])
+    records.sort(key=lambda rec: str(rec["ts"]))  # ISO times in one format: text order is time order
     return records
 
 

@@ -20,14 +20,14 @@ REFERENCE_KS = (2, 4, 8)
 def surface_alpha_k(c: float, k_max: int = 12, alphas: np.ndarray = ALPHAS) -> pd.DataFrame:
     """Speedup S(alpha, k, c) for a fixed c, one row per (alpha, k)."""
     a, k = np.meshgrid(alphas, np.arange(1, k_max + 1), indexing="ij")
-    s = theory.speedup(a, k, c)
+    s = np.asarray(theory.speedup(a, k, c))
     return pd.DataFrame({"alpha": a.ravel(), "k": k.ravel(), "speedup": s.ravel(), "wins": s.ravel() > 1})
 
 
 def surface_alpha_c(k: int, alphas: np.ndarray = ALPHAS, costs: np.ndarray = COSTS) -> pd.DataFrame:
     """Speedup S(alpha, k, c) for a fixed k, one row per (alpha, c)."""
     a, c = np.meshgrid(alphas, costs, indexing="ij")
-    s = theory.speedup(a, k, c)
+    s = np.asarray(theory.speedup(a, k, c))
     return pd.DataFrame({"alpha": a.ravel(), "c": c.ravel(), "speedup": s.ravel(), "wins": s.ravel() > 1})
 
 

@@ -141,9 +141,10 @@ def _segment(key: dict, part: pd.DataFrame, c_given: float | None, bucketed: boo
         be_alpha = None if math.isnan(be) else be
         be_tokens = float(theory.break_even_tokens(k, c_given))
         if alpha is not None:
-            status = segment_status(alpha_lo, alpha_hi, be)
             s_iid = float(theory.speedup(alpha, k, c_given))
-        if tokens_lo is not None:
+        if alpha_lo is not None and alpha_hi is not None:
+            status = segment_status(alpha_lo, alpha_hi, be)
+        if tokens_lo is not None and tokens_hi is not None:
             status_model_free = segment_status(tokens_lo, tokens_hi, be_tokens)
         if tokens_per_step is not None and n_drafts and drafted:
             s_measured = tokens_per_step / (1 + drafted / n_drafts * c_given)

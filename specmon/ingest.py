@@ -140,7 +140,8 @@ def ingest_file(
                 result.notes.append(f"{job.no_time} {what}; the ingest time {job.ingest_time:%Y-%m-%d %H:%M:%S} UTC "
                                     "was used")
             cur.execute(
-                "UPDATE ingests SET rows_read = ?, steps = ?, positions = ?, rejected = ?, notes = ? WHERE ingest_id = ?",
+                "UPDATE ingests SET rows_read = ?, steps = ?, positions = ?, rejected = ?, notes = ? "
+                "WHERE ingest_id = ?",
                 [result.rows_read, result.steps, result.positions, result.rejected,
                  "; ".join(result.notes) or None, ingest_id],
             )

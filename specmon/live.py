@@ -24,7 +24,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from specmon.faults import SpecmonError
 from specmon.ingest import IngestResult, ingest_file
@@ -35,9 +35,9 @@ LOG_TOPK = 20  # logprobs kept per position in the step log (beta itself is exac
 
 @dataclass
 class Pair:
-    target: torch.nn.Module
-    draft: torch.nn.Module | None  # None: n-gram prompt lookup
-    tokenizer: object
+    target: PreTrainedModel
+    draft: PreTrainedModel | None  # None: n-gram prompt lookup
+    tokenizer: PreTrainedTokenizerBase
     name: str
 
 
@@ -50,7 +50,8 @@ def _load(path: str, role: str):
         model = AutoModelForCausalLM.from_pretrained(path)
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as exc:
-        raise SpecmonError(f"--{role} {path}: cannot load a causal LM and its tokenizer ({str(exc).splitlines()[0]})") from None
+        first_line = str(exc).splitlines()[0]
+        raise SpecmonError(f"--{role} {path}: cannot load a causal LM and its tokenizer ({first_line})") from None
     model.eval()
     return model, tokenizer
 
@@ -256,7 +257,9 @@ def measure_costs(pair: Pair, prompt: str, k_max: int = 8, repeats: int = 7) -> 
         _forward(model, ids[-1:] * n, caches[model])
         return (time.perf_counter() - t0) * 1000
 
-    target_steps, draft_steps, verify = [], [], {n: [] for n in range(1, k_max + 2)}
+    target_steps: list[float] = []
+    draft_steps: list[float] = []
+    verify: dict[int, list[float]] = {n: [] for n in range(1, k_max + 2)}
     for _ in range(repeats):
         target_steps.append(ms(pair.target, 1))
         _rollback(caches[pair.target], len(ids))
@@ -291,7 +294,7 @@ def run_prompts(pair: Pair, prompts: list[str], *, progress: Callable[[int, int]
                 **options) -> list[dict]:
     """Speculative decoding of every prompt; the step-log records of all of them."""
     seed = options.pop("seed", 0)
-    records = []
+    records: list[dict] = []
     for i, prompt in enumerate(prompts):
         records.extend(generate(pair, prompt, request_id=f"p{i:03d}", seed=seed + i, **options))
         if progress:

@@ -74,7 +74,8 @@ def fixed_target_check(store: Store, run: str, template: str, seed: int = 0) -> 
     df = _emitted(store, run, template)
     if df.empty:
         return None
-    per_token = df.groupby("token").agg(n=("mass", "size"), p=("mass", "first"), spread=("mass", lambda m: m.max() - m.min()),
+    per_token = df.groupby("token").agg(n=("mass", "size"), p=("mass", "first"),
+                                        spread=("mass", lambda m: m.max() - m.min()),
                                         below_spread=("below", lambda b: b.max() - b.min()))
     if (per_token["spread"] > _SAME_P).any() or (per_token["below_spread"] > _SAME_P).any():
         return None

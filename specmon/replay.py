@@ -29,8 +29,9 @@ def read_transcripts(path: str) -> list[dict]:
     if not os.path.isfile(path):
         raise SpecmonError(f"{path}: no such transcript file")
     for no, obj, fault in jsonlines.objects(path, path):
-        if fault:
+        if fault is not None:
             faults.append(fault)
+        if obj is None:
             continue
         for field in ("prompt", "completion"):
             if not isinstance(obj.get(field), str):
@@ -45,6 +46,8 @@ def read_transcripts(path: str) -> list[dict]:
 
 def score(pair: Pair, prompt: str, completion: str, temperature: float = 1.0, top_p: float | None = None):
     """(tokens, beta, p_token, q_token) per completion position, from one forward pass of each model."""
+    if pair.draft is None:
+        raise SpecmonError("replay scores a draft model's distributions; n-gram lookup has none")
     prompt_ids = pair.tokenizer(prompt)["input_ids"]
     ids = pair.tokenizer(prompt + completion)["input_ids"]
     limit = min(pair.target.config.max_position_embeddings, pair.draft.config.max_position_embeddings)

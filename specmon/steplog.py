@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import TypeGuard
 
 import numpy as np
 import orjson
@@ -68,7 +69,7 @@ def _is_int(v: object) -> bool:
     return type(v) is int
 
 
-def _is_number(v: object) -> bool:
+def _is_number(v: object) -> TypeGuard[int | float]:
     return (type(v) is int or type(v) is float) and math.isfinite(v)
 
 
@@ -240,7 +241,7 @@ def parse_step(obj: object, sum_tol: float = DEFAULT_SUM_TOLERANCE) -> Step:
         step.q_token = q_dense[idx, draft].tolist()
 
     if p_dense is not None and q_dense is not None:
-        b = theory.beta(p_dense[:g], q_dense).tolist() if g else []
+        b = np.asarray(theory.beta(p_dense[:g], q_dense)).tolist() if g else []
         step.beta_lo = step.beta_hi = b
     elif obj.get("beta") is not None:
         b = obj["beta"]
@@ -267,16 +268,18 @@ def parse_step(obj: object, sum_tol: float = DEFAULT_SUM_TOLERANCE) -> Step:
     if obj.get("emitted_tokens") is not None:
         emitted = _int_list(obj, "emitted_tokens")
         if len(emitted) > accepted + 1:
-            raise RowFault("emitted_tokens", f"{len(emitted)} tokens, but a step emits at most accepted + 1 = {accepted + 1}")
+            raise RowFault("emitted_tokens",
+                           f"{len(emitted)} tokens, but a step emits at most accepted + 1 = {accepted + 1}")
         if emitted[:accepted] != draft[: min(accepted, len(emitted))]:
             raise RowFault("emitted_tokens", "must begin with the accepted draft tokens")
         step.emitted_tokens = emitted
         # The emitted token at index j was drawn from target row j (accepted draft, correction or bonus).
         emitted = emitted[: 0 if p_dense is None else p_dense.shape[0]]
-        if emitted:
+        if emitted and p_dense is not None:
             rows = p_dense[: len(emitted)]
             if max(emitted) >= p_dense.shape[1]:
-                raise RowFault("emitted_tokens", f"token {max(emitted)} is outside the vocabulary of {p_dense.shape[1]}")
+                raise RowFault("emitted_tokens",
+                               f"token {max(emitted)} is outside the vocabulary of {p_dense.shape[1]}")
             j = np.arange(len(emitted))
             mass = rows[j, emitted]
             step.pit_below = (np.cumsum(rows, axis=1)[j, emitted] - mass).tolist()

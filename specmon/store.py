@@ -544,13 +544,15 @@ def get_or_create_run(cur: duckdb.DuckDBPyConnection, name: str, source: str, de
             raise SpecmonError(f"run name {name!r} belongs to {kind} data; choose another --run")
         return row[0]
     return cur.execute(
-        "INSERT INTO runs (name, source, demo, created_at, meta) VALUES (?, ?, ?, now()::TIMESTAMP, ?) RETURNING run_id",
+        "INSERT INTO runs (name, source, demo, created_at, meta) VALUES (?, ?, ?, now()::TIMESTAMP, ?) "
+        "RETURNING run_id",
         [name, source, demo, meta],
     ).fetchall()[0][0]
 
 
 def get_or_create_segment(cur: duckdb.DuckDBPyConnection, run_id: int, template: str) -> int:
-    rows = cur.execute("SELECT segment_id FROM segments WHERE run_id = ? AND template = ?", [run_id, template]).fetchall()
+    rows = cur.execute("SELECT segment_id FROM segments WHERE run_id = ? AND template = ?",
+                       [run_id, template]).fetchall()
     if rows:
         return rows[0][0]
     return cur.execute(

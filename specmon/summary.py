@@ -208,15 +208,15 @@ def _segment(row: dict, positions: list[dict], c_given: float | None, by: str, d
     if c is not None and k:
         be_alpha_raw = theory.break_even_alpha(k, c)
         be_alpha = _finite(be_alpha_raw)
-        if alpha_lo is not None:
+        if alpha_lo is not None and alpha_hi is not None:
             status = segment_status(alpha_lo, alpha_hi, be_alpha_raw)
-        be_tokens = theory.break_even_tokens(k, c)
+        be_tokens = float(theory.break_even_tokens(k, c))
         if alpha is not None:
             s_iid = float(theory.speedup(alpha, k, c))
     tokens_per_step = 1.0 + accepted / steps if steps else None
     tokens_lo, tokens_hi = tokens_interval(row, interval.dof)
     status_model_free = "unknown"
-    if be_tokens is not None and tokens_lo is not None:
+    if be_tokens is not None and tokens_lo is not None and tokens_hi is not None:
         # L against 1 + k c, the break-even that assumes nothing about how acceptance varies (docs/math.md)
         status_model_free = segment_status(tokens_lo, tokens_hi, be_tokens)
     if c is not None and tokens_per_step is not None:

@@ -126,7 +126,9 @@ def beta_bounds_topk(
     beta_bounds_from_topk_probs). Arguments are {token: logprob} mappings, or sequences of them
     (one per position), which give arrays.
     """
-    if isinstance(p_top, Mapping):
+    if isinstance(p_top, Mapping) != isinstance(q_top, Mapping):
+        raise TypeError("p_top and q_top must both be mappings or both sequences of them")
+    if isinstance(p_top, Mapping) and isinstance(q_top, Mapping):
         return beta_bounds_from_topk_probs(_probs(p_top), _probs(q_top))
     if len(p_top) != len(q_top):
         raise ValueError(f"p_top and q_top must have the same length, got {len(p_top)} and {len(q_top)}")

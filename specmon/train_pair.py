@@ -98,9 +98,10 @@ def train_model(name: str, ids: torch.Tensor, copies: torch.Tensor, eos_id: int,
                 seq: int = CONTEXT, lr: float = 2e-3, seed: int = SEED, device: str = "cpu") -> GPT2LMHeadModel:
     """AdamW with warm-up and cosine decay; bfloat16 autocast on a GPU."""
     torch.manual_seed(seed)
+    shape = CONFIGS[name]
     config = GPT2Config(vocab_size=VOCAB, n_positions=CONTEXT, bos_token_id=eos_id, eos_token_id=eos_id,
-                        **CONFIGS[name])
-    model = GPT2LMHeadModel(config).to(device)
+                        n_layer=shape["n_layer"], n_embd=shape["n_embd"], n_head=shape["n_head"])
+    model = GPT2LMHeadModel(config).to(device)  # type: ignore[arg-type]  # transformers' to() stub drops self
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     gen = torch.Generator().manual_seed(seed)
@@ -160,7 +161,7 @@ def main() -> None:
                             device=args.device)
         natural = greedy_accuracy(model, natural_windows(ids, 256, CONTEXT, torch.Generator().manual_seed(SEED + 1)))
         repeated = greedy_accuracy(model, held_out, skip=CONTEXT // 2)
-        model = model.to("cpu")
+        model = model.to("cpu")  # type: ignore[arg-type]  # transformers' to() stub drops self
         out = Path(args.out) / name
         model.save_pretrained(out, safe_serialization=True)
         tokenizer.save_pretrained(out)

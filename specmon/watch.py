@@ -145,17 +145,22 @@ def load_config(path: str) -> WatchConfig:
                 raise SpecmonError(f"{where}: unknown key(s) {', '.join(sorted(extra))}")
             config.sources.append(SourceConfig(
                 kind, table[loc_key], table.get("run"), table.get("template"),
-                _number(table, "c", None, where), bool(table.get("skip_bad", False)),
+                _optional_number(table, "c", where), bool(table.get("skip_bad", False)),
                 _number(table, "step", DEFAULT_PROMETHEUS_STEP_S, where),
                 _number(table, "lookback", DEFAULT_PROMETHEUS_LOOKBACK_S, where)))
     return config
 
 
-def _number(table: dict, key: str, default: float | None, where: str) -> float | None:
-    value = table.get(key, default)
+def _optional_number(table: dict, key: str, where: str) -> float | None:
+    value = table.get(key)
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
         raise SpecmonError(f"{where}: {key} must be a number >= 0, got {value!r}")
     return None if value is None else float(value)
+
+
+def _number(table: dict, key: str, default: float, where: str) -> float:
+    value = _optional_number(table, key, where)
+    return default if value is None else value
 
 
 # -- the read position ----------------------------------------------------------------------------------------

@@ -78,8 +78,8 @@ def describe(head: bytes) -> str:
             seen = "a JSON array; step logs are JSON Lines, one object per line, not one array"
         elif value is not ... and not isinstance(value, dict):
             seen = f"lines of JSON values ({type(value).__name__}), not JSON objects"
-        elif csv_header_names(head):
-            seen = f"a CSV file with the columns {', '.join(csv_header_names(head)[:8])}, none of the flat form's"
+        elif names := csv_header_names(head):
+            seen = f"a CSV file with the columns {', '.join(names[:8])}, none of the flat form's"
         else:
             seen = "a text file without speculative-decoding lines (a server log with speculative decoding " \
                    "off, or logging below INFO?)"

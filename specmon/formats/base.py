@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import IO
 
 import orjson
 
@@ -32,7 +33,7 @@ class RejectReport:
     def __init__(self, path: str):
         self.path = path
         self.count = 0
-        self._out = None
+        self._out: IO[bytes] | None = None  # opened at the first rejected row
 
     def add(self, fault: Fault, raw: object) -> None:
         if self._out is None:

@@ -33,7 +33,7 @@ def _count(name: str, v: object, bound: int = MAX_COUNT) -> int:
 def _rate(name: str, v: object) -> float | None:
     if v is None:
         return None
-    if type(v) not in (int, float) or not math.isfinite(v) or not 0 <= v <= 1:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 <= v <= 1:
         raise RowFault(name, f"expected a rate between 0 and 1, got {v!r}"[:200])
     return float(v)
 
@@ -97,7 +97,8 @@ def _llama_timings(t: dict, no: int, ts: datetime | None, labels: dict) -> Engin
 def window(obj: dict, no: int) -> EngineWindow | None:
     """The window of one response (None: a llama-server response where nothing was drafted)."""
     ts = _created(obj)
-    labels = {key: str(obj[key])[:200] for key in ("id", "model") if key in obj and not isinstance(obj[key], (dict, list))}
+    labels = {key: str(obj[key])[:200] for key in ("id", "model")
+              if key in obj and not isinstance(obj[key], (dict, list))}
     if "id" in labels:
         labels["request_id"] = labels.pop("id")
     metrics = obj.get("metrics")
@@ -117,8 +118,9 @@ def read(path: str, name: str) -> tuple[list[EngineWindow], list[Fault]]:
     """The windows of every response in the file."""
     windows, faults = [], []
     for no, obj, fault in jsonlines.responses(path, name):
-        if fault:
+        if fault is not None:
             faults.append(fault)
+        if obj is None:
             continue
         try:
             w = window(obj, no)

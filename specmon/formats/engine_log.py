@@ -130,7 +130,8 @@ class _Timestamps:
         m = _ISO_TS.search(line)
         if m:
             try:
-                return datetime(*(int(g) for g in m.groups()))
+                year, month, day, hour, minute, second = (int(g) for g in m.groups())
+                return datetime(year, month, day, hour, minute, second)
             except ValueError:
                 raise RowFault("time", f"{m.group(0)!r} is not a date and time") from None
         m = _VLLM_TS.search(line)
@@ -193,14 +194,15 @@ def _vllm_v1(f: dict[str, str], no: int, ts: datetime | None) -> EngineWindow | 
     rate_key = next((k for k in ("avg draft acceptance rate", "draft acceptance rate") if k in f), None)
     rate = number(rate_key, f[rate_key], percent=True) if rate_key else None
     k = len(per_pos) if per_pos else current
-    drafts = drafted / (current or k) if (current or k) else None
+    per_draft = current or k
+    drafts = drafted / per_draft if per_draft else None
     if drafts is not None and mean_len is not None and abs(1 + accepted / drafts - mean_len) > 0.0051:
         drafts = _drafts_from_rates(accepted, per_pos, mean_len)  # the depth changed within the interval
     elif drafts is None:
         drafts = _drafts_from_rates(accepted, per_pos, mean_len)
     used = {"accepted", "drafted", "mean acceptance length", "per-position acceptance rate",
             "current speculative depth", "avg draft acceptance rate", "draft acceptance rate"}
-    labels = {key: value for key, value in f.items() if key not in used}
+    labels: dict[str, str | int] = {key: value for key, value in f.items() if key not in used}
     if current is not None:
         labels["current speculative depth"] = current
     shape = "vllm-v1-log" if per_pos is not None else "vllm-v1-early-log"
@@ -238,7 +240,8 @@ def _vllm_v1_interval(f: dict[str, str], no: int, ts: datetime | None) -> Engine
         raise RowFault("Number of accepted tokens", f"{accepted} accepted of {drafted} drafted tokens")
     if drafted == 0:
         return None
-    k = depth("Number of speculative tokens", count("Number of speculative tokens", f["number of speculative tokens"])) \
+    k = depth("Number of speculative tokens",
+              count("Number of speculative tokens", f["number of speculative tokens"])) \
         if "number of speculative tokens" in f else None
     drafts = drafted / k if k else None
     rate = number("Draft acceptance rate", f["draft acceptance rate"]) if "draft acceptance rate" in f else None
@@ -368,9 +371,10 @@ class EngineLogReader:
         self._pending, self._pending_stats = None, []
         if w is None:
             return
-        if w.drafts is None and stats and None not in stats and sum(x[1] for x in stats) == w.draft_tokens \
-                and sum(x[2] for x in stats) == w.accepted_tokens and sum(x[0] for x in stats) > 0:
-            w.drafts = float(sum(x[0] for x in stats))
+        known = [x for x in stats if x is not None]
+        if w.drafts is None and stats and len(known) == len(stats) and sum(x[1] for x in known) == w.draft_tokens \
+                and sum(x[2] for x in known) == w.accepted_tokens and sum(x[0] for x in known) > 0:
+            w.drafts = float(sum(x[0] for x in known))
             w.mean_acceptance_length = 1 + w.accepted_tokens / w.drafts
             w.labels["drafts from"] = "llama.cpp statistics lines"
         self._windows.append(w)
@@ -383,9 +387,10 @@ class EngineLogReader:
             return False
         rest = m.group(2)
         calls = _LLAMA_CALLS.search(rest)
-        found = [re.search(re.escape(key) + r"\s*=\s*(\d+)", rest) for key in
-                 ("#gen drafts", "#gen tokens", "#acc tokens")]
-        if calls is None or None in found:
+        searched = [re.search(re.escape(key) + r"\s*=\s*(\d+)", rest) for key in
+                    ("#gen drafts", "#gen tokens", "#acc tokens")]
+        found = [f for f in searched if f is not None]
+        if calls is None or len(found) < len(searched):
             return True  # an older statistics line without the request count: nothing to learn from it
         begins = count("#calls(b,g,a)", calls.group(1))
         totals = [count(key, f.group(1)) for key, f in zip(("#gen drafts", "#gen tokens", "#acc tokens"), found)]
@@ -507,7 +512,8 @@ class EngineLogReader:
         labels = {key: count(key, example[key]) for key in ("n_draft", "n_predict") if key in example}
         self._windows.append(EngineWindow("llama.cpp", "llama-example", no, None, draft_tokens=float(drafted),
                                           accepted_tokens=float(accepted),
-                                          reported_rate=number("accept", example["accept"]) / 100, labels=labels))
+                                          reported_rate=number("accept", example["accept"], percent=True),
+                                          labels=labels))
 
 
 def read(path: str, name: str, now: datetime | None = None) -> tuple[list[EngineWindow], list[Fault]]:

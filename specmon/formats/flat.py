@@ -107,7 +107,8 @@ def load(cur: duckdb.DuckDBPyConnection, path: str, fmt: str, name: str) -> tupl
         faults = []
     missing = [c for c in REQUIRED if c not in header]
     if missing:
-        faults.append(Fault(name, 1, missing[0], f"required column is missing (the flat form needs {', '.join(REQUIRED)})"))
+        faults.append(Fault(name, 1, missing[0],
+                            f"required column is missing (the flat form needs {', '.join(REQUIRED)})"))
         return None, faults
     rows = cur.execute("SELECT count(*) FROM flat_raw").fetchall()[0][0]
     return FlatFile([c for c in KNOWN if c in header], rows, [c for c in header if c not in KNOWN]), faults
@@ -140,7 +141,8 @@ def check(cur: duckdb.DuckDBPyConnection, flat: FlatFile, name: str) -> list[Fau
     checks: list[str] = []
     for c in cols:
         if c in REQUIRED:
-            checks.append(f"SELECT line, '{c}', 'required value is empty' FROM flat_typed WHERE raw_{c} IS NULL OR raw_{c} = ''")
+            checks.append(f"SELECT line, '{c}', 'required value is empty' FROM flat_typed "
+                          f"WHERE raw_{c} IS NULL OR raw_{c} = ''")
         if c == "ts":
             checks.append(
                 "SELECT line, 'ts', 'not an ISO-8601 timestamp or epoch seconds: ' || raw_ts FROM flat_typed "
@@ -196,7 +198,8 @@ def check(cur: duckdb.DuckDBPyConnection, flat: FlatFile, name: str) -> list[Fau
             "template' FROM flat_typed GROUP BY request_id, step HAVING count(DISTINCT template) > 1"
         )
     rows = cur.execute(
-        f"CREATE OR REPLACE TEMP TABLE flat_faults AS SELECT * FROM ({' UNION ALL '.join(checks)}) t(line, field, reason);"
+        "CREATE OR REPLACE TEMP TABLE flat_faults AS "
+        f"SELECT * FROM ({' UNION ALL '.join(checks)}) t(line, field, reason);"
         "SELECT line, field, reason FROM flat_faults ORDER BY line"
     ).fetchall()
     if base == 0:
@@ -209,7 +212,8 @@ def reject_bad_steps(cur: duckdb.DuckDBPyConnection) -> list[tuple[int, str, str
     cur.execute(
         "CREATE OR REPLACE TEMP TABLE flat_bad AS SELECT DISTINCT t.line FROM flat_typed t "
         "WHERE t.line IN (SELECT line FROM flat_faults) OR t.request_id IS NULL OR t.step IS NULL "
-        "OR (t.request_id, t.step) IN (SELECT request_id, step FROM flat_typed WHERE line IN (SELECT line FROM flat_faults))"
+        "OR (t.request_id, t.step) IN "
+        "(SELECT request_id, step FROM flat_typed WHERE line IN (SELECT line FROM flat_faults))"
     )
     dropped = cur.execute(
         "SELECT b.line, coalesce(f.field, ''), coalesce(f.reason, 'another row of the same step was rejected'), "

@@ -52,7 +52,7 @@ def _sample(line: str, scrape_ts: datetime) -> Sample | None:
     if not wanted(metric):
         return None
     labels = _labels(m.group(2)) if m else None
-    if labels is None:
+    if m is None or labels is None:
         raise RowFault(metric, "a speculative-decoding sample that does not parse")
     try:
         value = float(m.group(3))

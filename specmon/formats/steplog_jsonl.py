@@ -54,8 +54,11 @@ class _StepBatch:
     ])
 
     def __init__(self) -> None:
-        self.steps = {c: [] for c in self.STEP_SCHEMA.names}
-        self.pos = {c: [] for c in self.POSITION_SCHEMA.names}
+        self._clear()
+
+    def _clear(self) -> None:
+        self.steps: dict[str, list] = {c: [] for c in self.STEP_SCHEMA.names}
+        self.pos: dict[str, list] = {c: [] for c in self.POSITION_SCHEMA.names}
 
     def __len__(self) -> int:
         return len(self.steps["local_step"])
@@ -63,7 +66,7 @@ class _StepBatch:
     def add(self, s: steplog.Step, local_step: int, template: str, ts, inferred: bool) -> None:
         g, checked = s.g, s.checked
         lo_sum = hi_sum = None
-        if s.beta_lo is not None:
+        if s.beta_lo is not None and s.beta_hi is not None:
             lo_sum = sum(s.beta_lo[:checked])
             hi_sum = sum(s.beta_hi[:checked])
         for col, value in zip(self.STEP_COLUMNS, (
@@ -99,7 +102,7 @@ class _StepBatch:
         cur.unregister("batch_steps")
         cur.unregister("batch_positions")
         n = positions.num_rows
-        self.__init__()
+        self._clear()
         return n
 
 

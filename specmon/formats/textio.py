@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import gzip
+import io
 import zlib
 from collections.abc import Iterator
-from typing import IO
 
 GZIP_MAGIC = b"\x1f\x8b"
 BOM = b"\xef\xbb\xbf"
@@ -15,7 +15,7 @@ def is_gzip(path: str) -> bool:
         return fh.read(2) == GZIP_MAGIC
 
 
-def open_binary(path: str) -> IO[bytes]:
+def open_binary(path: str) -> gzip.GzipFile | io.BufferedReader:
     """The file's bytes, decompressed where it is gzip (told by its magic bytes, whatever its name)."""
     return gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")
 

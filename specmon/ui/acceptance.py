@@ -31,7 +31,8 @@ def positions_frame(seg: dict) -> pd.DataFrame:
 
 
 def _position_chart(df: pd.DataFrame) -> alt.Chart:
-    colour = alt.Color("measure:N", title=None, legend=alt.Legend(orient="bottom", direction="vertical", labelLimit=500))
+    colour = alt.Color("measure:N", title=None,
+                       legend=alt.Legend(orient="bottom", direction="vertical", labelLimit=500))
     offset = alt.XOffset("measure:N")
     x = alt.X("position:O", title="draft position i", axis=alt.Axis(labelAngle=0))
     base = alt.Chart(df)
@@ -78,7 +79,8 @@ def verdict(seg: dict) -> str:
     if seg["agreement"] == "agrees":
         return (f"Observed acceptance **agrees with the prediction within noise** (z = {seg['gap_z']:.2f}, "
                 f"|z| ≤ {GAP_Z_LIMIT:g}; clusters = requests).")
-    return (f"Observed acceptance **differs from the prediction: check the pipeline** (z = {fmt(seg['gap_z'], '.1f')}). "
+    return ("Observed acceptance **differs from the prediction: check the pipeline** "
+            f"(z = {fmt(seg['gap_z'], '.1f')}). "
             "A gap beyond noise usually means a wrong table, a temperature applied on one side only, or positions "
             "shifted by one.")
 

@@ -7,11 +7,11 @@ process, so `follow_updates` reruns the page when data arrives, without a reload
 """
 from __future__ import annotations
 
-import pandas as pd
-import streamlit as st
-
 import os
 from datetime import datetime
+
+import pandas as pd
+import streamlit as st
 
 from specmon import alarms, demo, ingest, lossless, summary, watch
 from specmon.store import Store, default_db_path

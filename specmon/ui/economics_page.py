@@ -75,8 +75,8 @@ def render() -> None:
 
     st.markdown("**Break-even alpha\\*(c)**: above its curve, a draft length pays for itself")
     ks = tuple(sorted(set(economics.REFERENCE_KS) | {k}))
-    has_point = seg is not None and seg["alpha"] is not None
-    point = pd.DataFrame([{"c": c, "alpha": seg["alpha"], "label": "your segment"}]) if has_point else None
+    point = (pd.DataFrame([{"c": c, "alpha": seg["alpha"], "label": "your segment"}])
+             if seg is not None and seg["alpha"] is not None else None)
     st.altair_chart(_break_even_chart(economics.break_even_curves(ks), point), width="stretch")
 
     if seg is None or seg["alpha"] is None:

@@ -47,10 +47,14 @@ def render() -> None:
     template = Path(prompt_set).stem
     run = run_name or f"live {pair.name} k={k} T={temperature:g}"
     bar = st.progress(0.0, text="starting")
+
+    def progress(n: int, total: int) -> None:
+        bar.progress(n / total, text=f"prompt {n} of {total}")
+
     meta = {"target": target, "draft": None if ngram else draft, "proposer": proposer, "k": k,
             "temperature": temperature, "prompts": prompt_set, "max_new_tokens": max_new}
     done = live.record_run(data.get_store(), pair, prompts, run=run, template=template, meta=meta,
-                           progress=lambda n, total: bar.progress(n / total, text=f"prompt {n} of {total}"),
+                           progress=progress,
                            k=k, max_new_tokens=max_new, temperature=temperature,
                            ngram=live.NgramProposer() if ngram else None)
     bar.progress(1.0, text="done")

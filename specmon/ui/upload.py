@@ -40,7 +40,8 @@ def render() -> None:
         # No type filter: the ingest detects the format from the content, and server logs carry any extension.
         files = st.file_uploader("Logs, step logs or Prometheus pages", accept_multiple_files=True, type=None)
         c1, c2 = st.columns(2)
-        run = c1.text_input("Run name", placeholder="default: the file name", help="steps of one deployment or experiment")
+        run = c1.text_input("Run name", placeholder="default: the file name",
+                            help="steps of one deployment or experiment")
         template = c2.text_input("Template", placeholder="for steps whose log names none")
         skip_bad = st.checkbox("Store the good rows and list the rejected ones", value=False)
         submitted = st.form_submit_button("Ingest", type="primary")
