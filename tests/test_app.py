@@ -1,5 +1,8 @@
 """Every dashboard page through Streamlit's AppTest: it renders on the demo data and on an empty database, and the
 numbers it shows are the ones `specmon summary --json` gives for the same database."""
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -129,6 +132,11 @@ def test_live_page_runs_the_shipped_pair_and_lands_on_its_acceptance(app_db):
     at.text_input[2].input("ui-live")
     at.button[0].click().run()
     assert not at.exception, at.exception
+    job = at.session_state["live_job"]  # the run goes on in its own thread; the page shows its progress
+    assert any(p.proto.text.startswith(("loading", "prompt")) for p in at.get("progress"))
+    job.thread.join(timeout=600)
+    at.run()  # the page sees the run has ended and lands on its acceptance
+    assert not at.exception, at.exception
     with Store(app_db) as store:
         rows = [r for r in summary.summarize(store) if r["run"] == "ui-live"]
     assert len(rows) == 1 and rows[0]["template"] == "copy" and rows[0]["steps"] > 0
@@ -136,3 +144,32 @@ def test_live_page_runs_the_shipped_pair_and_lands_on_its_acceptance(app_db):
     at = open_page("economics_page")
     at.selectbox[0].select("ui-live / copy").run()
     assert any("Measured on this machine (live run)" in m.value for m in at.markdown)
+
+
+def test_live_page_cancels_a_run_and_stores_nothing(app_db):
+    pytest.importorskip("torch")
+    at = open_page("live_page")
+    at.radio[0].set_value("n-gram prompt lookup")
+    at.text_input[2].input("ui-cancelled")
+    at.button[0].click().run()
+    job = at.session_state["live_job"]
+    at.button[0].click().run()  # Cancel, shown while the run goes on
+    assert job.cancel.is_set()
+    job.thread.join(timeout=600)
+    at.run()
+    assert [e.value for e in at.error] == ["Cancelled: nothing was stored."]
+    with Store(app_db) as store:
+        assert not [r for r in summary.summarize(store) if r["run"] == "ui-cancelled"]
+
+
+def test_live_page_renders_without_loading_torch(tmp_path):
+    """torch loads when a run starts, not when the page is drawn (a fresh process: the tests' own has torch)."""
+    code = ("import sys; from streamlit.testing.v1 import AppTest; "
+            f"at = AppTest.from_file({str(APP)!r}, default_timeout=90).run(); "
+            "at.switch_page('specmon/ui/live_page.py').run(); "
+            "assert not at.exception, at.exception; assert at.title[0].value == 'Live run'; "
+            "print('torch loaded' if 'torch' in sys.modules else 'torch not loaded')")
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "SPECMON_DB": str(tmp_path / "t.duckdb")},
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "torch not loaded"

@@ -1,31 +1,133 @@
-"""Live run: speculative decoding of a local model pair on a prompt set, stored as a run, then its acceptance."""
+"""Live run: speculative decoding of a local model pair on a prompt set, stored as a run, then its acceptance.
+
+The run happens in a thread of its own (a job kept in the session), so the page renders at once, shows progress
+while the run goes on, can cancel it, and loads torch only when a run starts.
+"""
 from __future__ import annotations
 
+import functools
+import logging
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import streamlit as st
 
-from specmon.resources import DRAFT_MODEL, PROMPT_SETS, PROMPTS, TARGET_MODEL
+from specmon.faults import SpecmonError
+from specmon.resources import DRAFT_MODEL, PROMPT_SETS, PROMPTS, TARGET_MODEL, UI
+from specmon.store import Store
 from specmon.ui import data
 from specmon.ui.widgets import guarded, md_text, segment_label
 
+log = logging.getLogger(__name__)
+_JOB = "live_job"
 
-@st.cache_resource
+
+class _Cancelled(Exception):
+    """Raised in the run's thread at the next prompt boundary once Cancel was pressed."""
+
+
+@dataclass
+class _Job:
+    """One live run and what the page shows of it. Only the run's thread writes the fields; the page reads them."""
+    settings: dict[str, Any]
+    stage: str = "loading the models"
+    done: int = 0
+    total: int = 0
+    run: str | None = None
+    template: str | None = None
+    summary: str | None = None  # set when the run is stored
+    error: str | None = None
+    cancel: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+
+@functools.lru_cache(maxsize=2)
 def _pair(target: str, draft: str | None):
-    from specmon import live  # torch and transformers load when this page is first used, not at app start
+    from specmon import live  # torch and transformers load when a run starts, not when the page renders
 
     return live.load_pair(target, draft)
 
 
+def _work(job: _Job, store: Store) -> None:
+    s = job.settings
+    try:
+        from specmon import live
+
+        pair = _pair(s["target"], None if s["ngram"] else s["draft"])
+        prompts = live.read_prompts(str(PROMPTS / s["prompt_set"]))
+        job.template = Path(s["prompt_set"]).stem
+        job.run = s["run_name"] or f"live {pair.name} k={s['k']} T={s['temperature']:g}"
+        job.stage, job.total = "running", len(prompts)
+
+        def progress(n: int, total: int) -> None:
+            job.done = n
+            if job.cancel.is_set():
+                raise _Cancelled
+
+        meta = {"target": s["target"], "draft": None if s["ngram"] else s["draft"], "proposer": s["proposer"],
+                "k": s["k"], "temperature": s["temperature"], "prompts": s["prompt_set"],
+                "max_new_tokens": s["max_new"]}
+        done = live.record_run(store, pair, prompts, run=job.run, template=job.template, meta=meta,
+                               progress=progress, k=s["k"], max_new_tokens=s["max_new"],
+                               temperature=s["temperature"], ngram=live.NgramProposer() if s["ngram"] else None)
+        job.summary = (f"Stored run **{md_text(job.run)}**: {done.steps} steps, {done.tokens} tokens in "
+                       f"{done.seconds:.1f} s.")
+    except _Cancelled:
+        job.error = "Cancelled: nothing was stored."
+    except SpecmonError as exc:
+        job.error = str(exc)
+    except Exception:  # shown as a plain message; the details go to the server log
+        log.exception("live run failed")
+        job.error = "The run failed. The server log has the details; nothing was stored."
+
+
+def _start(settings: dict[str, Any]) -> None:
+    job = _Job(settings)
+    job.thread = threading.Thread(target=_work, args=(job, data.get_store()), name="specmon-live", daemon=True)
+    st.session_state[_JOB] = job
+    job.thread.start()
+
+
+@st.fragment(run_every=1.0)
+def _follow(job: _Job) -> None:
+    """Redrawn every second while the run goes on; the whole page reruns once it has ended."""
+    if not job.running:
+        st.rerun()
+    if job.stage == "running" and job.total:
+        st.progress(job.done / job.total, text=f"prompt {job.done} of {job.total}")
+    else:
+        st.progress(0.0, text=job.stage)
+    if job.cancel.is_set():
+        st.caption("Cancelling after the prompt in hand…")
+    elif st.button("Cancel"):
+        job.cancel.set()
+
+
 @guarded
 def render() -> None:
-    from specmon import live
-
     st.title("Live run")
     st.caption("Runs speculative decoding (Leviathan et al.'s Algorithm 1, KV caches rolled back on rejection) of "
                "a model pair on a prompt set, here on this machine, logs every step with exact beta and timings, "
                "and stores it as a run. The default pair ships with specmon: a small target and an 11x smaller "
                "draft trained on CPython's standard library to write Python and to continue a repetition.")
+    job: _Job | None = st.session_state.get(_JOB)
+    if job is not None and job.running:
+        _follow(job)
+        return
+    if job is not None:
+        del st.session_state[_JOB]
+        if job.error:
+            st.error(job.error)
+        elif job.summary:
+            st.success(job.summary)
+            st.session_state["segment"] = segment_label({"run": job.run, "template": job.template})
+            st.switch_page(UI / "acceptance.py")  # absolute: the main script is ./app.py or specmon/ui/app.py
     with st.form("live"):
         c1, c2 = st.columns(2)
         target = c1.text_input("Target model", value=str(TARGET_MODEL), help="a local directory or a hub name")
@@ -39,28 +141,11 @@ def render() -> None:
         max_new = st.slider("new tokens per prompt", 8, 128, 48, 8)
         run_name = st.text_input("Run name", placeholder="default: from the pair, k and temperature")
         submitted = st.form_submit_button("Run", type="primary")
-    if not submitted:
-        return
-    ngram = proposer != "draft model"
-    pair = _pair(target, None if ngram else draft)
-    prompts = live.read_prompts(str(PROMPTS / prompt_set))
-    template = Path(prompt_set).stem
-    run = run_name or f"live {pair.name} k={k} T={temperature:g}"
-    bar = st.progress(0.0, text="starting")
-
-    def progress(n: int, total: int) -> None:
-        bar.progress(n / total, text=f"prompt {n} of {total}")
-
-    meta = {"target": target, "draft": None if ngram else draft, "proposer": proposer, "k": k,
-            "temperature": temperature, "prompts": prompt_set, "max_new_tokens": max_new}
-    done = live.record_run(data.get_store(), pair, prompts, run=run, template=template, meta=meta,
-                           progress=progress,
-                           k=k, max_new_tokens=max_new, temperature=temperature,
-                           ngram=live.NgramProposer() if ngram else None)
-    bar.progress(1.0, text="done")
-    st.success(f"Stored run **{md_text(run)}**: {done.steps} steps, {done.tokens} tokens in {done.seconds:.1f} s.")
-    st.session_state["segment"] = segment_label({"run": run, "template": template})
-    st.switch_page("specmon/ui/acceptance.py")
+    if submitted:
+        _start({"target": target, "draft": draft, "proposer": proposer, "ngram": proposer != "draft model",
+                "prompt_set": prompt_set, "k": k, "temperature": temperature, "max_new": max_new,
+                "run_name": run_name})
+        st.rerun()
 
 
 if __name__ == "__main__":  # Streamlit runs a page file as __main__
