@@ -83,6 +83,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
                                                   if result.rejected else ""))
             elif result.status == "already ingested":
                 _out(f"{name}: already ingested (same content); nothing changed")
+            elif result.status == "nothing to ingest":
+                _out(f"{name}: empty, nothing to ingest; nothing changed")
             if result.status == "rejected":
                 status = EXIT_FINDING
                 _err(f"{name}: rejected, nothing stored ({result.fault_count} fault(s); "
