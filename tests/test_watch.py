@@ -211,6 +211,10 @@ def test_a_segment_turning_losing_reaches_the_webhook_once(tmp_path, receiver):
     w.webhook.close()
     losing = [r for r in received if r["event"] == "segment_losing"]
     assert len(losing) == 1, received
+    # the pages and `check` give the same verdict: the watched source's c is the run's declared cost
+    from specmon import summary
+    seg = summary.summarize(store, run="prod", per_position=False)[0]
+    assert (seg["c"], seg["c_source"], seg["status"]) == (0.3, "declared", "losing")
     notice = losing[0]
     assert notice["run"] == "prod" and notice["status"] == "losing"
     assert notice["alpha_hi"] < notice["break_even"]
