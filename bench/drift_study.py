@@ -1,122 +1,257 @@
-"""Drift detection study: false-alarm rate and detection delay of specmon's CUSUM beside river's ADWIN and
-Page-Hinkley, tuned to the same false-alarm rate, on streams with request clustering.
+"""Study of specmon's statistics on data from request models other than their own (bench/streams.py): interval
+coverage, status calls at break-even, steps per false alarm against the stated figure, detection delay and
+change-time error; river's ADWIN and Page-Hinkley beside the CUSUM in one cell.
 
-    python bench/drift_study.py [--arl0 5000]
+    nice python bench/drift_study.py [--full] [--out docs/drift_study.json]
 
-Streams follow specmon.drift's beta-binomial request model: k = 4, requests of 20 steps on average, per-request
-acceptance ~ Beta(alpha*m, (1-alpha)*m) with m = 8 (a design effect of about 8, as seen in the demo data).
-In control alpha = 0.80; break-even alpha* = 0.45 (k = 4, c = 0.20). Changes: to 0.40 (below break-even) and to
-0.60 (a drop that still pays). The baselines see each step's acceptance accepted/checked; river's detectors are
-two-sided, so every detection counts as an alarm for them (that is what they do unattended).
+Default (a few minutes on 2 cores): intervals in every cell of request correlation 0 / 0.05 / 0.2 / 0.3 x
+geometric / lognormal lengths x 20 / 50 / 200 / 1000 requests x k = 2 / 4 / 8 (300 replicates each); false alarms
+at a stated 2,000 steps in every correlation x lengths x k cell (40 reference windows each), at the default 20,000
+at k = 4 (20 windows each); delays and change times at a stated 20,000 at k = 4, correlation 0.05 and 0.2.
+--full: 2,000 replicates per interval cell, 100 reference windows per false-alarm cell and every k at 20,000,
+delays in every cell. --reps N sets the interval replicates alone.
+
+Every figure comes with its Monte-Carlo error: a coverage or a probability with its binomial standard error;
+steps per false alarm with a 95% interval from resampling the reference windows (the windows differ, so alarms
+are not Poisson across them).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import time
 
 import numpy as np
-from river import drift as river_drift
 
+import streams
 from _common import machine
-from specmon import drift
+from specmon import drift, stats, theory
+from specmon.segments import segment_status
 
-K, P0, P1, M, STEPS_PER_REQUEST = 4, 0.80, 0.45, 8.0, 20.0
-NULL_STREAMS, NULL_STEPS = 20, 50_000
-CHANGE_STREAMS, CHANGE_AT, AFTER = 200, 3_000, 3_000
-
-
-def streams(seed: int, n: int, steps: int, alpha: float) -> tuple[np.ndarray, np.ndarray]:
-    return drift.simulate_steps(np.random.default_rng(seed), n, steps, alpha, K, M, STEPS_PER_REQUEST)
-
-
-def specmon_alarms(a: np.ndarray, c: np.ndarray, design: drift.Design) -> list[int]:
-    return [alarm for alarm, _ in drift.cusum(a.astype(float), c.astype(float), design)[1]]
+RHOS = (0.0, 0.05, 0.2, 0.3)
+LENGTHS = ("geometric", "lognormal")
+REQUESTS = (20, 50, 200, 1000)
+KS = (2, 4, 8)
+ALPHA = 0.70  # per-token acceptance in the interval cells (break-even is put exactly there)
+P0, P_DROP, BREAK_EVEN = 0.80, 0.40, 0.45  # drift cells: in control, after the drop, break-even (p1)
+RIVER_BEFORE = 300  # watched in-control steps before the drop in the comparison with river (after the reference)
 
 
-def river_alarms(make, a: np.ndarray, c: np.ndarray) -> list[int]:
-    detector = make()
-    found = []
-    for t, x in enumerate((a / c).tolist()):
-        detector.update(x)
-        if detector.drift_detected:
-            found.append(t)
-    return found
+def moments(mean: float, rho: float, k: int) -> list[float]:
+    """E r^i, i = 0..k, for per-request acceptance r with this Beta mean and intra-request correlation rho."""
+    if rho <= 0:
+        return [mean ** i for i in range(k + 1)]
+    m = 1 / rho - 1
+    a, b = mean * m, (1 - mean) * m
+    out = [1.0]
+    for i in range(1, k + 1):
+        out.append(out[-1] * (a + i - 1) / (a + b + i - 1))
+    return out
 
 
-def alarm_rate(detect, null) -> float:
-    """Alarms per step on streams without change."""
-    a, c = null
-    return sum(len(detect(a[i], c[i])) for i in range(len(a))) / a.size
+def interval_cell(rng: np.random.Generator, rho: float, lengths: str, g: int, k: int, reps: int) -> dict:
+    mean = streams.mean_for_alpha(ALPHA, rho, k)
+    e = moments(mean, rho, k)
+    true_l = 1 + sum(e[1:])
+    true_cond = [e[i] / e[i - 1] for i in range(1, k + 1)]  # position i accepted given it was checked
+    c = (theory.expected_tokens(ALPHA, k) - 1) / k  # the draft cost that puts break-even exactly at alpha
+    hits = {"alpha": 0, "L": 0}
+    position_hits = np.zeros(k)
+    misses_low = losing = healthy = 0
+    for _ in range(reps):
+        sizes = streams.request_lengths(rng, g, lengths)
+        request = np.repeat(np.arange(g), sizes)
+        p = streams.request_rates(rng, g, mean, rho)[request]
+        alive = np.ones(len(request), dtype=bool)
+        acc_pos = []
+        for _ in range(k):
+            alive &= rng.random(len(request)) < p
+            acc_pos.append(np.bincount(request, weights=alive, minlength=g))
+        acc_pos = np.array(acc_pos)  # (k, g): steps whose prefix reached position i, per request
+        accepted = acc_pos.sum(axis=0)
+        checked = sizes + acc_pos[:-1].sum(axis=0)
+        iv = stats.cluster_robust_interval(accepted, checked)
+        hits["alpha"] += iv.lo <= ALPHA <= iv.hi
+        misses_low += iv.hi < ALPHA
+        status = segment_status(iv.lo, iv.hi, theory.break_even_alpha(k, c))
+        losing += status == "losing"
+        healthy += status == "healthy"
+        tokens = stats.ratio_interval(stats.ClusterSums.of(accepted, sizes.astype(float)), iv.dof)
+        hits["L"] += tokens[0] <= true_l - 1 <= tokens[1]
+        reached = np.concatenate([[sizes.sum()], acc_pos[:-1].sum(axis=1)])
+        for i in range(k):
+            n_eff = reached[i] / iv.design_effect
+            lo, hi = stats.wilson_interval(acc_pos[i].sum() / reached[i] * n_eff, n_eff, 0.95, iv.dof) \
+                if reached[i] else (0.0, 1.0)
+            position_hits[i] += lo <= true_cond[i] <= hi
+    out = {f"coverage_{name}": v / reps for name, v in hits.items()}
+    out["coverage_per_position"] = (position_hits / reps).tolist()  # each position's own interval
+    out.update({"p_losing_at_break_even": losing / reps, "p_healthy_at_break_even": healthy / reps,
+                "upper_bound_below_truth": misses_low / reps, "replicates": reps,
+                "mc_se_at_0.95": math.sqrt(0.95 * 0.05 / reps)})
+    return out
 
 
-def delay(detect, changed) -> dict:
-    """Steps from the change to the first alarm at or after it (streams that alarmed before the change count
-    as false alarms and are left out of the delay, the usual conditional delay)."""
-    a, c = changed
-    delays, early, missed = [], 0, 0
-    for i in range(len(a)):
-        found = detect(a[i], c[i])
-        if any(t < CHANGE_AT for t in found):
+def false_alarm_cell(rng: np.random.Generator, rho: float, lengths: str, k: int, arl0: int, windows: int) -> dict:
+    """Each window: a fresh stream, the detector calibrated on its first REFERENCE_STEPS steps, then 10 x ARL0
+    in-control steps watched (restarting after every alarm, as in use)."""
+    watched = 10 * arl0
+    alarms, hs = [], []
+    for _ in range(windows):
+        a, c, req = streams.steps(rng, drift.REFERENCE_STEPS + watched, P0, k, rho, lengths)
+        d = drift.design_for(a, c, req, k, BREAK_EVEN, arl0)
+        alarms.append(len(drift.cusum(a[drift.REFERENCE_STEPS:], c[drift.REFERENCE_STEPS:], d)[1]))
+        hs.append(d.h)
+    alarms = np.array(alarms)
+    boot = rng.integers(0, windows, (2000, windows))
+    rates = alarms[boot].sum(axis=1) / (windows * watched)
+    spa = windows * watched / max(alarms.sum(), 1)
+    lo, hi = np.quantile(1 / np.maximum(rates, 1e-12), [0.025, 0.975])
+    return {"stated": arl0, "steps_per_false_alarm": spa, "ratio_to_stated": spa / arl0,
+            "ci95": [float(lo), float(hi)], "alarms": int(alarms.sum()), "reference_windows": windows,
+            "watched_steps_per_window": watched, "median_h": float(np.median(hs))}
+
+
+def delay_cell(rng: np.random.Generator, rho: float, lengths: str, k: int, streams_n: int, arl0: int,
+               before: int = 3000) -> dict:
+    """A drop from P0 to P_DROP (below break-even) after `before` watched steps; delay to the first alarm after it
+    (streams that alarmed before it are left out: the conditional delay) and the error of the dated change."""
+    after = 3000
+    delays, errors, in_range, early, missed = [], [], 0, 0, 0
+    for _ in range(streams_n):
+        a0, c0, r0 = streams.steps(rng, drift.REFERENCE_STEPS + before, P0, k, rho, lengths)
+        a1, c1, r1 = streams.steps(rng, after, P_DROP, k, rho, lengths)
+        a, c = np.concatenate([a0, a1]), np.concatenate([c0, c1])
+        change = len(a0)
+        d = drift.design_for(a, c, np.concatenate([r0, r1 + r0.max() + 1]), k, BREAK_EVEN, arl0)
+        _, found = drift.detect(a, c, d)
+        if any(e.alarm_index < change for e in found):
             early += 1
             continue
-        after = [t for t in found if t >= CHANGE_AT]
-        if after:
-            delays.append(after[0] - CHANGE_AT)
-        else:
+        if not found:
             missed += 1
-    d = np.array(delays)
-    return {"mean_delay_steps": float(d.mean()) if len(d) else None,
-            "median_delay_steps": float(np.median(d)) if len(d) else None,
-            "alarmed_before_change": early, "missed_within_3000_steps": missed, "streams": len(a)}
+            continue
+        e = found[0]
+        delays.append(e.alarm_index - change)
+        errors.append(e.change_index - change)
+        in_range += e.change_lo <= change <= e.change_hi
+    d, err = np.array(delays), np.array(errors)
+    n = len(d)
+    return {"streams": streams_n, "watched_before_change": before, "alarmed_before_change": early,
+            "missed_within_3000": missed,
+            "mean_delay": float(d.mean()) if n else None,
+            "mean_delay_se": float(d.std(ddof=1) / math.sqrt(n)) if n > 1 else None,
+            "median_delay": float(np.median(d)) if n else None,
+            "mean_abs_change_error": float(np.abs(err).mean()) if n else None,
+            "median_change_error": float(np.median(err)) if n else None,
+            "change_in_likely_range": in_range / n if n else None}
 
 
-def tune(make_with, target: float, null, lo: float, hi: float, log: bool) -> float:
-    """The parameter value (bisection) whose alarm rate on the null streams matches target; rate must fall
-    as the parameter rises."""
-    for _ in range(14):
-        mid = math.sqrt(lo * hi) if log else (lo + hi) / 2
-        rate = alarm_rate(lambda a, c: river_alarms(lambda: make_with(mid), a, c), null)
-        lo, hi = (mid, hi) if rate > target else (lo, mid)
-    return hi
+def river_cell(rng: np.random.Generator, arl0: int, target_rate: float) -> dict:
+    """ADWIN and Page-Hinkley (river) on accepted/checked per step, tuned by bisection to the CUSUM's measured
+    false-alarm rate on 200,000 in-control steps of the cell (rho 0.2, geometric, k = 4), then the same drops:
+    the reference window as warm-up, RIVER_BEFORE watched steps, the drop."""
+    from river import drift as river_drift
+
+    null = [streams.steps(rng, 40_000, P0, 4, 0.2, "geometric")[:2] for _ in range(5)]
+    changed = []
+    start, change = drift.REFERENCE_STEPS, drift.REFERENCE_STEPS + RIVER_BEFORE
+    for _ in range(60):
+        a0, c0, _ = streams.steps(rng, change, P0, 4, 0.2, "geometric")
+        a1, c1, _ = streams.steps(rng, 3000, P_DROP, 4, 0.2, "geometric")
+        changed.append((np.concatenate([a0, a1]), np.concatenate([c0, c1])))
+
+    def run(make, a, c) -> list[int]:
+        det, found = make(), []
+        for t, x in enumerate((a / c).tolist()):
+            det.update(x)
+            if det.drift_detected:
+                found.append(t)
+        return found
+
+    def rate(make) -> float:
+        return sum(len(run(make, a, c)) for a, c in null) / sum(len(a) for a, _ in null)
+
+    def tune(factory, lo, hi) -> float:
+        for _ in range(10):
+            mid = math.sqrt(lo * hi)
+            lo, hi = (mid, hi) if rate(lambda: factory(mid)) > target_rate else (lo, mid)
+        return hi
+
+    out = {}
+    for name, factory, lo, hi in (
+            ("river Page-Hinkley", lambda t: river_drift.PageHinkley(threshold=t, mode="both"), 1.0, 500.0),
+            ("river ADWIN", lambda inv: river_drift.ADWIN(delta=1 / inv), 2.0, 1e15)):
+        param = tune(factory, lo, hi)
+        delays, early = [], 0
+        for a, c in changed:
+            found = [t for t in run(lambda: factory(param), a, c) if t >= start]  # the reference is warm-up
+            if any(t < change for t in found):
+                early += 1
+            elif found:
+                delays.append(found[0] - change)
+        d = np.array(delays)
+        out[name] = {"parameter": param, "steps_per_false_alarm": 1 / max(rate(lambda: factory(param)), 1e-12),
+                     "mean_delay": float(d.mean()) if len(d) else None,
+                     "mean_delay_se": float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else None,
+                     "alarmed_before_change": early, "detected": len(d), "streams": len(changed)}
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--arl0", type=int, default=5000, help="stated steps between false alarms")
+    ap.add_argument("--full", action="store_true", help="every cell at full size (about an hour on 2 cores)")
+    ap.add_argument("--out", help="write the results as JSON here")
+    ap.add_argument("--no-river", action="store_true", help="skip the ADWIN / Page-Hinkley comparison")
+    ap.add_argument("--reps", type=int, help="replicates per interval cell (default 300; --full 2,000)")
     args = ap.parse_args()
-    h = drift.calibrate_h(P0, P1, K, M, STEPS_PER_REQUEST, args.arl0)
-    design = drift.Design(P0, P1, h, args.arl0, M, K)
-    null = streams(1, NULL_STREAMS, NULL_STEPS, P0)
-    ours = lambda a, c: specmon_alarms(a, c, design)  # noqa: E731
-    rate = alarm_rate(ours, null)
-    n_alarms = rate * null[0].size
-    target = 1 / args.arl0
-    ph_threshold = tune(lambda t: river_drift.PageHinkley(threshold=t, mode="both"), target, null, 1.0, 500.0, True)
-    # ADWIN alarms less as delta falls, so tune 1/delta.
-    adwin_delta = 1 / tune(lambda inv: river_drift.ADWIN(delta=1 / inv), target, null, 2.0, 1e15, True)
-    detectors = {
-        "specmon CUSUM": ours,
-        "river PageHinkley": lambda a, c: river_alarms(lambda: river_drift.PageHinkley(threshold=ph_threshold,
-                                                                                       mode="both"), a, c),
-        "river ADWIN": lambda a, c: river_alarms(lambda: river_drift.ADWIN(delta=adwin_delta), a, c),
-    }
-    results = {"machine": machine(), "stated_false_alarm_every_steps": args.arl0, "h": h,
-               "null_steps": int(null[0].size),
-               "specmon_false_alarms": int(round(n_alarms)),
-               "specmon_steps_per_false_alarm": 1 / rate if rate else None,
-               "specmon_steps_per_false_alarm_95ci": [null[0].size / (n_alarms + 1.96 * math.sqrt(n_alarms)),
-                                                      null[0].size / max(n_alarms - 1.96 * math.sqrt(n_alarms), 1)],
-               "page_hinkley_threshold": ph_threshold, "adwin_delta": adwin_delta, "detectors": {}}
-    for alpha_after in (0.40, 0.60):
-        a0, c0 = streams(2, CHANGE_STREAMS, CHANGE_AT, P0)
-        a1, c1 = streams(3, CHANGE_STREAMS, AFTER, alpha_after)
-        changed = (np.concatenate([a0, a1], axis=1), np.concatenate([c0, c1], axis=1))
-        for name, detect in detectors.items():
-            entry = results["detectors"].setdefault(name, {})
-            entry.setdefault("steps_per_false_alarm", 1 / max(alarm_rate(detect, null), 1e-12))
-            entry[f"change_to_{alpha_after:.2f}"] = delay(detect, changed)
-    print(json.dumps(results, indent=2))
+    rng = np.random.default_rng(2026)
+    t0 = time.perf_counter()
+    reps, windows = (2000, 100) if args.full else (300, 40)
+    reps = args.reps or reps
+    results: dict = {"machine": machine(), "full": args.full, "reference_steps": drift.REFERENCE_STEPS,
+                     "intervals": [], "false_alarms": [], "delays": []}
+    for rho in RHOS:
+        for lengths in LENGTHS:
+            for g in REQUESTS:
+                for k in KS:
+                    cell = {"rho": rho, "lengths": lengths, "requests": g, "k": k}
+                    cell.update(interval_cell(rng, rho, lengths, g, k, reps))
+                    results["intervals"].append(cell)
+    print(f"intervals done in {time.perf_counter() - t0:.0f} s", flush=True)
+    for arl0 in (2000, 20_000):
+        for rho in RHOS:
+            for lengths in LENGTHS:
+                for k in (KS if args.full or arl0 == 2000 else (4,)):
+                    cell = {"rho": rho, "lengths": lengths, "k": k}
+                    cell.update(false_alarm_cell(rng, rho, lengths, k, arl0,
+                                                 windows if args.full or arl0 == 2000 else 20))
+                    results["false_alarms"].append(cell)
+                    print(json.dumps(cell), flush=True)
+    print(f"false alarms done in {time.perf_counter() - t0:.0f} s", flush=True)
+    for rho in (RHOS if args.full else (0.05, 0.2)):
+        for lengths in LENGTHS:
+            for k in (KS if args.full else (4,)):
+                cell = {"rho": rho, "lengths": lengths, "k": k, "stated": 20_000}
+                cell.update(delay_cell(rng, rho, lengths, k, 200 if args.full else 40, 20_000))
+                results["delays"].append(cell)
+                print(json.dumps(cell), flush=True)
+    if not args.no_river:
+        cusum = next(c for c in results["false_alarms"]
+                     if (c["rho"], c["lengths"], c["k"], c["stated"]) == (0.2, "geometric", 4, 2000))
+        results["river"] = {"cell": "rho 0.2, geometric, k = 4", "target_steps_per_false_alarm":
+                            cusum["steps_per_false_alarm"],
+                            "detectors": river_cell(rng, 2000, 1 / cusum["steps_per_false_alarm"])}
+        delay = {"rho": 0.2, "lengths": "geometric", "k": 4}
+        delay.update(delay_cell(rng, 0.2, "geometric", 4, 60, 2000, RIVER_BEFORE))
+        results["river"]["specmon CUSUM (stated 2,000)"] = delay
+    results["wall_s"] = time.perf_counter() - t0
+    text = json.dumps(results, indent=1)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(text + "\n")
+    print(text)
 
 
 if __name__ == "__main__":

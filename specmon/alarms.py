@@ -1,37 +1,38 @@
-"""Drift alarms and template-change verdicts for the runs in a store (the detector itself is specmon.drift).
+"""Drift alarms and template-change verdicts for any run in a store (the detector itself is specmon.drift), and
+rollout annotations.
 
-Each run is one stream of steps in time order, across its templates: a template change is what usually moves
-acceptance, so the reference window (the run's first steps) stays the baseline across it.
+A run is one stream in time order, across its templates: a template change is what usually moves acceptance, so
+the reference window (the run's first points) stays the baseline across it. The stream is the run's verification
+steps (clusters: requests) where it has a step log, else its engine windows, from engine logs or Prometheus
+counter differences (each window a batch of checked/accepted positions and its own cluster). Template changes are
+where a new template first appears in the data, and where an annotation (`specmon annotate`) says a rollout began.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
 import numpy as np
 import pandas as pd
 
-from specmon import drift, summary, theory
+from specmon import drift, engine_summary, summary, theory
+from specmon.faults import SpecmonError
 from specmon.store import Store
 
-# The whole stream as numbers only (strings for millions of steps are what makes a query slow); the request ids
-# are read for the reference window alone, and per-request sums for template comparisons are done in SQL.
+# The whole stream as numbers only (strings for millions of steps are what makes a query slow): the request id
+# travels as its 64-bit hash, which only has to tell requests apart.
 _STREAM_SQL = """
-SELECT st.accepted, st.checked, coalesce(st.k, st.g) AS k, epoch_us(st.ts) AS ts_us, st.segment_id
+SELECT st.accepted, st.checked, coalesce(st.k, st.g) AS k, epoch_us(st.ts) AS ts_us, st.segment_id,
+       hash(st.request_id) AS cluster
 FROM steps st JOIN segments sg USING (segment_id) JOIN runs r USING (run_id)
 WHERE r.name = ? ORDER BY st.ts, st.step_id
 """
-_REFERENCE_SQL = """
-SELECT st.request_id FROM steps st JOIN segments sg USING (segment_id) JOIN runs r USING (run_id)
-WHERE r.name = ? ORDER BY st.ts, st.step_id LIMIT ?
+_SEGMENT_NAMES_SQL = """
+SELECT sg.segment_id, sg.template FROM segments sg JOIN runs r USING (run_id) WHERE r.name = ?
 """
-_TEMPLATES_SQL = """
-SELECT sg.segment_id, sg.template, min(st.ts) AS first_ts FROM steps st JOIN segments sg USING (segment_id)
-JOIN runs r USING (run_id) WHERE r.name = ? GROUP BY ALL ORDER BY first_ts
-"""
-_PER_REQUEST_SQL = """
-SELECT sum(st.accepted)::DOUBLE AS accepted, sum(st.checked)::DOUBLE AS checked FROM steps st
-WHERE st.segment_id = ? GROUP BY st.request_id
+_ANNOTATIONS_SQL = """
+SELECT a.annotation_id, a.template, a.starts_at, a.note, a.created_at FROM annotations a JOIN runs r USING (run_id)
+WHERE r.name = ? ORDER BY a.starts_at, a.annotation_id
 """
 # The detector's statistic is kept at most this many points for charts (the maximum of each stretch, so peaks
 # that crossed the threshold stay visible).
@@ -39,10 +40,25 @@ CHART_POINTS = 2000
 
 
 @dataclass(frozen=True)
+class Event:
+    """Something that changed at a known time: a template first seen in the data, or an annotation."""
+
+    ts: datetime
+    template: str
+    source: str  # "data" or "annotation"
+    note: str | None = None
+
+    def describe(self) -> str:
+        what = "annotated rollout of" if self.source == "annotation" else "first steps of"
+        return (f"{what} template {self.template or '-'!r} at {self.ts:%Y-%m-%d %H:%M} UTC"
+                + (f" ({self.note})" if self.note else ""))
+
+
+@dataclass(frozen=True)
 class AlarmEvent:
     run: str
     template: str
-    change_ts: datetime  # estimated start of the drop
+    change_ts: datetime  # maximum-likelihood start of the drop
     alarm_ts: datetime  # first alarm of the episode
     last_alarm_ts: datetime
     alarms: int  # alarms in the episode (the CUSUM restarts after each)
@@ -51,14 +67,22 @@ class AlarmEvent:
     alpha_after: float
     design: drift.Design
     break_even: float | None
+    change_lo_ts: datetime | None = None  # the change's likely range
+    change_hi_ts: datetime | None = None
+    near: tuple[Event, ...] = ()  # template changes and annotations inside the likely range
 
     def describe(self) -> str:
         be = f" (break-even {self.break_even:.3f})" if self.break_even is not None else ""
-        return (f"run {self.run!r}: acceptance fell from {self.alpha_before:.3f} to {self.alpha_after:.3f}{be} "
-                f"from about {self.change_ts:%Y-%m-%d %H:%M} UTC (template {self.template or '-'!r}); CUSUM "
-                f"alarm at {self.alarm_ts:%Y-%m-%d %H:%M} UTC, {self.alarms} alarm(s) to "
+        text = (f"run {self.run!r}: acceptance fell from {self.alpha_before:.3f} to {self.alpha_after:.3f}{be} "
+                f"from about {self.change_ts:%Y-%m-%d %H:%M} UTC (template {self.template or '-'!r}")
+        if self.change_lo_ts is not None and self.change_hi_ts is not None:
+            text += (f"; likely between {self.change_lo_ts:%Y-%m-%d %H:%M} and {self.change_hi_ts:%Y-%m-%d %H:%M}")
+        text += ")"
+        if self.near:
+            text += "; it coincides with the " + " and the ".join(e.describe() for e in self.near)
+        return (text + f"; CUSUM alarm at {self.alarm_ts:%Y-%m-%d %H:%M} UTC, {self.alarms} alarm(s) to "
                 f"{self.last_alarm_ts:%Y-%m-%d %H:%M} UTC{' and still open' if self.open else ''}; threshold "
-                f"h = {self.design.h:.2f} for one false alarm per {self.design.arl0_steps:,} steps")
+                f"h = {self.design.h:.2f} for one false alarm per {self.design.arl0_steps:,} {self.design.unit}")
 
 
 @dataclass(frozen=True)
@@ -66,9 +90,11 @@ class TemplateChange:
     run: str
     template: str
     previous: str
-    first_ts: datetime
+    first_ts: datetime  # when the change happened (first seen in the data, or the annotation's time)
     comparison: drift.Comparison
     break_even: float | None
+    source: str = "data"  # "data": a new template in the data; "annotation": a recorded rollout
+    note: str | None = None
 
     @property
     def below_break_even(self) -> bool:
@@ -78,10 +104,13 @@ class TemplateChange:
         c = self.comparison
         words = {"hurt": "hurt acceptance", "helped": "raised acceptance",
                  "no detectable change": "made no change that the data can detect"}[c.verdict]
-        text = (f"run {self.run!r}: template {self.previous or '-'!r} -> {self.template or '-'!r} at "
+        how = "annotated rollout" if self.source == "annotation" else "template"
+        text = (f"run {self.run!r}: {how} {self.previous or '-'!r} -> {self.template or '-'!r} at "
                 f"{self.first_ts:%Y-%m-%d %H:%M} UTC {words}: alpha {c.before.estimate:.3f} "
                 f"[{c.before.lo:.3f}, {c.before.hi:.3f}] -> {c.after.estimate:.3f} [{c.after.lo:.3f}, "
                 f"{c.after.hi:.3f}], z = {c.z:.1f}")
+        if self.note:
+            text += f" ({self.note})"
         if self.below_break_even:
             text += f"; now below break-even {self.break_even:.3f}"
         return text
@@ -94,11 +123,121 @@ class RunDrift:
     alarms: list[AlarmEvent]
     changes: list[TemplateChange]
     cusum: pd.DataFrame  # ts, W: the detector's statistic over time (at most CHART_POINTS rows)
+    unit: str = "steps"  # what one stream point is: "steps" or "windows"
+    note: str | None = None  # why there is no detector, where there is none
+    annotations: list[Event] = field(default_factory=list)
 
 
-def _per_request(store: Store, segment_id: int) -> tuple[np.ndarray, np.ndarray]:
-    df = store.query_df(_PER_REQUEST_SQL, [segment_id])
-    return df["accepted"].to_numpy(float), df["checked"].to_numpy(float)
+@dataclass(frozen=True)
+class _Stream:
+    accepted: np.ndarray
+    checked: np.ndarray
+    ts_us: np.ndarray
+    cluster: np.ndarray
+    template: np.ndarray  # the data's template at each point (object array)
+    k: int
+    unit: str
+
+
+def annotate(store: Store, run: str, template: str, at: datetime, note: str | None = None) -> int:
+    """Record a rollout of `template` in `run` from `at` (UTC); returns the annotation's id."""
+    if not template:
+        raise SpecmonError("annotate: --template must name the template rolled out")
+    with store.transaction() as cur:
+        found = cur.execute("SELECT run_id FROM runs WHERE name = ?", [run]).fetchone()
+        if found is None:
+            names = [r[0] for r in cur.execute("SELECT name FROM runs WHERE NOT demo ORDER BY name").fetchall()]
+            raise SpecmonError(f"annotate: no run named {run!r} in {store.path}"
+                               + (f" (runs: {', '.join(map(repr, names))})" if names else " (it holds no runs)"))
+        created = datetime.now(timezone.utc).replace(tzinfo=None)
+        return cur.execute("INSERT INTO annotations (run_id, template, starts_at, note, created_at) "
+                           "VALUES (?, ?, ?, ?, ?) RETURNING annotation_id",
+                           [found[0], template, at, note, created]).fetchone()[0]
+
+
+def annotations(store: Store, run: str) -> list[Event]:
+    df = store.query_df(_ANNOTATIONS_SQL, [run])
+    return [Event(r.starts_at.to_pydatetime(), r.template, "annotation", r.note if isinstance(r.note, str) else None)
+            for r in df.itertuples(index=False)]
+
+
+def _step_stream(store: Store, run: str) -> _Stream | None:
+    with store.cursor() as cur:
+        s = cur.execute(_STREAM_SQL, [run]).fetchnumpy()
+    if not len(s["accepted"]):
+        return None
+    names = dict(store.query(_SEGMENT_NAMES_SQL, [run]))
+    template = np.array([names[i] for i in np.asarray(s["segment_id"])], dtype=object)
+    return _Stream(np.asarray(s["accepted"], dtype=float), np.asarray(s["checked"], dtype=float),
+                   np.asarray(s["ts_us"], dtype=np.int64), np.asarray(s["cluster"]), template,
+                   int(np.max(s["k"])), "steps")
+
+
+def _window_stream(store: Store, run: str) -> _Stream | None:
+    """Engine windows with per-position counts, as points: (accepted, checked) positions per window."""
+    df = engine_summary.windows(store, run)
+    if df.empty:
+        return None
+    df = df.sort_values("end_ts", kind="stable").reset_index(drop=True)
+    checks = [engine_summary.window_checks(w) for _, w in df.iterrows()]
+    keep = np.array([c is not None for c in checks])
+    if not keep.any():
+        return None
+    a, n = np.array([c for c in checks if c is not None]).T
+    df = df[keep]
+    ts = df["end_ts"].to_numpy(dtype="datetime64[us]").astype(np.int64)
+    return _Stream(a, n, ts, np.arange(len(a)), df["template"].to_numpy(dtype=object),
+                   int(df["k"].max()) if df["k"].notna().any() else 1, "windows")
+
+
+def _events(stream: _Stream, notes: list[Event]) -> list[Event]:
+    """Template changes in time order: each template's first point in the data, then the annotations."""
+    _, first = np.unique(stream.template, return_index=True)
+    seen = [Event(_when(stream.ts_us[i]), stream.template[i], "data") for i in sorted(first)][1:]
+    # a template first seen after an annotation that rolled it out is that rollout (the watcher files data stored
+    # after an annotation under its template): one event, the annotation's
+    seen = [e for e in seen if not any(n.template == e.template and n.ts <= e.ts for n in notes)]
+    return sorted(seen + notes, key=lambda e: e.ts)
+
+
+def _when(ts_us: int) -> datetime:
+    return pd.Timestamp(int(ts_us), unit="us").to_pydatetime()
+
+
+def _sums(stream: _Stream, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    _, inverse = np.unique(stream.cluster[mask], return_inverse=True)
+    return (np.bincount(inverse, weights=stream.accepted[mask]), np.bincount(inverse, weights=stream.checked[mask]))
+
+
+def _changes(run: str, stream: _Stream, events: list[Event], break_even: float | None) -> list[TemplateChange]:
+    """A data template change compares the previous template's points with the new one's (so templates served
+    side by side stay apart); an annotation compares the points between the previous change and it with those
+    between it and the next."""
+    out = []
+    times = [np.datetime64(e.ts, "us").astype(np.int64) for e in events]
+    for i, event in enumerate(events):
+        t = times[i]
+        prev_t = times[i - 1] if i else np.iinfo(np.int64).min
+        next_t = times[i + 1] if i + 1 < len(events) else np.iinfo(np.int64).max
+        previous = events[i - 1].template if i else _template_at(stream, t)
+        if event.source == "data":
+            earlier = stream.template[stream.ts_us < t]
+            previous = earlier[-1] if len(earlier) else previous
+            before, after = stream.template == previous, stream.template == event.template
+        else:
+            before = (stream.ts_us >= prev_t) & (stream.ts_us < t)
+            after = (stream.ts_us >= t) & (stream.ts_us < next_t)
+        if not before.any() or not after.any():
+            continue
+        comparison = drift.compare(*_sums(stream, before), *_sums(stream, after))
+        out.append(TemplateChange(run, event.template, previous, event.ts, comparison, break_even, event.source,
+                                  event.note))
+    return out
+
+
+def _template_at(stream: _Stream, t: int) -> str:
+    earlier = stream.template[stream.ts_us < t]
+    return earlier[-1] if len(earlier) else stream.template[0]
 
 
 def _chart_points(ts_us: np.ndarray, w: np.ndarray) -> pd.DataFrame:
@@ -107,41 +246,52 @@ def _chart_points(ts_us: np.ndarray, w: np.ndarray) -> pd.DataFrame:
     return pd.DataFrame({"ts": pd.to_datetime(ts_us[starts], unit="us"), "W": np.maximum.reduceat(w, starts)})
 
 
+def _break_even(store: Store, run: str, c: float | None, k: int) -> float | None:
+    rows = summary.summarize(store, by="run", c=c, run=run, per_position=False)
+    for row in rows:
+        if row["break_even_alpha"] is not None:
+            return row["break_even_alpha"]
+    if c is not None:
+        be = theory.break_even_alpha(k, c)
+        return None if np.isnan(be) else be
+    return None
+
+
 def analyse_run(store: Store, run: str, c: float | None = None,
                 arl0_steps: int = drift.DEFAULT_ARL0_STEPS) -> RunDrift:
-    """Calibrate the detector on the run's first steps, run it, and compare every template change."""
-    with store.cursor() as cur:
-        stream = cur.execute(_STREAM_SQL, [run]).fetchnumpy()
-    if not len(stream["accepted"]):
-        return RunDrift(run, None, [], [], pd.DataFrame(columns=["ts", "W"]))
-    seg = summary.summarize(store, by="run", c=c, run=run, per_position=False)[0]
-    break_even = seg["break_even_alpha"]
-    accepted = np.asarray(stream["accepted"], dtype=float)
-    checked = np.asarray(stream["checked"], dtype=float)
-    ts_us = np.asarray(stream["ts_us"], dtype=np.int64)
-    templates = store.query_df(_TEMPLATES_SQL, [run])
-    name_of = dict(zip(templates["segment_id"], templates["template"]))
-    reference = store.query_df(_REFERENCE_SQL, [run, drift.REFERENCE_STEPS])["request_id"].to_numpy()
-    design = drift.design_for(accepted, checked, reference, int(np.max(stream["k"])), break_even, arl0_steps)
-    alarms: list[AlarmEvent] = []
-    w = np.zeros(len(accepted))
-    if design is not None:
-        w, raw = drift.detect(accepted, checked, design)
-
-        def when(i: int) -> datetime:
-            return pd.Timestamp(int(ts_us[i]), unit="us").to_pydatetime()
-
-        alarms = [AlarmEvent(run, name_of[stream["segment_id"][a.change_index]], when(a.change_index),
-                             when(a.alarm_index), when(a.last_alarm_index), a.count,
-                             bool(len(w) - a.last_alarm_index <= drift.REFERENCE_STEPS), a.alpha_before,
-                             a.alpha_after, design, break_even) for a in raw]
-    changes = []
-    rows = list(templates.itertuples(index=False))
-    for previous, current in zip(rows[:-1], rows[1:]):
-        comparison = drift.compare(*_per_request(store, previous.segment_id), *_per_request(store, current.segment_id))
-        changes.append(TemplateChange(run, current.template, previous.template, current.first_ts.to_pydatetime(),
-                                      comparison, break_even))
-    return RunDrift(run, design, alarms, changes, _chart_points(ts_us, w))
+    """Calibrate the detector on the run's first points, run it, date each drop, and judge every template change
+    and annotation. Works on step logs, engine log windows and Prometheus samples alike."""
+    notes = annotations(store, run)
+    stream = _step_stream(store, run) or _window_stream(store, run)
+    empty = pd.DataFrame(columns=["ts", "W"])
+    if stream is None:
+        return RunDrift(run, None, [], [], empty, note="the run has no step log and no engine windows with "
+                        "per-position counts, so per-token acceptance (what the detector watches) is unknown",
+                        annotations=notes)
+    break_even = _break_even(store, run, c, stream.k)
+    events = _events(stream, notes)
+    changes = _changes(run, stream, events, break_even)
+    reference = drift.REFERENCE_STEPS if stream.unit == "steps" else drift.REFERENCE_WINDOWS
+    design = drift.design_for(stream.accepted, stream.checked, stream.cluster, stream.k, break_even, arl0_steps,
+                              reference, unit=stream.unit)
+    if design is None:
+        return RunDrift(run, None, [], changes, empty, stream.unit, "the reference window has no checked positions",
+                        notes)
+    w, raw = drift.detect(stream.accepted, stream.checked, design, reference)
+    found = []
+    for a in raw:
+        lo, hi = _when(stream.ts_us[a.change_lo]), _when(stream.ts_us[a.change_hi])
+        # the change began after the point before the first likely one (for a window: during it)
+        after = _when(stream.ts_us[max(a.change_lo - 1, 0)])
+        near = tuple(e for e in events if after < e.ts <= hi)
+        # the template in force when the drop began: the last change (in the data or annotated) before it
+        in_force = [e for e in events if e.ts <= _when(stream.ts_us[a.change_index])]
+        template = in_force[-1].template if in_force else stream.template[a.change_index]
+        found.append(AlarmEvent(run, template, _when(stream.ts_us[a.change_index]), _when(stream.ts_us[a.alarm_index]),
+                                _when(stream.ts_us[a.last_alarm_index]), a.count,
+                                bool(len(w) - a.last_alarm_index <= drift.EPISODE_GAP), a.alpha_before,
+                                a.alpha_after, design, break_even, lo, hi, near))
+    return RunDrift(run, design, found, changes, _chart_points(stream.ts_us, w), stream.unit, None, notes)
 
 
 def analyse(store: Store, c: float | None = None, arl0_steps: int = drift.DEFAULT_ARL0_STEPS) -> list[RunDrift]:
@@ -152,7 +302,7 @@ def prometheus_alert_rule(k: int, c: float, window: str = "15m", for_: str = "30
                           metric_prefix: str = "vllm") -> str:
     """A Prometheus alerting rule that fires while mean acceptance length over `window` is below 1 + k*c.
 
-    This is the model-free break-even (math.md): a step emits 1 + accepted/drafts tokens on average and costs
+    This is the model-free break-even (docs/math.md): a step emits 1 + accepted/drafts tokens on average and costs
     1 + k*c target steps, so accepted/drafts < k*c means speculation is slower than plain decoding.
     """
     threshold = float(theory.break_even_tokens(k, c)) - 1.0

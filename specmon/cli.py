@@ -11,6 +11,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -151,7 +153,7 @@ def _duration(text: str) -> timedelta | None:
     return None
 
 
-def parse_since(text: str | None) -> datetime | None:
+def parse_since(text: str | None, flag: str = "--since") -> datetime | None:
     """'6h', '2d', '30m', '1w' before now, or an ISO-8601 time (UTC where it names no zone)."""
     if text is None:
         return None
@@ -161,7 +163,7 @@ def parse_since(text: str | None) -> datetime | None:
     try:
         ts = datetime.fromisoformat(text)
     except ValueError:
-        raise SpecmonError(f"--since: {text!r} is neither a duration like 6h, 2d, 30m nor an ISO-8601 time") from None
+        raise SpecmonError(f"{flag}: {text!r} is neither a duration like 6h, 2d, 30m nor an ISO-8601 time") from None
     return ts.astimezone(timezone.utc).replace(tzinfo=None) if ts.tzinfo else ts
 
 
@@ -192,6 +194,8 @@ def cmd_check(args: argparse.Namespace) -> int:
             "segments": [{k: r[k] for k in ("run", "template", "status", "alpha", "alpha_lo", "alpha_hi",
                                             "break_even_alpha", "c", "k", "steps")} for r in rows],
             "alarms": [{"run": a.run, "template": a.template, "change_ts": a.change_ts.isoformat(),
+                        "change_lo_ts": a.change_lo_ts.isoformat(), "change_hi_ts": a.change_hi_ts.isoformat(),
+                        "near": [e.describe() for e in a.near], "unit": a.design.unit,
                         "alarm_ts": a.alarm_ts.isoformat(), "last_alarm_ts": a.last_alarm_ts.isoformat(),
                         "alarms": a.alarms, "open": a.open, "alpha_before": a.alpha_before,
                         "alpha_after": a.alpha_after, "p0": a.design.p0, "p1": a.design.p1, "h": a.design.h,
@@ -200,7 +204,8 @@ def cmd_check(args: argparse.Namespace) -> int:
                                   "first_ts": ch.first_ts.isoformat(), "verdict": ch.comparison.verdict,
                                   "z": ch.comparison.z, "alpha_before": ch.comparison.before.estimate,
                                   "alpha_after": ch.comparison.after.estimate,
-                                  "below_break_even": ch.below_break_even} for r in runs for ch in r.changes],
+                                  "below_break_even": ch.below_break_even, "source": ch.source, "note": ch.note}
+                                 for r in runs for ch in r.changes],
         }, indent=2, default=_json_scalar))
     else:
         for line in problems:
@@ -215,6 +220,15 @@ def cmd_check(args: argparse.Namespace) -> int:
     if not args.json:
         print(f"all {len(rows)} segment(s) healthy: acceptance above break-even, no drift alarm, "
               "no template change that hurt")
+    return EXIT_OK
+
+
+def cmd_annotate(args: argparse.Namespace) -> int:
+    at = parse_since(args.at, "--at") if args.at else datetime.now(timezone.utc).replace(tzinfo=None)
+    with _open_store(args) as store:
+        annotation_id = alarms.annotate(store, args.run, args.template, at, args.note)
+    print(f"annotation {annotation_id}: run {args.run!r} rolled out template {args.template!r} at "
+          f"{at:%Y-%m-%d %H:%M:%S} UTC; `specmon check` and the Drift page now compare before and after it")
     return EXIT_OK
 
 
@@ -265,12 +279,14 @@ def cmd_watch(args: argparse.Namespace) -> int:
     if args.dashboard_url:
         config.dashboard_url = args.dashboard_url
 
-    def log(line: str) -> None:
-        print(f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S}Z {line}", flush=True)
-
     with _open_store(args) as store:
-        watch.Watcher(store, config, log=log).run_until_signalled()
+        watch.Watcher(store, config, log=_watch_log).run_until_signalled()
     return EXIT_OK
+
+
+def _watch_log(line: str) -> None:
+    """The watcher's log: one timestamped line per event on stdout."""
+    print(f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S}Z {printable(line)}", flush=True)
 
 
 def _proposer_args(args: argparse.Namespace):
@@ -451,9 +467,11 @@ def _die_with_parent() -> None:
         pass
 
 
-def run_child(cmd: list[str], env: dict, grace_s: float = 20.0) -> int:
+def run_child(cmd: list[str], env: dict, grace_s: float = 20.0,
+              on_signal: Callable[[], None] | None = None) -> int:
     """Run a long-lived child (the Streamlit server) and leave none behind: SIGTERM, SIGINT and SIGHUP are
-    forwarded to it, it is waited for (killed after grace_s), and it dies with this process in any case.
+    forwarded to it (and on_signal is called), it is waited for (killed after grace_s), and it dies with this
+    process in any case.
 
     The child gets a session of its own, so a Ctrl-C in the terminal reaches it once, through this process."""
     child = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)
@@ -462,6 +480,8 @@ def run_child(cmd: list[str], env: dict, grace_s: float = 20.0) -> int:
     def forward(signum: int, frame: object) -> None:
         caught.append(signum)
         child.send_signal(signum)
+        if on_signal:
+            on_signal()
 
     handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
     previous = {s: signal.signal(s, forward) for s in handled}
@@ -489,7 +509,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
         env[DB_ENV] = args.db
     cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.address", args.address,
            "--server.port", str(args.port), "--server.headless", "true"]
-    return run_child(cmd, env)
+    if not args.watch:
+        return run_child(cmd, env)
+    from specmon import watch
+
+    config = watch.load_config(args.watch)  # a bad file is an error before anything starts
+    store = _open_store(args)
+    watcher = watch.Watcher(store, config, log=_watch_log)
+    thread = threading.Thread(target=watcher.run, name="specmon-watch", daemon=True)
+    thread.start()
+    try:
+        return run_child(cmd, env, on_signal=watcher.stop)
+    finally:
+        watcher.stop()  # the dashboard ended: finish the batch in hand
+        thread.join(timeout=60)
 
 
 def _positive_int(text: str) -> int:
@@ -560,14 +593,27 @@ def build_parser() -> argparse.ArgumentParser:
                        "that hurt (for cron and CI)",
                        description="Exit 0: every segment healthy, no drift alarm, no template change that hurt. "
                                    "1: a problem (one line each). 2: error, or c unknown for a segment (pass --c). "
-                                   "Drift: a one-sided Bernoulli CUSUM per run, calibrated by simulation (with the "
-                                   "data's request clustering) to one false alarm per --false-alarm-steps steps.")
+                                   "Drift: a one-sided Bernoulli CUSUM per run (step logs, engine logs, Prometheus), "
+                                   "calibrated on the run's own first requests (or windows) to one false alarm per "
+                                   "--false-alarm-steps; template changes and annotations are judged before/after.")
     p.add_argument("--c", type=_cost, help="draft cost / target cost, overriding the measured one")
     p.add_argument("--since", help="only steps, alarms and template changes since then: 6h, 2d, 30m, 1w or ISO time")
     p.add_argument("--false-alarm-steps", type=_positive_int, default=drift.DEFAULT_ARL0_STEPS,
-                   help=f"expected steps between false alarms when nothing changed (default {drift.DEFAULT_ARL0_STEPS})")
+                   help="expected steps (engine windows) between false alarms when nothing changed "
+                   f"(default {drift.DEFAULT_ARL0_STEPS})")
     p.add_argument("--json", action="store_true", help="problems, statuses, alarms and template changes as JSON")
     p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("annotate", parents=[db], help="record a rollout (a template change the data cannot show)",
+                       description="Record that run RUN serves template T from --at on (like a deploy annotation). "
+                                   "Template-change verdicts, `specmon check` and the Drift page compare acceptance "
+                                   "before and after it.")
+    p.add_argument("--run", required=True, help="the run (it must exist: see specmon summary)")
+    p.add_argument("--template", required=True, help="the template rolled out")
+    p.add_argument("--at", help="when: an ISO-8601 time (UTC where it names no zone) or a duration ago like 30m, "
+                   "2h (default: now)")
+    p.add_argument("--note", help="free text shown with the verdict")
+    p.set_defaults(func=cmd_annotate)
 
     models = Path(__file__).resolve().parent.parent / "data" / "models"
     prompts = Path(__file__).resolve().parent.parent / "data" / "prompts"
@@ -701,6 +747,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", parents=[db], help="start the dashboard (streamlit run app.py)")
     p.add_argument("--port", type=int, default=8501)
     p.add_argument("--address", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--watch", metavar="FILE", help="also run `specmon watch --config FILE` beside the dashboard "
+                   "(stopped with it)")
     p.set_defaults(func=cmd_serve)
     return parser
 

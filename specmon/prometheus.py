@@ -1,4 +1,5 @@
-"""Prometheus: the text exposition format (a saved /metrics page) and the HTTP API (`specmon pull`).
+"""Prometheus: the speculative-decoding metrics, their samples, and the HTTP API (`specmon pull`); saved pages
+(the text exposition format) are read by specmon.formats.prometheus_text.
 
 specmon keeps the raw samples of the speculative-decoding counters (vLLM's, and llama.cpp's that mirror them)
 and takes differences between consecutive samples of the same series itself, so a saved page, a series of
@@ -11,7 +12,6 @@ from __future__ import annotations
 import http.client
 import json
 import math
-import re
 import socket
 import threading
 import time
@@ -21,14 +21,12 @@ from datetime import datetime, timezone
 
 import pandas as pd
 
-from specmon.faults import Fault, SpecmonError
+from specmon.faults import SpecmonError
 
 COUNTERS = ("spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total",
             "spec_decode_num_accepted_tokens_total", "spec_decode_num_accepted_tokens_per_pos_total")
 GAUGES = ("sglang:spec_accept_length", "sglang:spec_accept_rate")
 PREFIXES = ("vllm:", "llamacpp:")
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+(-?\d+))?\s*$")
-_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"\s*(?:,|$)')
 
 
 @dataclass(frozen=True)
@@ -45,50 +43,6 @@ class Sample:
 
 def wanted(metric: str) -> bool:
     return metric in GAUGES or any(metric == p + c for p in PREFIXES for c in COUNTERS)
-
-
-def _labels(text: str | None) -> dict | None:
-    if not text:
-        return {}
-    out, pos = {}, 0
-    while pos < len(text):
-        m = _LABEL.match(text, pos)
-        if not m:
-            return None
-        out[m.group(1)] = m.group(2).replace('\\"', '"').replace("\\\\", "\\")
-        pos = m.end()
-    return out
-
-
-def parse_exposition(path: str, name: str, scrape_ts: datetime) -> tuple[list[Sample], list[Fault]]:
-    """The speculative-decoding samples of a text exposition. Samples without their own timestamp get
-    scrape_ts (the file's modification time, for a saved page); with timestamps, one file can hold a series."""
-    samples, faults = [], []
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for no, line in enumerate(fh, start=1):
-            if not line.strip() or line.startswith("#"):
-                continue
-            m = _SAMPLE.match(line.strip())
-            metric = m.group(1) if m else line.split("{")[0].split()[0]
-            if not wanted(metric):
-                continue
-            labels = _labels(m.group(2)) if m else None
-            try:
-                value = float(m.group(3)) if m else None
-            except ValueError:
-                value = None
-            if labels is None or value is None:
-                faults.append(Fault(name, no, metric, "a speculative-decoding sample that does not parse"))
-                continue
-            ts = scrape_ts if m.group(4) is None else \
-                datetime.fromtimestamp(int(m.group(4)) / 1000, tz=timezone.utc).replace(tzinfo=None)
-            samples.append(Sample(metric, labels, ts, value))
-    return samples, faults
-
-
-def sniff(head: bytes) -> bool:
-    text = head.decode("utf-8", "replace")
-    return any(f"{p}{c}" in text for p in PREFIXES for c in COUNTERS) or any(g in text for g in GAUGES)
 
 
 def counter_windows(samples: pd.DataFrame) -> pd.DataFrame:

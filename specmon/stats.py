@@ -26,7 +26,8 @@ class Interval:
     """A proportion with its interval.
 
     design_effect is the variance inflation from clustering (>= 1; 1 means the clusters looked independent or
-    there were too few to tell), n_eff = trials / design_effect.
+    there were too few to tell), n_eff = trials / design_effect, dof the degrees of freedom of the t quantile the
+    interval used (inf: the normal quantile).
     """
 
     estimate: float
@@ -36,6 +37,59 @@ class Interval:
     clusters: int
     design_effect: float
     n_eff: float
+    dof: float = math.inf
+
+
+@dataclass(frozen=True)
+class ClusterSums:
+    """Per-cluster sums of successes a_j and trials n_j that the intervals need, so a database can aggregate.
+
+    The *_l sums weight cluster j by 1 / (1 - n_j / N) (N = sum n_j), the leverage correction of the CR2 variance;
+    n3, n4 are sums of n_j^3, n_j^4 for the degrees of freedom.
+    """
+
+    clusters: int
+    a: float
+    n: float
+    aa: float
+    an: float
+    nn: float
+    aa_l: float
+    an_l: float
+    nn_l: float
+    n3: float
+    n4: float
+
+    @classmethod
+    def of(cls, successes: np.ndarray, trials: np.ndarray) -> ClusterSums:
+        a = np.asarray(successes, dtype=float)
+        n = np.asarray(trials, dtype=float)
+        total = n.sum()
+        share = n / total if total > 0 else np.zeros_like(n)
+        # a cluster holding all trials has no CR2 weight (1 - share = 0): 1, as the database form does
+        w = np.where(share < 1.0, 1.0 / np.where(share < 1.0, 1.0 - share, 1.0), 1.0)
+        return cls(len(a), float(a.sum()), float(total), float((a * a).sum()), float((a * n).sum()),
+                   float((n * n).sum()), float((w * a * a).sum()), float((w * a * n).sum()),
+                   float((w * n * n).sum()), float((n ** 3).sum()), float((n ** 4).sum()))
+
+    def ratio_variance(self) -> float:
+        """CR2 (bias-reduced) variance of the ratio a/n: sum_j (a_j - r n_j)^2 / (1 - n_j/N) / N^2."""
+        r = self.a / self.n
+        return max(self.aa_l - 2 * r * self.an_l + r * r * self.nn_l, 0.0) / (self.n * self.n)
+
+    def dof(self, design_effect: float) -> float:
+        """Satterthwaite degrees of freedom of the variance under the exchangeable working model: cluster j
+        contributes variance proportional to s_j = n_j (1 + (n_j - 1) rho), with rho, the intra-cluster
+        correlation, solved from the design effect 1 + (sum n_j^2 / N - 1) rho. df = (sum s_j)^2 / sum s_j^2,
+        at most G - 1. Few clusters, or a few big ones, give few degrees of freedom (a wider t quantile)."""
+        if self.clusters < 2:
+            return math.inf
+        mean_size = self.nn / self.n
+        rho = min(max((design_effect - 1.0) / (mean_size - 1.0), 0.0), 1.0) if mean_size > 1 else 0.0
+        # s_j = (1 - rho) n_j + rho n_j^2
+        sum_s = (1 - rho) * self.n + rho * self.nn
+        sum_ss = (1 - rho) ** 2 * self.nn + 2 * rho * (1 - rho) * self.n3 + rho * rho * self.n4
+        return float(min(self.clusters - 1, sum_s * sum_s / sum_ss)) if sum_ss > 0 else float(self.clusters - 1)
 
 
 def tv_distance(p: np.ndarray, q: np.ndarray) -> float:
@@ -98,11 +152,18 @@ def normal_quantile(confidence: float) -> float:
     return float(sps.norm.ppf(0.5 + confidence / 2))
 
 
-def wilson_interval(successes: float, trials: float, confidence: float = 0.95) -> tuple[float, float]:
-    """Wilson score interval for a binomial proportion; trials may be an effective (non-integer) count."""
+def t_quantile(confidence: float, dof: float) -> float:
+    """The two-sided t quantile with dof degrees of freedom (the normal one at dof = inf)."""
+    return normal_quantile(confidence) if math.isinf(dof) else float(sps.t.ppf(0.5 + confidence / 2, dof))
+
+
+def wilson_interval(successes: float, trials: float, confidence: float = 0.95,
+                    dof: float = math.inf) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion; trials may be an effective (non-integer) count. With a
+    finite dof the normal quantile is replaced by the t quantile (for a variance estimated from few clusters)."""
     if trials <= 0:
         return math.nan, math.nan
-    z = normal_quantile(confidence)
+    z = t_quantile(confidence, dof)
     phat = successes / trials
     denom = 1 + z * z / trials
     centre = (phat + z * z / (2 * trials)) / denom
@@ -110,48 +171,45 @@ def wilson_interval(successes: float, trials: float, confidence: float = 0.95) -
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def cluster_robust_interval_from_sums(
-    clusters: int,
-    sum_a: float,
-    sum_n: float,
-    sum_aa: float,
-    sum_an: float,
-    sum_nn: float,
-    confidence: float = 0.95,
-) -> Interval:
-    """The cluster-robust interval from per-cluster sums, so a database can do the aggregation.
+def cluster_interval(sums: ClusterSums, confidence: float = 0.95) -> Interval:
+    """Acceptance a/n with a Wilson interval widened for correlation within clusters (requests, engine windows),
+    built to hold with few clusters (docs/math.md, "Intervals").
 
-    For clusters j with a_j successes in n_j trials: sum_a = sum a_j, sum_aa = sum a_j^2, sum_an = sum a_j*n_j,
-    sum_nn = sum n_j^2. See cluster_robust_interval for what the interval assumes.
+    Variance: the bias-reduced cluster-robust (CR2) variance of the ratio estimator, whose ratio to the binomial
+    variance is the design effect (floored at 1); the Wilson interval is computed at n_eff = N / design effect with
+    the t quantile at the Satterthwaite degrees of freedom of ClusterSums.dof instead of z. Why: with 20 clusters
+    the plain cluster-robust variance is biased low and z ignores its noise; both make intervals too short (the
+    study in docs/drift.md measures coverage). Assumes clusters are independent of each other. With fewer than 2
+    clusters the spread between them cannot be estimated and the plain Wilson interval (independent tokens) is
+    returned, which is then too narrow if tokens are correlated.
     """
-    if sum_n <= 0:
-        return Interval(math.nan, math.nan, math.nan, 0.0, clusters, math.nan, 0.0)
-    alpha = sum_a / sum_n
-    binomial_var = alpha * (1 - alpha) / sum_n
-    design_effect = 1.0
-    if clusters >= 2 and binomial_var > 0:
-        resid_ss = max(sum_aa - 2 * alpha * sum_an + alpha * alpha * sum_nn, 0.0)
-        robust_var = clusters / (clusters - 1) * resid_ss / (sum_n * sum_n)
-        design_effect = max(1.0, robust_var / binomial_var)
-    n_eff = sum_n / design_effect
-    lo, hi = wilson_interval(alpha * n_eff, n_eff, confidence)
-    return Interval(alpha, lo, hi, float(sum_n), int(clusters), design_effect, n_eff)
+    if sums.n <= 0:
+        return Interval(math.nan, math.nan, math.nan, 0.0, sums.clusters, math.nan, 0.0)
+    alpha = sums.a / sums.n
+    binomial_var = alpha * (1 - alpha) / sums.n
+    design_effect, dof = 1.0, math.inf
+    if sums.clusters >= 2:
+        if binomial_var > 0:
+            design_effect = max(1.0, sums.ratio_variance() / binomial_var)
+        dof = sums.dof(design_effect)
+    n_eff = sums.n / design_effect
+    lo, hi = wilson_interval(alpha * n_eff, n_eff, confidence, dof)
+    return Interval(alpha, lo, hi, float(sums.n), int(sums.clusters), design_effect, n_eff, dof)
 
 
 def cluster_robust_interval(successes: np.ndarray, trials: np.ndarray, confidence: float = 0.95) -> Interval:
-    """Acceptance with a Wilson interval widened for correlation within clusters (requests).
+    """cluster_interval from per-cluster successes and trials."""
+    return cluster_interval(ClusterSums.of(successes, trials), confidence)
 
-    The ratio estimator alpha = sum a_j / sum n_j gets the cluster-robust (linearised) variance
-    G/(G-1) * sum (a_j - alpha n_j)^2 / (sum n_j)^2; its ratio to the binomial variance is the design effect,
-    and the Wilson interval is computed at n_eff = N / design_effect. Assumes clusters are independent of each
-    other; with fewer than 2 clusters the spread between them cannot be estimated and the plain Wilson interval
-    (independent tokens) is returned, which is then too narrow if tokens are correlated.
-    """
-    a = np.asarray(successes, dtype=float)
-    n = np.asarray(trials, dtype=float)
-    return cluster_robust_interval_from_sums(
-        len(a), a.sum(), n.sum(), (a * a).sum(), (a * n).sum(), (n * n).sum(), confidence
-    )
+
+def ratio_interval(sums: ClusterSums, dof: float, confidence: float = 0.95) -> tuple[float, float] | None:
+    """Normal-shape interval r +- t * se for a ratio of per-cluster totals that is not a proportion (tokens per
+    step: accepted / steps), with the CR2 variance and the given degrees of freedom. None with under 2 clusters."""
+    if sums.clusters < 2 or sums.n <= 0:
+        return None
+    r = sums.a / sums.n
+    half = t_quantile(confidence, dof) * math.sqrt(sums.ratio_variance())
+    return r - half, r + half
 
 
 def cluster_z(sum_d: float, sum_dd: float) -> float:

@@ -1,7 +1,7 @@
 """Per-segment acceptance summaries: DuckDB does the aggregation, specmon.stats and specmon.theory the rest.
 
 A segment is a run and a template (optionally a day). For each it reports the four acceptance numbers of
-math.md kept apart: per-token alpha (with a cluster-robust interval, requests as clusters), the conditional and
+docs/math.md kept apart: per-token alpha (with a cluster-robust interval, requests as clusters), the conditional and
 cumulative rates per position, and the tokens per step L; predicted beta beside them; the draft cost c and the
 break-even figures; and a status.
 """
@@ -22,6 +22,10 @@ GROUPINGS = ("run", "template", "day")
 GAP_Z_LIMIT = 3.0
 
 _NO_BUCKET = "NULL::TIMESTAMP"
+# Floating-point sums in DuckDB run in parallel in no fixed order, so their last digits moved between runs of
+# `summary --json` on an unchanged database. Non-integer terms are summed as fixed-point decimals at 1e-12 (exact
+# and order-free: the same digits every time); integer terms are summed exactly as they are.
+_EXACT = "DECIMAL(38, 12)"
 
 _STEPS_SQL = """
 WITH s AS (
@@ -33,16 +37,32 @@ WITH s AS (
            count(*)::DOUBLE AS steps, sum(accepted)::DOUBLE AS accepted, sum(checked)::DOUBLE AS checked,
            sum(accepted) FILTER (WHERE beta_lo_sum IS NOT NULL)::DOUBLE AS b_accepted,
            sum(checked) FILTER (WHERE beta_lo_sum IS NOT NULL)::DOUBLE AS b_checked,
-           sum(beta_lo_sum) AS b_lo, sum(beta_hi_sum) AS b_hi
+           sum(beta_lo_sum::{exact})::DOUBLE AS b_lo, sum(beta_hi_sum::{exact})::DOUBLE AS b_hi
     FROM s GROUP BY run, template, bucket, request_id
+), leverage AS (
+    -- CR2 weights 1 / (1 - n_j / N): for alpha n_j is checked positions, for L it is steps; a cluster holding
+    -- all of N (one request) has no such weight: 1, and the statistics ignore the spread of a single cluster anyway
+    SELECT *, coalesce(1 / nullif(1 - checked / nullif(sum(checked) OVER seg, 0), 0), 1) AS w_n,
+              coalesce(1 / nullif(1 - steps / sum(steps) OVER seg, 0), 1) AS w_s
+    FROM per_request WINDOW seg AS (PARTITION BY run, template, bucket)
 ), by_request AS (
     SELECT run, template, bucket, count(*) AS requests,
            sum(accepted * accepted) AS saa, sum(accepted * checked) AS san, sum(checked * checked) AS snn,
+           sum(checked::HUGEINT * checked::HUGEINT * checked::HUGEINT)::DOUBLE AS sn3,
+           sum(checked::HUGEINT * checked::HUGEINT * checked::HUGEINT * checked::HUGEINT)::DOUBLE AS sn4,
+           sum((w_n * accepted * accepted)::{exact})::DOUBLE AS saa_l,
+           sum((w_n * accepted * checked)::{exact})::DOUBLE AS san_l,
+           sum((w_n * checked * checked)::{exact})::DOUBLE AS snn_l,
            sum(accepted * steps) AS sas, sum(steps * steps) AS sss,
-           sum(b_checked) AS b_checked, sum(b_lo) AS b_lo, sum(b_hi) AS b_hi,
-           sum(b_accepted - b_lo) AS d_lo, sum(pow(b_accepted - b_lo, 2)) AS dd_lo,
-           sum(b_accepted - b_hi) AS d_hi, sum(pow(b_accepted - b_hi, 2)) AS dd_hi
-    FROM per_request GROUP BY run, template, bucket
+           sum(steps::HUGEINT * steps::HUGEINT * steps::HUGEINT)::DOUBLE AS ss3,
+           sum(steps::HUGEINT * steps::HUGEINT * steps::HUGEINT * steps::HUGEINT)::DOUBLE AS ss4,
+           sum((w_s * accepted * accepted)::{exact})::DOUBLE AS saa_ls,
+           sum((w_s * accepted * steps)::{exact})::DOUBLE AS sas_ls,
+           sum((w_s * steps * steps)::{exact})::DOUBLE AS sss_ls,
+           sum(b_checked) AS b_checked, sum(b_lo::{exact})::DOUBLE AS b_lo, sum(b_hi::{exact})::DOUBLE AS b_hi,
+           sum((b_accepted - b_lo)::{exact})::DOUBLE AS d_lo, sum(pow(b_accepted - b_lo, 2)::{exact})::DOUBLE AS dd_lo,
+           sum((b_accepted - b_hi)::{exact})::DOUBLE AS d_hi, sum(pow(b_accepted - b_hi, 2)::{exact})::DOUBLE AS dd_hi
+    FROM leverage GROUP BY run, template, bucket
 ), by_step AS (
     SELECT run, template, bucket, any_value(demo) AS demo,
            count(*) AS steps, sum(g) AS drafted, sum(checked) AS checked, sum(accepted) AS accepted,
@@ -60,7 +80,10 @@ ORDER BY b.run, b.template, b.bucket
 _POSITIONS_SQL = """
 SELECT r.name AS run, {template} AS template, {bucket} AS bucket, p.position,
        count(*) FILTER (WHERE p.checked) AS checked, count(*) FILTER (WHERE p.accepted) AS accepted,
-       avg(p.beta_lo) FILTER (WHERE p.checked) AS beta_lo, avg(p.beta_hi) FILTER (WHERE p.checked) AS beta_hi
+       (sum(p.beta_lo::{exact}) FILTER (WHERE p.checked) / count(p.beta_lo) FILTER (WHERE p.checked))::DOUBLE
+           AS beta_lo,
+       (sum(p.beta_hi::{exact}) FILTER (WHERE p.checked) / count(p.beta_hi) FILTER (WHERE p.checked))::DOUBLE
+           AS beta_hi
 FROM positions p JOIN segments sg USING (segment_id) JOIN runs r USING (run_id) {join_steps}
 WHERE r.demo = ? AND (? IS NULL OR r.name = ?) AND (?::TIMESTAMP IS NULL OR {since_ts} >= ?::TIMESTAMP)
 GROUP BY ALL ORDER BY 1, 2, 3, 4
@@ -71,16 +94,23 @@ def _finite(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
 
 
-def tokens_interval(row: dict) -> tuple[float | None, float | None]:
-    """95% interval for tokens per step L = 1 + accepted / steps, cluster-robust over requests (normal
-    approximation of the ratio estimator; needs 2 requests or more)."""
-    g, steps, acc = row["requests"], row["steps"], row["accepted"]
-    if g < 2 or not steps:
+def _sums(row: dict, tokens: bool = False) -> stats.ClusterSums:
+    """The per-request sums of a segment row: accepted over checked (alpha), or accepted over steps (L)."""
+    if tokens:
+        keys = ("accepted", "steps", "saa", "sas", "sss", "saa_ls", "sas_ls", "sss_ls", "ss3", "ss4")
+    else:
+        keys = ("accepted", "checked", "saa", "san", "snn", "saa_l", "san_l", "snn_l", "sn3", "sn4")
+    return stats.ClusterSums(int(row["requests"]), *(float(row[key] or 0.0) for key in keys))
+
+
+def tokens_interval(row: dict, dof: float) -> tuple[float | None, float | None]:
+    """95% interval for tokens per step L = 1 + accepted / steps, cluster-robust over requests: the CR2 variance
+    of the ratio with the t quantile at alpha's degrees of freedom (the same requests; stats.cluster_interval).
+    Needs 2 requests or more."""
+    iv = stats.ratio_interval(_sums(row, tokens=True), dof, CONFIDENCE)
+    if iv is None or not row["steps"]:
         return None, None
-    r = acc / steps
-    resid = max(row["saa"] - 2 * r * row["sas"] + r * r * row["sss"], 0.0)
-    half = stats.normal_quantile(CONFIDENCE) * math.sqrt(g / (g - 1) * resid) / steps
-    return 1 + max(r - half, 0.0), 1 + r + half
+    return 1 + max(iv[0], 0.0), 1 + iv[1]
 
 
 def _gap(row: dict) -> tuple[float | None, str | None]:
@@ -117,7 +147,7 @@ def summarize(store: Store, by: str = "template", c: float | None = None, *, run
     if day_output:
         by, bucket = "template", "day"
     bucket_key = f"time_bucket(INTERVAL '{BUCKETS[bucket]}', st.ts)" if bucket else _NO_BUCKET
-    fmt = dict(template="NULL::VARCHAR" if by == "run" else "sg.template", bucket=bucket_key)
+    fmt = dict(template="NULL::VARCHAR" if by == "run" else "sg.template", bucket=bucket_key, exact=_EXACT)
     demo = demo_only(store)
     params = [demo, run, run, since, since]
     step_rows = store.query_df(_STEPS_SQL.format(**fmt), params).to_dict("records")
@@ -155,8 +185,7 @@ def _segment(row: dict, positions: list[dict], c_given: float | None, by: str, d
     checked = int(row["checked"])
     accepted = int(row["accepted"])
     k = int(row["k"]) if row["k"] else None
-    interval = stats.cluster_robust_interval_from_sums(
-        int(row["requests"]), accepted, checked, row["saa"], row["san"], row["snn"], CONFIDENCE)
+    interval = stats.cluster_interval(_sums(row), CONFIDENCE)
     alpha = _finite(interval.estimate)
     alpha_lo, alpha_hi = _finite(interval.lo), _finite(interval.hi)
 
@@ -185,10 +214,10 @@ def _segment(row: dict, positions: list[dict], c_given: float | None, by: str, d
         if alpha is not None:
             s_iid = float(theory.speedup(alpha, k, c))
     tokens_per_step = 1.0 + accepted / steps if steps else None
-    tokens_lo, tokens_hi = tokens_interval(row)
+    tokens_lo, tokens_hi = tokens_interval(row, interval.dof)
     status_model_free = "unknown"
     if be_tokens is not None and tokens_lo is not None:
-        # L against 1 + k c, the break-even that assumes nothing about how acceptance varies (math.md)
+        # L against 1 + k c, the break-even that assumes nothing about how acceptance varies (docs/math.md)
         status_model_free = segment_status(tokens_lo, tokens_hi, be_tokens)
     if c is not None and tokens_per_step is not None:
         # Model-free: measured tokens per step over the cost of the drafts actually made.
@@ -199,9 +228,11 @@ def _segment(row: dict, positions: list[dict], c_given: float | None, by: str, d
     for p in positions:
         cond_lo = cond_hi = None
         if p["checked"]:
-            # Wilson at the segment's effective sample size: the per-request correlation widens every position.
+            # Wilson at the segment's effective sample size and degrees of freedom: the per-request correlation
+            # widens every position.
             n_eff = p["checked"] / deff
-            cond_lo, cond_hi = stats.wilson_interval(p["accepted"] / p["checked"] * n_eff, n_eff, CONFIDENCE)
+            cond_lo, cond_hi = stats.wilson_interval(p["accepted"] / p["checked"] * n_eff, n_eff, CONFIDENCE,
+                                                     interval.dof)
         p_lo, p_hi = p["beta_lo"], p["beta_hi"]
         pos_out.append({
             "position": int(p["position"]),
@@ -231,6 +262,7 @@ def _segment(row: dict, positions: list[dict], c_given: float | None, by: str, d
         "alpha_lo": alpha_lo,
         "alpha_hi": alpha_hi,
         "design_effect": _finite(interval.design_effect),
+        "interval_dof": _finite(interval.dof),
         "beta": _finite(beta),
         "beta_lo": _finite(beta_lo),
         "beta_hi": _finite(beta_hi),

@@ -1,4 +1,4 @@
-"""The acceptance and economics formulas of speculative decoding (shared/spec/math.md).
+"""The acceptance and economics formulas of speculative decoding (docs/math.md).
 
 Pure functions on numbers and numpy arrays; no I/O. Sources: Leviathan, Kalman & Matias (arXiv:2211.17192),
 Chen et al. (arXiv:2302.01318).
@@ -90,14 +90,29 @@ def beta(p: np.ndarray, q: np.ndarray) -> np.ndarray | float:
 
 
 def beta_bounds_from_topk_probs(p_top: Mapping, q_top: Mapping) -> tuple[float, float]:
-    """beta's bounds from top-k *probabilities* {token: p}; see beta_bounds_topk."""
-    lo = p_mass = q_mass = 0.0
+    """The sharp bounds on beta = sum_x min(p(x), q(x)) from top-k *probabilities* {token: p} (docs/math.md, "beta
+    from top-k logs").
+
+    Known: p on its listed set P, q on Q. Every unlisted token of a side has at most that side's smallest listed
+    probability (m_p, m_q), and a side's unlisted tokens share its unlisted mass U_p = 1 - sum_P p (U_q alike).
+    With F = sum_{P and Q} min(p, q), a = sum_{P not Q} min(p, m_q) and b = sum_{Q not P} min(q, m_p):
+
+        F  <=  beta  <=  F + min(U_q + min(b, U_p), U_p + min(a, U_q)).
+
+    Both ends are attained by some pair of distributions consistent with the logs when the vocabulary is large
+    enough to spread unlisted mass thinly (real vocabularies are); for a known small vocabulary they stay valid.
+    """
+    lo = 0.0
     for tok in p_top.keys() & q_top.keys():
         pp, qq = p_top[tok], q_top[tok]
         lo += pp if pp < qq else qq
-        p_mass += pp
-        q_mass += qq
-    return lo, lo + max(min(1.0 - p_mass, 1.0 - q_mass), 0.0)
+    u_p = max(1.0 - math.fsum(p_top.values()), 0.0)
+    u_q = max(1.0 - math.fsum(q_top.values()), 0.0)
+    m_p = min(p_top.values(), default=1.0)
+    m_q = min(q_top.values(), default=1.0)
+    a = math.fsum(min(pp, m_q) for tok, pp in p_top.items() if tok not in q_top)
+    b = math.fsum(min(qq, m_p) for tok, qq in q_top.items() if tok not in p_top)
+    return lo, lo + min(u_q + min(b, u_p), u_p + min(a, u_q))
 
 
 def _probs(logprobs: Mapping) -> dict:
@@ -107,11 +122,8 @@ def _probs(logprobs: Mapping) -> dict:
 def beta_bounds_topk(
     p_top: Mapping | Sequence[Mapping], q_top: Mapping | Sequence[Mapping]
 ) -> tuple[float, float] | tuple[np.ndarray, np.ndarray]:
-    """Bounds on beta when only the top-k log-probabilities of p and q are known.
-
-    With S the tokens listed in both, beta lies in
-    [sum_S min(p, q), sum_S min(p, q) + min(1 - sum_S p, 1 - sum_S q)]: the unlisted mass of either side
-    caps what the rest of the vocabulary can add. Arguments are {token: logprob} mappings, or sequences of them
+    """The sharp bounds on beta when only the top-k log-probabilities of p and q are known (see
+    beta_bounds_from_topk_probs). Arguments are {token: logprob} mappings, or sequences of them
     (one per position), which give arrays.
     """
     if isinstance(p_top, Mapping):

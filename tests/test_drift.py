@@ -1,6 +1,9 @@
 """The drift detector: its false-alarm rate holds on streams without change, it finds a drop after a change, and
 template changes get an honest before/after verdict."""
+import json
 import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -8,62 +11,75 @@ import pytest
 from specmon import alarms, drift, demo
 from specmon.ingest import ingest_file
 
-K, P0, P1, M, STEPS_PER_REQUEST, ARL0 = 4, 0.80, 0.45, 8.0, 20.0, 2000
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+import streams  # noqa: E402  (the study's request models, which are not the detector's own)
+
+K, P0, P1, ARL0 = 4, 0.80, 0.45, 2000
 
 
-def stream(rng, n_steps, alpha, m=M):
-    a, c = drift.simulate_steps(rng, 1, n_steps, alpha, K, m, STEPS_PER_REQUEST)
-    return a[0].astype(float), c[0].astype(float)
-
-
-@pytest.fixture(scope="module")
-def design():
-    h = drift.calibrate_h(P0, P1, K, M, STEPS_PER_REQUEST, ARL0)
-    return drift.Design(P0, P1, h, ARL0, M, K)
-
-
-def test_false_alarm_rate_holds_on_clustered_streams_without_change(design):
-    rng = np.random.default_rng(12345)  # not the calibration's seed: fresh streams
+def test_false_alarm_rate_on_streams_from_another_model():
+    # per-request acceptance with correlation 0.2 and heavy-tailed request lengths; each replicate calibrates on
+    # its own reference window, as in use. The study (docs/drift.md) measures this with more replicates; here it
+    # must at least not be the several-fold excess a threshold ignoring the clustering gives.
+    rng = np.random.default_rng(12345)
     steps = alarms_seen = 0
-    for _ in range(40):
-        a, c = stream(rng, 20_000, P0)
-        _, raw = drift.cusum(a, c, design)
-        steps += len(a)
+    for _ in range(12):
+        a, c, req = streams.steps(rng, drift.REFERENCE_STEPS + 10 * ARL0, P0, K, 0.2, "lognormal")
+        d = drift.design_for(a, c, req, K, P1, ARL0)
+        _, raw = drift.cusum(a[drift.REFERENCE_STEPS:], c[drift.REFERENCE_STEPS:], d)
+        steps += len(a) - drift.REFERENCE_STEPS
         alarms_seen += len(raw)
-    expected = steps / ARL0  # alarms per step = 1 / ARL0 when the detector restarts after each alarm
-    assert abs(alarms_seen - expected) < 4 * np.sqrt(expected), (alarms_seen, expected)
+    assert steps / max(alarms_seen, 1) > 0.3 * ARL0, (steps, alarms_seen)
 
 
-def test_a_threshold_that_ignores_clustering_cries_wolf(design):
-    naive_h = drift.calibrate_h(P0, P1, K, float("inf"), STEPS_PER_REQUEST, ARL0)
-    assert naive_h < design.h
+def test_a_threshold_that_ignores_clustering_cries_wolf():
     rng = np.random.default_rng(777)
-    a, c = stream(rng, 200_000, P0)
-    _, raw = drift.cusum(a, c, drift.Design(P0, P1, naive_h, ARL0, float("inf"), K))
-    assert len(raw) > 2 * len(a) / ARL0  # at least twice the stated false-alarm rate
+    a, c, req = streams.steps(rng, drift.REFERENCE_STEPS + 100_000, P0, K, 0.2, "geometric")
+    ref = slice(0, drift.REFERENCE_STEPS)
+    p0 = a[ref].sum() / c[ref].sum()
+    clustered = drift.calibrate(a[ref], c[ref], req[ref], p0, P1, ARL0)
+    naive = drift.calibrate(a[ref], c[ref], np.arange(drift.REFERENCE_STEPS), p0, P1, ARL0)  # steps independent
+    assert naive < clustered / 2
+    _, raw = drift.cusum(a[ref.stop:], c[ref.stop:], drift.Design(p0, P1, naive, ARL0, 1.0, K))
+    assert len(raw) > 3 * 100_000 / ARL0  # at least three times the stated false-alarm rate
 
 
-def test_a_drop_below_break_even_is_found_after_the_change():
-    design = drift.Design(P0, P1, drift.calibrate_h(P0, P1, K, M, STEPS_PER_REQUEST, 20_000), 20_000, M, K)
+def test_a_drop_below_break_even_is_found_and_dated_by_maximum_likelihood():
     rng = np.random.default_rng(99)
-    before_a, before_c = stream(rng, 5000, P0)
-    after_a, after_c = stream(rng, 3000, 0.35)
+    before_a, before_c, before_r = streams.steps(rng, 5000, P0, K, 0.1, "geometric")
+    after_a, after_c, after_r = streams.steps(rng, 3000, 0.35, K, 0.1, "geometric")
     a, c = np.concatenate([before_a, after_a]), np.concatenate([before_c, after_c])
+    req = np.concatenate([before_r, after_r + before_r.max() + 1])
+    design = drift.design_for(a, c, req, K, P1, 20_000)
     _, found = drift.detect(a, c, design)
-    assert len(found) == 1  # (at one false alarm per 20,000 steps, 4,000 watched steps before the change)
-    episode = found[0]
+    after = [e for e in found if e.last_alarm_index >= 5000]
+    assert len(after) == 1 and len(found) <= 2  # (a false alarm before the change is possible, not likely)
+    episode = after[0]
     assert 5000 <= episode.alarm_index < 5000 + 600  # found within a few hundred steps of the change
-    assert abs(episode.change_index - 5000) < 300
+    assert abs(episode.change_index - 5000) < 60  # the likelihood's peak, not where W last left 0
+    assert episode.change_lo <= 5000 <= episode.change_hi + 5
     assert episode.alpha_after < 0.45 < episode.alpha_before
 
 
-def test_design_from_data_estimates_spread_and_reference():
+def test_change_point_is_the_likelihood_maximum():
+    rng = np.random.default_rng(4)
+    a = np.concatenate([rng.binomial(4, 0.8, 300), rng.binomial(4, 0.4, 200)]).astype(float)
+    n = np.full(500, 4.0)
+    best, lo, hi = drift.change_point(a, n, 0.8, 0, 500)
+    brute = []
+    for tau in range(500):
+        s, m = a[tau:].sum(), n[tau:].sum()
+        p = min(s / m, 0.8)
+        brute.append(s * np.log(p / 0.8) + (m - s) * np.log((1 - p) / 0.2))
+    assert best == int(np.argmax(brute)) and lo <= best <= hi and abs(best - 300) < 20
+
+
+def test_design_from_data():
     rng = np.random.default_rng(5)
-    a, c = stream(rng, 4000, P0)
-    request_ids = np.repeat(np.arange(200), 20)  # 20 steps per request, as simulated on average
-    d = drift.design_for(a, c, request_ids, K, break_even=0.45, arl0_steps=ARL0)
+    a, c, req = streams.steps(rng, 4000, P0, K, 0.1, "geometric")
+    d = drift.design_for(a, c, req, K, break_even=0.45, arl0_steps=ARL0)
     assert abs(d.p0 - P0) < 0.05 and d.p1 == pytest.approx(0.45)
-    assert d.h > 0
+    assert d.h > 0 and d.design_effect > 1 and d.clusters > 20
 
 
 def test_template_change_on_the_demo_is_called_harmful(store):
@@ -75,8 +91,12 @@ def test_template_change_on_the_demo_is_called_harmful(store):
     assert change.below_break_even
     assert "hurt acceptance" in change.describe() and "now below break-even" in change.describe()
     assert len(result.alarms) == 1 and result.alarms[0].open
-    # the alarm dates the drop to within a few hours of the template change (2026-11-25 12:34)
-    assert abs((result.alarms[0].change_ts - change.first_ts).total_seconds()) < 4 * 3600
+    # the alarm dates the drop to the template change (2026-11-25 12:34), and says so
+    alarm = result.alarms[0]
+    assert alarm.change_lo_ts <= change.first_ts <= alarm.change_hi_ts
+    assert abs((alarm.change_ts - change.first_ts).total_seconds()) < 2 * 3600
+    assert [e.template for e in alarm.near] == ["v2"] and "coincides with the first steps of template 'v2'" in \
+        alarm.describe()
 
 
 def test_check_reports_drift_and_template_change(tmp_path, specmon_cmd):
@@ -85,11 +105,10 @@ def test_check_reports_drift_and_template_change(tmp_path, specmon_cmd):
                    capture_output=True)
     r = subprocess.run([*specmon_cmd, "check", "--db", db], capture_output=True, text=True)
     assert r.returncode == 1
-    assert "DRIFT: run 'prod': acceptance fell from 0.821" in r.stdout
+    assert "DRIFT: run 'prod': acceptance fell from 0.82" in r.stdout
     assert "TEMPLATE CHANGE: run 'prod': template 'v1' -> 'v2'" in r.stdout and "hurt acceptance" in r.stdout
     r = subprocess.run([*specmon_cmd, "check", "--db", db, "--json", "--since", "2026-11-27T00:00"],
                        capture_output=True, text=True)
-    import json
     out = json.loads(r.stdout)
     assert r.returncode == 1 and out["alarms"][0]["open"] is True
     assert [s["template"] for s in out["segments"]] == ["v2"]  # only steps since then
@@ -122,3 +141,23 @@ def test_alert_rule_is_valid_prometheus(tmp_path, specmon_cmd):
     check = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
     assert "SUCCESS: 1 rules found" in check.stdout
+
+
+def test_an_annotation_on_a_step_log_is_judged_beside_the_template_change(store):
+    from datetime import datetime
+    ingest_file(store, str(demo.DEMO_LOG), run="prod")
+    alarms.annotate(store, "prod", "v1-cache", datetime(2026, 11, 24, 0, 0), "prefix cache on")
+    result = alarms.analyse_run(store, "prod")
+    kinds = [(ch.source, ch.template, ch.comparison.verdict) for ch in result.changes]
+    assert kinds[0][:2] == ("annotation", "v1-cache") and kinds[1] == ("data", "v2", "hurt")
+    assert kinds[0][2] != "hurt"  # nothing changed in the data there
+    assert [e.template for e in result.annotations] == ["v1-cache"]
+
+
+def test_a_template_first_seen_after_its_annotation_is_one_event(store):
+    from datetime import datetime
+    ingest_file(store, str(demo.DEMO_LOG), run="prod")
+    alarms.annotate(store, "prod", "v2", datetime(2026, 11, 25, 12, 0), "v2 rollout")  # v2's steps start 12:34
+    result = alarms.analyse_run(store, "prod")
+    assert [(ch.source, ch.template, ch.comparison.verdict) for ch in result.changes] == [
+        ("annotation", "v2", "hurt")]

@@ -81,3 +81,62 @@ def test_residual_is_a_distribution_and_falls_back_to_p():
     assert r.sum() == pytest.approx(1.0) and (r >= 0).all()
     np.testing.assert_allclose(r, np.maximum(PAPER_P - PAPER_Q, 0) / 0.12)
     np.testing.assert_allclose(theory.residual(PAPER_P, PAPER_P), PAPER_P)
+
+
+def _topk(row: np.ndarray, k: int) -> dict:
+    return {int(i): float(row[i]) for i in np.argsort(-row, kind="stable")[:k]}
+
+
+def _lp_sup_beta(p_top: dict, q_top: dict, vocab: int) -> float:
+    """The largest beta over every pair (p, q) on `vocab` tokens consistent with the top-k logs, by linear
+    programming (beta = max sum t_x with t_x <= p_x, t_x <= q_x is an LP): the brute-force answer."""
+    from scipy.optimize import linprog
+    n = vocab
+    # variables: p (n), q (n), t (n)
+    c = np.concatenate([np.zeros(2 * n), -np.ones(n)])
+    a_ub, b_ub, a_eq, b_eq = [], [], [], []
+    bounds = []
+    for side, top in ((0, p_top), (1, q_top)):
+        cap = min(top.values(), default=1.0)
+        for x in range(n):
+            bounds.append((top[x], top[x]) if x in top else (0.0, cap))
+        row = np.zeros(3 * n)
+        row[side * n:(side + 1) * n] = 1
+        a_eq.append(row)
+        b_eq.append(1.0)
+    bounds += [(0.0, None)] * n
+    for x in range(n):
+        for side in (0, 1):
+            row = np.zeros(3 * n)
+            row[2 * n + x], row[side * n + x] = 1, -1
+            a_ub.append(row)
+            b_ub.append(0.0)
+    res = linprog(c, A_ub=np.array(a_ub), b_ub=b_ub, A_eq=np.array(a_eq), b_eq=b_eq, bounds=bounds)
+    assert res.status == 0, res.message
+    return -res.fun
+
+
+def test_topk_upper_bound_of_the_issue_example_is_sharp():
+    # top-1 logs {A: 0.9} vs {B: 0.9}: every consistent pair has beta in [0, 0.2]
+    assert theory.beta_bounds_from_topk_probs({"A": 0.9}, {"B": 0.9}) == pytest.approx((0.0, 0.2))
+    assert _lp_sup_beta({0: 0.9}, {1: 0.9}, 12) == pytest.approx(0.2, abs=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_topk_bounds_against_brute_force_on_small_vocabularies(seed):
+    rng = np.random.default_rng(seed)
+    vocab = int(rng.integers(3, 8))
+    p = rng.dirichlet(np.ones(vocab) * rng.choice([0.2, 1.0, 3.0]))
+    q = rng.dirichlet(np.ones(vocab) * rng.choice([0.2, 1.0, 3.0]))
+    kp, kq = int(rng.integers(1, vocab + 1)), int(rng.integers(1, vocab + 1))
+    p_top, q_top = _topk(p, kp), _topk(q, kq)
+    lo, hi = theory.beta_bounds_from_topk_probs(p_top, q_top)
+    # valid: the true pair, and any consistent pair on this small vocabulary, lies inside
+    assert lo - 1e-12 <= theory.beta(p, q) <= hi + 1e-12
+    assert _lp_sup_beta(p_top, q_top, vocab) <= hi + 1e-7  # (the LP solver's tolerance)
+    # sharp: with room to spread the unlisted mass thinly (60 more tokens), a consistent pair attains hi
+    assert _lp_sup_beta(p_top, q_top, vocab + 60) == pytest.approx(hi, abs=1e-7)
+    # never looser than the bound that ignores the top-k caps
+    both = p_top.keys() & q_top.keys()
+    old_hi = lo + min(1 - sum(p_top[x] for x in both), 1 - sum(q_top[x] for x in both))
+    assert hi <= old_hi + 1e-12

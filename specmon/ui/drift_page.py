@@ -29,7 +29,8 @@ def cusum_chart(w: pd.DataFrame, h: float) -> alt.Chart:
     return (line + threshold).properties(height=160)
 
 
-def drift_chart(df: pd.DataFrame, changes: pd.DataFrame, alarm_marks: pd.DataFrame) -> alt.Chart:
+def drift_chart(df: pd.DataFrame, changes: pd.DataFrame, alarm_marks: pd.DataFrame,
+                notes: pd.DataFrame) -> alt.Chart:
     x = alt.X("bucket:T", title="time (UTC)")
     y = alt.Y("lo:Q", title="per-token acceptance alpha", scale=alt.Scale(domain=[0, 1]))
     band = alt.Chart(df).mark_area(opacity=0.15, color="#555").encode(x=x, y=y, y2="hi:Q")
@@ -46,9 +47,16 @@ def drift_chart(df: pd.DataFrame, changes: pd.DataFrame, alarm_marks: pd.DataFra
     if not changes.empty:
         layers += alt.Chart(changes).mark_rule(strokeDash=[6, 3], color="black").encode(
             x="first_ts:T", tooltip=["template", alt.Tooltip("first_ts:T", title="template first seen")])
+    if not notes.empty:
+        layers += alt.Chart(notes).mark_rule(strokeDash=[2, 4], color="#1565c0", strokeWidth=2).encode(
+            x="starts_at:T", tooltip=["template", alt.Tooltip("starts_at:T", title="annotated rollout"), "note"])
     if not alarm_marks.empty:
+        layers += alt.Chart(alarm_marks).mark_rect(color="#c62828", opacity=0.15).encode(
+            x="change_lo_ts:T", x2="change_hi_ts:T")
         layers += alt.Chart(alarm_marks).mark_rule(color="#c62828", strokeWidth=2).encode(
             x="change_ts:T", tooltip=[alt.Tooltip("change_ts:T", title="estimated change"),
+                                      alt.Tooltip("change_lo_ts:T", title="likely from"),
+                                      alt.Tooltip("change_hi_ts:T", title="likely to"),
                                       alt.Tooltip("alarm_ts:T", title="alarm"), "alarms"])
         layers += alt.Chart(alarm_marks).mark_point(shape="triangle-down", size=150, filled=True,
                                                     color="#c62828").encode(x="alarm_ts:T", y=alt.value(8))
@@ -79,28 +87,34 @@ def render() -> None:
     result = data.drift(run)
     st.subheader("Alarms")
     if result.design is None:
-        st.info("The drift detector works on step logs (one record per verification step); this run has none, "
-                "so only the per-bucket status above the break-even line applies.")
+        st.info(f"No drift detector for this run: {result.note}. The per-bucket status above the break-even line "
+                "still applies.")
     else:
         d = result.design
-        st.caption(f"One-sided Bernoulli CUSUM from the reference acceptance p0 = {d.p0:.3f} (the run's first "
-                   f"steps) towards p1 = {d.p1:.3f}; threshold h = {d.h:.2f}, calibrated by simulation to one false "
-                   f"alarm per {d.arl0_steps:,} steps, with per-request acceptance spread as in the reference "
-                   f"(beta concentration {d.concentration:.3g}). The change is dated to where W last left 0.")
+        st.caption(f"One-sided Bernoulli CUSUM over {d.unit} from the reference acceptance p0 = {d.p0:.3f} (the "
+                   f"run's first {d.unit}) towards p1 = {d.p1:.3f}; threshold h = {d.h:.2f}, calibrated to one false "
+                   f"alarm per {d.arl0_steps:,} {d.unit} by resampling the reference's {d.clusters} "
+                   f"{'requests' if d.unit == 'steps' else 'windows'} (design effect {d.design_effect:.2f}). A drop "
+                   "is dated by maximum likelihood; the shaded band is its likely range, blue dotted lines are "
+                   "annotated rollouts (`specmon annotate`), black dashed lines templates first seen in the data.")
     for a in result.alarms:
         (st.error if a.open else st.warning)(("**Open:** " if a.open else "**Closed:** ") + md_text(a.describe()))
     if result.design is not None and not result.alarms:
         st.success("No drift alarm in this run.")
     for ch in result.changes:
+        label = "Annotated rollout" if ch.source == "annotation" else "Template change"
         (st.error if ch.comparison.verdict == "hurt" or ch.below_break_even else st.info)(
-            f"**Template change.** {md_text(ch.describe())}")
-    marks = pd.DataFrame([{"change_ts": a.change_ts, "alarm_ts": a.alarm_ts, "alarms": a.alarms}
-                          for a in result.alarms], columns=["change_ts", "alarm_ts", "alarms"])
+            f"**{label}.** {md_text(ch.describe())}")
+    marks = pd.DataFrame([{"change_ts": a.change_ts, "change_lo_ts": a.change_lo_ts, "change_hi_ts": a.change_hi_ts,
+                           "alarm_ts": a.alarm_ts, "alarms": a.alarms} for a in result.alarms],
+                         columns=["change_ts", "change_lo_ts", "change_hi_ts", "alarm_ts", "alarms"])
+    notes = pd.DataFrame([{"starts_at": e.ts, "template": e.template, "note": e.note or ""}
+                          for e in result.annotations], columns=["starts_at", "template", "note"])
     st.subheader("Acceptance against break-even")
     for template, part in df.groupby("template", sort=False):
         latest = part.iloc[-1]
         st.markdown(f"**Template {md_text(template)}** — latest bucket: {STATUS_BADGE[latest['status']]}")
-        st.altair_chart(drift_chart(part, changes, marks), width="stretch")
+        st.altair_chart(drift_chart(part, changes, marks, notes), width="stretch")
     if result.design is not None:
         st.markdown("**Detector statistic**")
         st.altair_chart(cusum_chart(result.cusum, result.design.h), width="stretch")

@@ -1,0 +1,38 @@
+"""Summaries as statistics: the same digits on every run, intervals from engine windows."""
+import subprocess
+
+
+def test_summary_json_prints_the_same_digits_on_an_unchanged_database(tmp_path, specmon_cmd):
+    # 200,000 steps span many row groups, so DuckDB aggregates in parallel; float sums used to differ in their
+    # last digits from one run to the next (beta_lo, beta_hi, gap_z)
+    db = str(tmp_path / "det.duckdb")
+    sim = subprocess.run([*specmon_cmd, "simulate", "--cycles", "200000", "--distributions", "beta"],
+                         capture_output=True, check=True).stdout
+    subprocess.run([*specmon_cmd, "ingest", "--db", db, "-"], input=sim, check=True, capture_output=True)
+    outputs = {subprocess.run([*specmon_cmd, "summary", "--db", db, "--json"], capture_output=True, check=True,
+                              text=True).stdout for _ in range(4)}
+    assert len(outputs) == 1
+
+
+def test_a_segment_of_one_request_has_an_interval_and_no_database_error(store):
+    # one request: its CR2 weight 1 / (1 - n/N) would divide by zero (the watcher's first batch looks like this)
+    import io
+
+    import numpy as np
+
+    from specmon import sampler, stats, summary
+    from specmon.ingest import ingest_stream
+    from conftest import PAPER_P, PAPER_Q
+
+    buf = io.BytesIO()
+    recs = list(sampler.simulate_fixed_pair(PAPER_P, PAPER_Q, 4, 50, np.random.default_rng(1), distributions="beta"))
+    for r in recs:
+        r["request_id"] = "only"
+    sampler.write_step_log(recs, buf)
+    buf.seek(0)
+    assert ingest_stream(store, buf, "one.jsonl", run="one").status == "stored"
+    (row,) = summary.summarize(store)
+    assert row["requests"] == 1 and row["alpha_lo"] < row["alpha"] < row["alpha_hi"]
+    assert row["interval_dof"] is None  # the normal quantile: no spread between clusters to estimate
+    iv = stats.cluster_robust_interval(np.array([5.0, 0.0]), np.array([10.0, 0.0]))
+    assert iv.lo < 0.5 < iv.hi
