@@ -7,14 +7,15 @@ process, so `follow_updates` reruns the page when data arrives, without a reload
 """
 from __future__ import annotations
 
-import pandas as pd
-import streamlit as st
-
 import os
 from datetime import datetime
 
+import pandas as pd
+import streamlit as st
+
 from specmon import alarms, demo, ingest, lossless, summary, watch
 from specmon.store import Store, default_db_path
+from specmon.ui.widgets import md_text
 
 
 @st.cache_resource
@@ -142,8 +143,8 @@ def follow_updates() -> None:
     st.caption(f"Watching {len(health)} source(s) · {int(health['rows'].sum()):,} rows stored from them · newest "
                f"data {_ago(latest)} · checked {datetime.now():%H:%M:%S} (see Sources)")
     for row in health[health["status"].isin(["failing", "stopped", "stale"])].itertuples():
-        what = f"{row.kind} {row.location} (run {row.run})"
+        what = f"{row.kind} {md_text(row.location)} (run {md_text(row.run)})"
         if row.status == "stale":
             st.warning(f"Stale: {what} has delivered no data for {_ago(row.lag_s)[:-4]}.", icon="⏸")
         else:
-            st.error(f"{row.status.capitalize()}: {what}: {row.last_error}", icon="⚠")
+            st.error(f"{row.status.capitalize()}: {what}: {md_text(row.last_error)}", icon="⚠")
