@@ -8,8 +8,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -20,14 +23,20 @@ from specmon.faults import SpecmonError
 from specmon.ingest import FORMATS, ingest_file, ingest_samples, ingest_stream
 from specmon.steplog import DEFAULT_SUM_TOLERANCE
 from specmon.store import DB_ENV, DEFAULT_DB, DEFAULT_LOCK_TIMEOUT_S, LOCK_TIMEOUT_ENV, Store
+from specmon.text import printable
 
 EXIT_OK, EXIT_FINDING, EXIT_ERROR = 0, 1, 2
 _PAPER_P = "0.38,0.22,0.16,0.12,0.08,0.04"
 _PAPER_Q = "0.30,0.20,0.20,0.10,0.14,0.06"
 
 
+def _out(line: str) -> None:
+    """One line on stdout; names in it cannot drive the terminal (control characters escaped)."""
+    print(printable(line))
+
+
 def _err(msg: str) -> None:
-    print(f"specmon: {msg}", file=sys.stderr)
+    print(f"specmon: {printable(msg)}", file=sys.stderr)
 
 
 def _open_store(args: argparse.Namespace, *, with_demo: bool = False) -> Store:
@@ -67,13 +76,13 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             finally:
                 bar.close()
             if args.json:
-                print(json.dumps(result.as_dict()))
+                print(json.dumps(result.as_dict()))  # JSON escapes control characters itself
             elif result.status == "stored":
-                print(f"{name}: stored {result.steps} steps, {result.positions} drafted positions "
+                _out(f"{name}: stored {result.steps} steps, {result.positions} drafted positions "
                       f"in run {result.run!r}" + (f"; {result.rejected} rows rejected, see {result.report_path}"
                                                   if result.rejected else ""))
             elif result.status == "already ingested":
-                print(f"{name}: already ingested (same content); nothing changed")
+                _out(f"{name}: already ingested (same content); nothing changed")
             if result.status == "rejected":
                 status = EXIT_FINDING
                 _err(f"{name}: rejected, nothing stored ({result.fault_count} fault(s); "
@@ -105,25 +114,27 @@ def _print_table(rows: list[dict]) -> None:
         beta = _fmt(r["beta"]) if r["beta"] is not None else (
             f"[{_fmt(r['beta_lo'])},{_fmt(r['beta_hi'])}]" if r["beta_lo"] is not None else "-")
         table.append((
-            r["run"], r["template"] or "-", r["day"] or "-", str(r["k"] or "-"), str(r["steps"]),
+            printable(r["run"]), printable(r["template"] or "-"), r["day"] or "-", str(r["k"] or "-"), str(r["steps"]),
             f"{_fmt(r['alpha'])} [{_fmt(r['alpha_lo'])},{_fmt(r['alpha_hi'])}]", beta, _fmt(r["tokens_per_step"], ".2f"),
             _fmt(r["c"]), _fmt(r["break_even_alpha"]), _fmt(r["break_even_tokens"], ".2f"), r["status"],
         ))
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     for row in table:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        _out("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
 
 
 def cmd_summary(args: argparse.Namespace) -> int:
     with _open_store(args, with_demo=True) as store:
         rows = summary.summarize(store, by=args.by, c=args.c)
-        if rows and rows[0]["demo"]:
-            _err("showing the demo data: nothing of your own is ingested yet")
+    demo_only = bool(rows) and rows[0]["demo"]  # summarize shows demo rows only while nothing else is stored
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps(rows, indent=2))  # every demo segment carries "demo": true
     elif not rows:
-        print("no data: ingest a step log first (specmon ingest FILE)")
+        _out("no data: ingest a step log first (specmon ingest FILE)")
     else:
+        if demo_only:
+            _out(f"DEMO DATA, not yours: {store.path} holds nothing of your own yet, so these are the synthetic "
+                 f"demo figures (run {demo.DEMO_RUN!r}). They hide once you ingest a log.")
         _print_table(rows)
         print("alpha: per-token acceptance, 95% Wilson interval widened for clustering by request. "
               "beta: predicted acceptance (an interval where only top-k logprobs were logged). "
@@ -161,7 +172,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         rows = summary.summarize(store, by="template", c=args.c, since=since, per_position=False)
         if not rows or rows[0]["demo"]:
             window = f" since {since:%Y-%m-%d %H:%M} UTC" if since else ""
-            _err(f"nothing to check: {store.path} holds no steps of your own{window} (specmon ingest FILE)")
+            _err(f"nothing of yours to judge: {store.path} holds no steps of your own{window}"
+                 + (" (only the demo data)" if rows else "") + " (specmon ingest FILE)")
             return EXIT_ERROR
         runs = alarms.analyse(store, c=args.c, arl0_steps=args.false_alarm_steps)
     found = [a for r in runs for a in r.alarms if since is None or a.last_alarm_ts >= since]
@@ -219,26 +231,33 @@ def cmd_annotate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _duration_seconds(text: str) -> float:
-    span = _duration(text)
-    if span is None:
-        raise SpecmonError(f"{text!r} is not a duration like 30s, 1m, 6h or 2d")
+def _duration_seconds(text: str, flag: str) -> float:
+    try:
+        span = _duration(text)
+    except OverflowError:
+        span = None
+    if span is None or span.total_seconds() <= 0:
+        raise SpecmonError(f"{flag}: {text!r} is not a duration like 30s, 1m, 6h or 2d")
     return span.total_seconds()
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
     end = datetime.now(timezone.utc).replace(tzinfo=None)
-    start = end - timedelta(seconds=_duration_seconds(args.since))
-    samples = prometheus.pull(args.prometheus, start, end, _duration_seconds(args.step))
+    since_s = _duration_seconds(args.since, "--since")
+    if since_s > (end - datetime(1970, 1, 1)).total_seconds():
+        raise SpecmonError(f"--since: {args.since!r} reaches back before 1970")
+    start = end - timedelta(seconds=since_s)
+    samples = prometheus.pull(args.prometheus, start, end, _duration_seconds(args.step, "--step"),
+                              timeout_s=args.timeout, total_timeout_s=args.total_timeout)
     if not samples:
         _err(f"{args.prometheus}: no vllm:/llamacpp: spec_decode counters or sglang:spec_ gauges since {args.since}")
         return EXIT_FINDING
     with _open_store(args) as store:
         result = ingest_samples(store, samples, f"{args.prometheus} since {args.since}", args.run, args.template)
     if result.status == "already ingested":
-        print(f"{args.prometheus}: nothing new since the last pull")
+        _out(f"{args.prometheus}: nothing new since the last pull")
     else:
-        print(f"{args.prometheus}: stored {result.steps} new samples of {len(samples)} in run {args.run!r}")
+        _out(f"{args.prometheus}: stored {result.steps} new samples of {len(samples)} in run {args.run!r}")
     return EXIT_OK
 
 
@@ -259,12 +278,14 @@ def cmd_watch(args: argparse.Namespace) -> int:
     if args.dashboard_url:
         config.dashboard_url = args.dashboard_url
 
-    def log(line: str) -> None:
-        print(f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S}Z {line}", flush=True)
-
     with _open_store(args) as store:
-        watch.Watcher(store, config, log=log).run_until_signalled()
+        watch.Watcher(store, config, log=_watch_log).run_until_signalled()
     return EXIT_OK
+
+
+def _watch_log(line: str) -> None:
+    """The watcher's log: one timestamped line per event on stdout."""
+    print(f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S}Z {printable(line)}", flush=True)
 
 
 def _proposer_args(args: argparse.Namespace):
@@ -435,6 +456,49 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _die_with_parent() -> None:
+    """In a child, before it runs: ask Linux to SIGTERM it when its parent dies, even of SIGKILL."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: forwarding below still covers every signal that can be caught
+        pass
+
+
+def run_child(cmd: list[str], env: dict, grace_s: float = 20.0,
+              on_signal: Callable[[], None] | None = None) -> int:
+    """Run a long-lived child (the Streamlit server) and leave none behind: SIGTERM, SIGINT and SIGHUP are
+    forwarded to it (and on_signal is called), it is waited for (killed after grace_s), and it dies with this
+    process in any case.
+
+    The child gets a session of its own, so a Ctrl-C in the terminal reaches it once, through this process."""
+    child = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)
+    caught: list[int] = []
+
+    def forward(signum: int, frame: object) -> None:
+        caught.append(signum)
+        child.send_signal(signum)
+        if on_signal:
+            on_signal()
+
+    handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    previous = {s: signal.signal(s, forward) for s in handled}
+    try:
+        code = child.wait()
+    finally:
+        if child.poll() is None:  # left by an exception before the child ended
+            child.terminate()
+        try:
+            code = child.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            code = child.wait()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return 128 + caught[0] if caught and code < 0 else code
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     app = Path(__file__).resolve().parent.parent / "app.py"
     if not app.is_file():
@@ -444,13 +508,36 @@ def cmd_serve(args: argparse.Namespace) -> int:
         env[DB_ENV] = args.db
     cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.address", args.address,
            "--server.port", str(args.port), "--server.headless", "true"]
-    return subprocess.call(cmd, env=env)
+    if not args.watch:
+        return run_child(cmd, env)
+    from specmon import watch
+
+    config = watch.load_config(args.watch)  # a bad file is an error before anything starts
+    store = _open_store(args)
+    watcher = watch.Watcher(store, config, log=_watch_log)
+    thread = threading.Thread(target=watcher.run, name="specmon-watch", daemon=True)
+    thread.start()
+    try:
+        return run_child(cmd, env, on_signal=watcher.stop)
+    finally:
+        watcher.stop()  # the dashboard ended: finish the batch in hand
+        thread.join(timeout=60)
 
 
 def _positive_int(text: str) -> int:
     v = int(text)
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 < v < 1e6:
+        raise argparse.ArgumentTypeError(f"must be more than 0 and less than 1e6 seconds, got {text}")
     return v
 
 
@@ -584,6 +671,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step", default="1m", help="sample spacing (default 1m)")
     p.add_argument("--run", default="prometheus", help="run to store into (default prometheus)")
     p.add_argument("--template", help="segment label for these samples")
+    p.add_argument("--timeout", type=_seconds, default=prometheus.DEFAULT_REQUEST_TIMEOUT_S, metavar="SECONDS",
+                   help=f"give up on a request not answered in full within this time (default "
+                        f"{prometheus.DEFAULT_REQUEST_TIMEOUT_S:g})")
+    p.add_argument("--total-timeout", type=_seconds, default=prometheus.DEFAULT_PULL_TIMEOUT_S, metavar="SECONDS",
+                   help=f"give up on the whole pull after this time (default {prometheus.DEFAULT_PULL_TIMEOUT_S:g})")
     p.set_defaults(func=cmd_pull)
 
     p = sub.add_parser("watch", parents=[db], help="follow engine logs, step logs, an inbox or Prometheus until "
@@ -654,12 +746,23 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", parents=[db], help="start the dashboard (streamlit run app.py)")
     p.add_argument("--port", type=int, default=8501)
     p.add_argument("--address", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--watch", metavar="FILE", help="also run `specmon watch --config FILE` beside the dashboard "
+                   "(stopped with it)")
     p.set_defaults(func=cmd_serve)
     return parser
 
 
+class _Terminated(BaseException):
+    """SIGTERM, raised where the program is, so that cleanup (a spooled copy, a transaction) runs as on Ctrl-C."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         return args.func(args)
     except SpecmonError as exc:
@@ -667,6 +770,12 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
     except BrokenPipeError:
         return EXIT_OK
+    except KeyboardInterrupt:
+        _err("interrupted (SIGINT); an ingest not yet reported as stored was rolled back")
+        return 128 + signal.SIGINT
+    except _Terminated:
+        _err("terminated (SIGTERM); an ingest not yet reported as stored was rolled back")
+        return 128 + signal.SIGTERM
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import orjson
 
 from specmon import theory
 from specmon.faults import RowFault
+from specmon.limits import MAX_DRAFT_LEN, MAX_TOKEN_ID
 
 SCHEMA_PATH = Path(__file__).parent / "schema" / "steplog.schema.json"
 
@@ -78,9 +79,11 @@ def _int_list(obj: dict, field: str) -> list[int]:
     v = obj[field]
     if type(v) is not list:
         raise RowFault(field, f"expected a list of token ids, got {_type_name(v)}")
+    if len(v) > MAX_DRAFT_LEN:
+        raise RowFault(field, f"{len(v)} tokens; specmon reads steps of up to {MAX_DRAFT_LEN}")
     for i, t in enumerate(v):
-        if type(t) is not int or t < 0:
-            raise RowFault(field, f"item {i} is {t!r}; token ids are integers >= 0")
+        if type(t) is not int or not 0 <= t <= MAX_TOKEN_ID:
+            raise RowFault(field, f"item {i} is {repr(t)[:40]}; token ids are integers from 0 to {MAX_TOKEN_ID}")
     return v
 
 
@@ -98,13 +101,18 @@ def parse_ts(v: object) -> datetime:
     if type(v) is str:
         try:
             ts = datetime.fromisoformat(v)
+            return ts.astimezone(timezone.utc).replace(tzinfo=None) if ts.tzinfo else ts
         except ValueError:
-            raise RowFault("ts", f"{v!r} is not an ISO-8601 timestamp") from None
-        return ts.astimezone(timezone.utc).replace(tzinfo=None) if ts.tzinfo else ts
+            raise RowFault("ts", f"{v[:60]!r} is not an ISO-8601 timestamp") from None
+        except OverflowError:  # year 1 or 9999 shifted by its offset out of the calendar
+            raise RowFault("ts", f"{v[:60]!r} in UTC falls outside the years 1 to 9999") from None
     if _is_number(v):
         if abs(v) > _MAX_EPOCH_SECONDS:
             raise RowFault("ts", f"{v!r} is not epoch seconds (milliseconds? divide by 1000)")
-        return datetime.fromtimestamp(v, tz=timezone.utc).replace(tzinfo=None)
+        try:
+            return datetime.fromtimestamp(v, tz=timezone.utc).replace(tzinfo=None)
+        except (ValueError, OverflowError, OSError):
+            raise RowFault("ts", f"{v!r} epoch seconds fall outside the years 1 to 9999") from None
     raise RowFault("ts", f"expected an ISO-8601 string or epoch seconds, got {_type_name(v)}")
 
 
@@ -202,8 +210,8 @@ def parse_step(obj: object, sum_tol: float = DEFAULT_SUM_TOLERANCE) -> Step:
         step.template = template
     k = obj.get("k")
     if k is not None:
-        if not _is_int(k) or k < 1:
-            raise RowFault("k", f"expected an integer >= 1, got {k!r}")
+        if not _is_int(k) or not 1 <= k <= MAX_DRAFT_LEN:
+            raise RowFault("k", f"expected an integer from 1 to {MAX_DRAFT_LEN}, got {str(k)[:40]}")
         if g > k:
             raise RowFault("k", f"k = {k} but {g} tokens were drafted")
         step.k = k
@@ -279,5 +287,8 @@ def parse_step(obj: object, sum_tol: float = DEFAULT_SUM_TOLERANCE) -> Step:
 
     unknown = obj.keys() - KNOWN_FIELDS
     if unknown:
-        step.extra = orjson.dumps({key: obj[key] for key in sorted(unknown)}).decode()
+        try:
+            step.extra = orjson.dumps({key: obj[key] for key in sorted(unknown)}).decode()
+        except orjson.JSONEncodeError:  # orjson stops at 254 levels
+            raise RowFault(sorted(unknown)[0], "unknown fields nested too deep to keep (over 250 levels)") from None
     return step

@@ -284,12 +284,13 @@ def _is_lock_conflict(exc: Exception) -> bool:
     return "lock" in str(exc).lower()
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process runs (a leftover file named after a dead one can be removed)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except PermissionError:  # alive, but another user's
         return True
     return True
 
@@ -513,7 +514,7 @@ class Store:
         """Remove staging files left by loads whose process died (kill -9): they were never published."""
         for p in glob.glob(self._staging_pattern("*")):
             pid = p[len(self.path) + len(".stage-"):].split("-", 1)[0]
-            if pid.isdigit() and not _pid_alive(int(pid)):
+            if pid.isdigit() and not pid_alive(int(pid)):
                 self.discard_staging(p)
 
     def close(self) -> None:

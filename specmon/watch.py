@@ -30,7 +30,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import orjson
@@ -39,7 +39,8 @@ import pandas as pd
 from specmon import alarms, prometheus, summary
 from specmon.engines import EngineLogReader
 from specmon.faults import Fault, SpecmonError
-from specmon.ingest import (IngestResult, ingest_file, ingest_samples, store_windows, utc_now)
+from specmon.formats.engine_window import store_windows
+from specmon.ingest import IngestResult, ingest_file, ingest_samples, utc_now
 from specmon.store import Store, add_ingest, get_or_create_run, get_or_create_segment
 
 KINDS = ("log", "steplog", "inbox", "prometheus")

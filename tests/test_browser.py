@@ -1,9 +1,11 @@
 """End to end in a real browser: Debian's chromium driven by Playwright against `streamlit run app.py`.
 
 Uploads a step log through the upload widget, finds the new run on Overview, visits every page, saves a screenshot
-of each under test-artifacts/screenshots/, and fails on any exception or error element.
+of each under test-artifacts/screenshots/, and fails on any exception or error element. Uploads a real vLLM log
+and finds its segment on Overview. Shows run, template and file names full of Markdown as text, with no fetch.
 """
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -15,7 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specmon import sampler
+from specmon import demo, sampler
+from specmon.ingest import ingest_file
+from specmon.store import Store
 from conftest import PAPER_P, PAPER_Q
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,28 +43,37 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def app_url(tmp_path):
-    port = free_port()
-    env = {**os.environ, "SPECMON_DB": str(tmp_path / "e2e.duckdb")}
-    log = open(tmp_path / "streamlit.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
-                             "--server.address", "127.0.0.1", "--server.headless", "true"],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        try:
-            if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
-                break
-        except OSError:
-            time.sleep(0.3)
-    else:
-        proc.kill()
+def start_app(tmp_path):
+    """Start the app on a database (prepared by the test, or new) and give its URL; stopped after the test."""
+    running = []
+
+    def start(db: str) -> str:
+        port = free_port()
+        log = open(tmp_path / "streamlit.log", "wb")
+        proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
+                                 "--server.address", "127.0.0.1", "--server.headless", "true"],
+                                cwd=ROOT, env={**os.environ, "SPECMON_DB": db}, stdout=log, stderr=subprocess.STDOUT)
+        running.append((proc, log))
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
+                    return url
+            except OSError:
+                time.sleep(0.3)
         pytest.fail(f"streamlit did not start: {(tmp_path / 'streamlit.log').read_text()}")
-    yield url
-    proc.terminate()
-    proc.wait(timeout=20)
-    log.close()
+
+    yield start
+    for proc, log in running:
+        proc.terminate()
+        proc.wait(timeout=20)
+        log.close()
+
+
+@pytest.fixture
+def app_url(start_app, tmp_path):
+    return start_app(str(tmp_path / "e2e.duckdb"))
 
 
 @pytest.fixture
@@ -84,7 +97,9 @@ def open_page(page, url: str, path: str) -> None:
 def upload(page, url: str, path: Path) -> None:
     open_page(page, url, "ingest")
     page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(path))
-    page.get_by_text(path.name).first.wait_for(timeout=30_000)
+    # The file's size shows once it is uploaded (its name may be shortened in the middle, so not the name).
+    page.locator('[data-testid="stFileUploader"]').get_by_text(re.compile(r"^[\d.]+\s?[KMG]?B$")).first.wait_for(
+        timeout=30_000)
 
 
 def test_two_sessions_upload_then_every_page(app_url, browser, tmp_path):
@@ -116,3 +131,70 @@ def test_two_sessions_upload_then_every_page(app_url, browser, tmp_path):
         page.screenshot(path=str(SHOTS / f"{path}.png"), full_page=True)
         errors = page.locator(ERRORS)
         assert errors.count() == 0, f"{path}: {errors.first.inner_text()}"
+
+
+# Names that Markdown would turn into an image fetch, bold, a coloured span, an icon or a link.
+EVIL_RUN = "![p](http://127.0.0.1:9/p.png) **x** -- :red[y] :material/home:"
+EVIL_TEMPLATE = "**t** ![t](http://127.0.0.1:9/t.png) <img src=http://127.0.0.1:9/i.png>"
+EVIL_FILE = "**up** ![u](u.png) --.jsonl"  # a relative image would be fetched from the app's own server
+FETCHED = ("127.0.0.1:9", "p.png", "t.png", "i.png", "u.png")
+
+
+def test_names_show_as_text_and_fetch_nothing(start_app, browser, tmp_path):
+    db = str(tmp_path / "names.duckdb")
+    steps = tmp_path / "steps.jsonl"
+    with open(steps, "wb") as out:
+        sampler.write_step_log(sampler.simulate_fixed_pair(
+            PAPER_P, PAPER_Q, 4, 500, np.random.default_rng(5), template=EVIL_TEMPLATE), out)
+    with Store(db) as store:  # the demo log as a user run: v2 is losing, so Overview names the run in an alert
+        assert ingest_file(store, str(demo.DEMO_LOG), run=EVIL_RUN).status == "stored"
+        assert ingest_file(store, str(steps), run=EVIL_RUN).status == "stored"
+    url = start_app(db)
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    requests = []
+    page.on("request", lambda r: requests.append(r.url))
+    for path in PAGES:
+        open_page(page, url, path)
+        main = page.locator('[data-testid="stMain"]')
+        assert main.locator("img").count() == 0, path
+        assert main.locator("strong").filter(has_text=re.compile(r"^[xt]$")).count() == 0, path  # no **x** bold
+        if path == "overview":
+            # what the reader sees; U+2060 is the invisible word joiner markdown_literal puts in
+            alert = page.locator('[data-testid="stAlertContentError"]').first.inner_text().replace("\u2060", "")
+            assert alert.startswith(f"{EVIL_RUN} / v2 is losing"), alert
+        if path == "drift":
+            heading = page.locator("strong").filter(has_text="Template **").first.inner_text().replace("\u2060", "")
+            assert heading == f"Template {EVIL_TEMPLATE}", heading
+    upload(page, url, _named(tmp_path, EVIL_FILE))
+    page.get_by_role("button", name="Ingest").click()
+    page.get_by_text("stored 300 steps").wait_for(timeout=120_000)
+    message = page.locator('[data-testid="stAlertContentSuccess"]').first.inner_text().replace("\u2060", "")
+    assert message.startswith(f"{EVIL_FILE}: stored 300 steps"), message
+    assert page.locator('[data-testid="stMain"] img').count() == 0
+    assert [r for r in requests if any(f in r for f in FETCHED)] == []
+
+
+def _named(tmp_path: Path, name: str) -> Path:
+    path = tmp_path / "upload" / name
+    path.parent.mkdir()
+    with open(path, "wb") as out:
+        sampler.write_step_log(sampler.simulate_fixed_pair(PAPER_P, PAPER_Q, 4, 300, np.random.default_rng(6)), out)
+    return path
+
+
+VLLM_LOG = ROOT / "tests" / "data" / "engines" / "vllm-v1-current-1.log"  # verbatim, from the engine corpus
+
+
+def test_a_real_vllm_log_uploads_and_shows_on_overview(app_url, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    open_page(page, app_url, "ingest")
+    assert not page.locator('[data-testid="stFileUploaderDropzoneInput"]').get_attribute("accept")  # no filter
+    page.get_by_text(".log, .txt, .out").first.wait_for()
+    upload(page, app_url, VLLM_LOG)
+    page.get_by_role("button", name="Ingest").click()
+    page.get_by_text(f"{VLLM_LOG.name}: stored 4 steps").wait_for(timeout=120_000)
+    open_page(page, app_url, "overview")
+    page.get_by_text(VLLM_LOG.stem, exact=True).first.wait_for(state="attached", timeout=30_000)  # a grid cell
+    assert page.get_by_text("Demo data").count() == 0
+    steps = page.locator('[data-testid="stMetric"]').filter(has_text="steps")
+    assert steps.locator('[data-testid="stMetricValue"]').inner_text() == "507"  # the drafts of its 4 windows

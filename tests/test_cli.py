@@ -156,3 +156,41 @@ def test_model_free_status_agrees_on_the_demo(tmp_path, specmon_cmd):
     assert by_template["v1"]["status_model_free"] == "healthy"
     assert by_template["v2"]["status_model_free"] == "losing"
     assert by_template["v2"]["tokens_per_step_hi"] < by_template["v2"]["break_even_tokens"]
+
+
+def test_names_cannot_drive_the_terminal(tmp_path, specmon_cmd):
+    db = str(tmp_path / "n.duckdb")
+    log = tmp_path / "evil\x1b[2Jname.jsonl"
+    log.write_bytes(b'{"request_id": "a", "draft_tokens": [1, 2], "accepted": 1}\n')
+    run_name = "prod\x1b[31mRED\x1b[0m\u202e"
+    r = run(specmon_cmd, "ingest", "--db", db, "--run", run_name, "--template", "t\nFAKE LINE", str(log))
+    assert r.returncode == 0, r.stderr
+    assert b"\x1b" not in r.stdout + r.stderr and b"evil\\x1b[2Jname.jsonl: stored" in r.stdout
+    r = run(specmon_cmd, "summary", "--db", db)
+    assert b"\x1b" not in r.stdout and "\u202e".encode() not in r.stdout
+    row = next(line for line in r.stdout.splitlines() if line.startswith(b"prod"))
+    assert row.startswith(b"prod\\x1b[31mRED\\x1b[0m\\u202e  t\\nFAKE LINE  ")  # one line, columns still aligned
+    assert b"\nFAKE LINE" not in r.stdout
+    rows = json.loads(run(specmon_cmd, "summary", "--db", db, "--json").stdout)
+    assert rows[0]["run"] == run_name  # JSON carries the name exactly (escaped by JSON itself)
+
+
+def test_demo_figures_are_never_presented_as_the_users(tmp_path, specmon_cmd):
+    db = str(tmp_path / "d.duckdb")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"request_id": "a", "draft_tokens": [1, 2], "accepted": 5}\n')
+    assert run(specmon_cmd, "ingest", "--db", db, str(bad)).returncode == 1  # rejected: nothing of the user's
+    r = run(specmon_cmd, "summary", "--db", db)
+    assert r.stdout.startswith(b"DEMO DATA, not yours: ") and b"demo (synthetic)" in r.stdout
+    rows = json.loads(run(specmon_cmd, "summary", "--db", db, "--json").stdout)
+    assert rows and all(s["demo"] is True for s in rows)
+    r = run(specmon_cmd, "check", "--db", db)
+    assert r.returncode == 2 and b"nothing of yours to judge" in r.stderr and b"only the demo data" in r.stderr
+    assert r.stdout == b""
+    good = tmp_path / "mine.jsonl"
+    good.write_text('{"request_id": "a", "draft_tokens": [1, 2], "accepted": 1}\n')
+    assert run(specmon_cmd, "ingest", "--db", db, str(good)).returncode == 0
+    r = run(specmon_cmd, "summary", "--db", db)
+    assert b"DEMO" not in r.stdout and b"demo (synthetic)" not in r.stdout
+    rows = json.loads(run(specmon_cmd, "summary", "--db", db, "--json").stdout)
+    assert [s["run"] for s in rows] == ["mine"] and rows[0]["demo"] is False

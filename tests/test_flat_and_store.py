@@ -106,7 +106,7 @@ def test_skip_bad_drops_the_whole_step_of_a_bad_row(store, tmp_path):
     res = ingest_file(store, str(tmp_path / "bad.parquet"), skip_bad=True, report_path=str(report))
     assert (res.steps, res.rejected) == (9, 4)
     lines = report.read_text().splitlines()
-    assert '"line":6' in lines[1] and "negative" in lines[1]  # Parquet: line = row number, from 1
+    assert '"line":6' in lines[1] and "outside 0.." in lines[1]  # Parquet: line = row number, from 1
 
 
 def test_migrations_upgrade_an_older_file_and_refuse_a_newer_one(tmp_path):
@@ -144,3 +144,34 @@ def test_demo_is_shown_only_until_the_user_stores_data(store, tmp_path):
     path.write_text('{"request_id": "a", "draft_tokens": [1], "accepted": 1}\n')
     ingest_file(store, str(path))
     assert [s["run"] for s in summarize(store)] == ["mine"]
+
+
+HOSTILE_ROWS = [
+    ("token id >= 2^31", {"draft_token": 2 ** 31}, "draft_token", "outside 0..2147483647"),
+    ("position beyond 32767", {"position": 40000}, "position", "32767"),
+    ("step beyond BIGINT", {"step": str(2 ** 70)}, "step", "expected an integer"),
+    ("year 9999 shifted out of the calendar", {"ts": "9999-12-31T23:59:59-05:00"}, "ts", "years 1 to 9999"),
+    ("year 1 shifted out of the calendar", {"ts": "0001-01-01T00:00:00+05:00"}, "ts", "years 1 to 9999"),
+]
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+@pytest.mark.parametrize("label,change,field,reason", HOSTILE_ROWS, ids=[h[0] for h in HOSTILE_ROWS])
+def test_hostile_flat_values_are_named_faults_and_skip_bad_keeps_the_good_steps(store, tmp_path, fmt, label, change,
+                                                                               field, reason):
+    df = flat_rows(500).astype({"step": object, "ts": object, "draft_token": "int64"})
+    bad = {"request_id": "bad", "ts": "2026-11-29T10:00:00Z", "template": "flat", "step": 10 ** 6, "position": 1,
+           "draft_token": 1, "accepted": True, "beta": 0.5, **change}
+    df = pd.concat([df.iloc[:300], pd.DataFrame([bad]).astype(df.dtypes.to_dict() | {"step": object}), df.iloc[300:]],
+                   ignore_index=True)
+    df["step"] = df["step"].astype(str)
+    df["ts"] = df["ts"].astype(str)
+    path = tmp_path / f"h.{fmt}"
+    df.to_csv(path, index=False) if fmt == "csv" else df.to_parquet(path)
+    res = ingest_file(store, str(path))
+    assert res.status == "rejected" and counts(store) == (0, 0, 0)
+    first = res.faults[0]
+    assert (first.line, first.field) == ((302 if fmt == "csv" else 301), field) and reason in first.reason
+    res = ingest_file(store, str(path), skip_bad=True, report_path=str(tmp_path / "rep.jsonl"))
+    assert res.status == "stored" and res.steps == 500
+    summarize(store)

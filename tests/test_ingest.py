@@ -1,5 +1,6 @@
 """Ingest of the step log: every fault names file, line and field, and leaves the database as it was."""
 import glob
+import gzip
 import json
 import math
 
@@ -9,6 +10,7 @@ import orjson
 import pytest
 
 from specmon import sampler
+from specmon.faults import SpecmonError
 from specmon.ingest import ingest_file
 from specmon.store import Store
 from specmon.summary import summarize
@@ -214,3 +216,79 @@ def test_concurrent_ingests_in_one_process_lose_nothing_and_count_nothing_twice(
     assert counts(store) == (3, 3, 60000, 240000)
     assert store.query("SELECT count(DISTINCT step_id) FROM steps")[0][0] == 60000
     assert not glob.glob(f"{store.path}.stage-*")
+
+
+# Values no column can hold, and sizes no reader may allocate: one bad row among many good ones is a named fault;
+# without --skip-bad the file stores nothing, with it the good rows are stored and the bad one reported.
+HOSTILE_STEPS = [
+    ("token id >= 2^31", {"draft_tokens": [2 ** 31], "accepted": 0}, "draft_tokens", "token ids"),
+    ("k >= 2^31", {"k": 2 ** 31}, "k", "1 to 32767"),
+    ("a draft of 32768 tokens", {"draft_tokens": [1] * 32768, "accepted": 0}, "draft_tokens", "32767"),
+    ("year 1 shifted out of the calendar", {"ts": "0001-01-01T00:00:00+05:00"}, "ts", "years 1 to 9999"),
+    ("year 9999 shifted out of the calendar", {"ts": "9999-12-31T23:59:59-05:00"}, "ts", "years 1 to 9999"),
+    ("a large negative epoch", {"ts": -62135596801}, "ts", "years 1 to 9999"),
+    ("an epoch of 1e20", {"ts": 1e20}, "ts", "not epoch seconds"),
+    ("unknown fields nested 300 deep", {"deep": json.loads('{"a":' * 300 + "1" + "}" * 300)}, "deep", "nested"),
+]
+
+
+@pytest.mark.parametrize("label,change,field,reason", HOSTILE_STEPS, ids=[h[0] for h in HOSTILE_STEPS])
+def test_hostile_step_values_are_named_faults_and_skip_bad_keeps_the_good_rows(store, tmp_path, label, change, field,
+                                                                              reason):
+    good = [{"request_id": f"r{i % 7}", "draft_tokens": [1, 2], "accepted": i % 3} for i in range(3000)]
+    bad = {"request_id": "bad", "draft_tokens": [1], "accepted": 0, **change}
+    raw_bad = json.dumps(bad).encode() + b"\n"  # orjson itself refuses to write 300 levels
+    path = write_jsonl(tmp_path / "h.jsonl", good[:1500] + [raw_bad] + good[1500:])
+    res = ingest_file(store, path)
+    assert res.status == "rejected" and counts(store) == (0, 0, 0, 0)
+    assert (res.faults[0].line, res.faults[0].field) == (1501, field) and reason in res.faults[0].reason
+    res = ingest_file(store, path, skip_bad=True, report_path=str(tmp_path / "rep.jsonl"))
+    assert res.status == "stored" and res.steps == 3000 and res.rejected == 1
+    assert json.loads((tmp_path / "rep.jsonl").read_text())["line"] == 1501
+    summarize(store)  # every stored value reads back
+
+
+def test_bom_and_gzip_just_work(store, tmp_path):
+    steps = [{"request_id": f"r{i}", "draft_tokens": [1, 2], "accepted": i % 3} for i in range(50)]
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + b"".join(orjson.dumps(s) + b"\n" for s in steps))
+    packed = tmp_path / "steps.jsonl.gz"
+    packed.write_bytes(gzip.compress(b"".join(orjson.dumps({**s, "template": "gz"}) + b"\n" for s in steps)))
+    unnamed = tmp_path / "steps-gzip-without-suffix"
+    unnamed.write_bytes(gzip.compress(b"".join(orjson.dumps({**s, "template": "gz2"}) + b"\n" for s in steps)))
+    csv_bom = tmp_path / "excel.csv"  # Excel's "CSV UTF-8"
+    csv_bom.write_bytes(b"\xef\xbb\xbfrequest_id,step,position,draft_token,accepted\r\n"
+                        + b"".join(f"c{i},{i},1,5,{'true' if i % 2 else 'false'}\r\n".encode() for i in range(20)))
+    csv_gz = tmp_path / "flat.csv.gz"
+    csv_gz.write_bytes(gzip.compress(b"request_id,step,position,draft_token,accepted\n"
+                                     + b"".join(f"z{i},{i},1,5,true\n".encode() for i in range(10))))
+    results = [ingest_file(store, str(p)) for p in (bom, packed, unnamed, csv_bom, csv_gz)]
+    assert [(r.status, r.source_format, r.steps) for r in results] == [
+        ("stored", "steplog-jsonl", 50), ("stored", "steplog-jsonl", 50), ("stored", "steplog-jsonl", 50),
+        ("stored", "flat-csv", 20), ("stored", "flat-csv", 10)]
+
+
+@pytest.mark.parametrize("content,seen", [
+    (b'[{"request_id": "r", "draft_tokens": [1], "accepted": 1}]\n', "a JSON array"),
+    (b"1\n2\n3\n", "lines of JSON values (int)"),
+    (bytes(range(256)) * 8, "binary data"),
+    (b"INFO 11-29 10:00:00 [api_server.py:1090] Starting vLLM API server on http://0.0.0.0:8000\n"
+     b"INFO:     127.0.0.1:51234 - \"POST /v1/completions HTTP/1.1\" 200 OK\n", "without speculative-decoding lines"),
+    (b"when,what,who\n1,2,3\n", "a CSV file with the columns when, what, who"),
+])
+def test_a_file_no_format_claims_is_named_for_what_it_looks_like(store, tmp_path, content, seen):
+    path = tmp_path / "input.jsonl"
+    path.write_bytes(content)
+    res = ingest_file(store, str(path))
+    assert res.status == "rejected" and seen in res.faults[0].reason and "specmon reads step logs" in res.faults[0].reason
+    assert counts(store) == (0, 0, 0, 0)
+
+
+def test_an_empty_file_is_nothing_to_ingest_and_a_directory_is_named(store, tmp_path):
+    for name in ("empty.jsonl", "blank.jsonl", "other-empty.csv"):
+        (tmp_path / name).write_bytes(b"\n\n" if name == "blank.jsonl" else b"")
+        res = ingest_file(store, str(tmp_path / name))
+        assert res.status == "nothing to ingest" and "empty" in res.notes[0]
+    assert counts(store) == (0, 0, 0, 0)  # no run, no ingest: a later empty file is not "already ingested"
+    with pytest.raises(SpecmonError, match="is a directory"):
+        ingest_file(store, str(tmp_path))

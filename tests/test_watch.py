@@ -259,3 +259,47 @@ def test_the_sources_page_lists_sources_and_flags_a_stale_one(tmp_path, monkeypa
     table = at.dataframe[0].value
     assert list(table["location"]) == [str(log)] and list(table["status"]) == ["stale"]
     assert any("Stale" in w.value and str(log) in w.value for w in at.warning)
+
+
+def test_serve_watch_runs_the_watcher_beside_the_dashboard_and_stops_with_it(tmp_path):
+    import socket
+    import urllib.request
+
+    db, log = str(tmp_path / "w.duckdb"), tmp_path / "vllm.log"
+    log.write_text("")
+    cfg = tmp_path / "watch.toml"
+    cfg.write_text(f'interval = 0.2\n[[log]]\npath = "{log}"\nrun = "prod"\n')
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    serve = subprocess.Popen([sys.executable, "-m", "specmon.cli", "serve", "--db", db, "--port", str(port),
+                              "--watch", str(cfg)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        def healthy() -> bool:
+            try:
+                return urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2).read() == b"ok"
+            except OSError:
+                return False
+        _until(healthy, 90, "the dashboard")
+        line, acc, drafted = v1_line(0, 10, [5, 3, 1])
+        with open(log, "a") as fh:
+            fh.write(line)
+        _until(lambda: totals(Store(db)) == (acc, drafted), 60, "the watched line")
+        serve.send_signal(signal.SIGTERM)
+        out, _ = serve.communicate(timeout=60)
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+    assert serve.returncode in (0, 128 + signal.SIGTERM), out
+    assert "watching 1 source(s)" in out and "stopped" in out
+    with socket.socket() as s:  # nothing listens on the port any more (closed connections may linger)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+
+
+def test_serve_watch_with_a_bad_file_is_a_clear_error(tmp_path):
+    cfg = tmp_path / "watch.toml"
+    cfg.write_text("[[log]]\n")
+    done = subprocess.run([sys.executable, "-m", "specmon.cli", "serve", "--db", str(tmp_path / "w.duckdb"),
+                           "--watch", str(cfg)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "needs path" in done.stderr and "Traceback" not in done.stderr

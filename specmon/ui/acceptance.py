@@ -8,7 +8,7 @@ import streamlit as st
 from specmon.segments import BUCKETS
 from specmon.summary import GAP_Z_LIMIT
 from specmon.ui import data
-from specmon.ui.widgets import EMPTY, demo_banner, fmt, guarded, pick_segment
+from specmon.ui.widgets import EMPTY, demo_banner, fmt, guarded, md_text, pick_segment
 
 OBSERVED = "observed conditional (accepted / checked)"
 PREDICTED = "predicted beta = Σ min(p, q)"
@@ -102,8 +102,8 @@ def render() -> None:
     c4.metric("steps", f"{seg['steps']:,}",
               help=f"{seg['requests']:,} requests" if seg["requests"] is not None else "drafts the engine counted")
     if seg.get("source") == "engine":
-        st.info(f"Engine-reported figures ({seg['engine']}): counts only, so there is no predicted beta to compare "
-                "with. " + (seg["note"] or ""))
+        st.info(f"Engine-reported figures ({md_text(seg['engine'])}): counts only, so there is no predicted beta "
+                "to compare with. " + md_text(seg["note"] or ""))
     st.markdown(verdict(seg))
 
     st.subheader("Per draft position")
@@ -125,7 +125,7 @@ def render() -> None:
         st.info("No timed steps in this run yet.")
     else:
         st.altair_chart(timeline_chart(timeline, data.template_changes(seg["run"])), width="stretch")
-        st.caption(f"Run {seg['run']!r}: one line per template, band = 95% interval; dashed rules mark where a "
+        st.caption(f"Run {md_text(seg['run'])}: one line per template, band = 95% interval; dashed rules mark where a "
                    "template first appears.")
 
 

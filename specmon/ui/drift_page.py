@@ -7,7 +7,7 @@ import streamlit as st
 
 from specmon.segments import BUCKETS
 from specmon.ui import data
-from specmon.ui.widgets import EMPTY, STATUS_BADGE, STATUS_COLOURS, demo_banner, guarded
+from specmon.ui.widgets import EMPTY, STATUS_BADGE, STATUS_COLOURS, demo_banner, guarded, md_text
 
 
 def buckets_frame(rows: list[dict]) -> pd.DataFrame:
@@ -98,13 +98,13 @@ def render() -> None:
                    "is dated by maximum likelihood; the shaded band is its likely range, blue dotted lines are "
                    "annotated rollouts (`specmon annotate`), black dashed lines templates first seen in the data.")
     for a in result.alarms:
-        (st.error if a.open else st.warning)(("**Open:** " if a.open else "**Closed:** ") + a.describe())
+        (st.error if a.open else st.warning)(("**Open:** " if a.open else "**Closed:** ") + md_text(a.describe()))
     if result.design is not None and not result.alarms:
         st.success("No drift alarm in this run.")
     for ch in result.changes:
         label = "Annotated rollout" if ch.source == "annotation" else "Template change"
         (st.error if ch.comparison.verdict == "hurt" or ch.below_break_even else st.info)(
-            f"**{label}.** {ch.describe()}")
+            f"**{label}.** {md_text(ch.describe())}")
     marks = pd.DataFrame([{"change_ts": a.change_ts, "change_lo_ts": a.change_lo_ts, "change_hi_ts": a.change_hi_ts,
                            "alarm_ts": a.alarm_ts, "alarms": a.alarms} for a in result.alarms],
                          columns=["change_ts", "change_lo_ts", "change_hi_ts", "alarm_ts", "alarms"])
@@ -113,7 +113,7 @@ def render() -> None:
     st.subheader("Acceptance against break-even")
     for template, part in df.groupby("template", sort=False):
         latest = part.iloc[-1]
-        st.markdown(f"**Template {template}** — latest bucket: {STATUS_BADGE[latest['status']]}")
+        st.markdown(f"**Template {md_text(template)}** — latest bucket: {STATUS_BADGE[latest['status']]}")
         st.altair_chart(drift_chart(part, changes, marks, notes), width="stretch")
     if result.design is not None:
         st.markdown("**Detector statistic**")

@@ -6,7 +6,7 @@ from pathlib import Path
 import streamlit as st
 
 from specmon.ui import data
-from specmon.ui.widgets import guarded, segment_label
+from specmon.ui.widgets import guarded, md_text, segment_label
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 MODELS = ROOT / "data" / "models"
@@ -57,7 +57,7 @@ def render() -> None:
                            k=k, max_new_tokens=max_new, temperature=temperature,
                            ngram=live.NgramProposer() if ngram else None)
     bar.progress(1.0, text="done")
-    st.success(f"Stored run **{run}**: {done.steps} steps, {done.tokens} tokens in {done.seconds:.1f} s.")
+    st.success(f"Stored run **{md_text(run)}**: {done.steps} steps, {done.tokens} tokens in {done.seconds:.1f} s.")
     st.session_state["segment"] = segment_label({"run": run, "template": template})
     st.switch_page("specmon/ui/acceptance.py")
 

@@ -6,8 +6,9 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from specmon.summary import demo_only
 from specmon.ui import data
-from specmon.ui.widgets import guarded
+from specmon.ui.widgets import DEMO_NOTICE, guarded
 
 PIT_BINS = 20
 
@@ -37,6 +38,8 @@ def render() -> None:
                 "Log them for a sample of requests (or run `specmon simulate | specmon ingest -`) to check "
                 "losslessness here.")
         return
+    if demo_only(data.get_store()):
+        st.warning(DEMO_NOTICE)
     labels = [f"{run} / {template or '(no template)'} — {n:,} tokens" for run, template, n in segments]
     run, template, _ = segments[labels.index(st.selectbox("Segment", labels, key="lossless_segment"))]
     pit, fixed = data.lossless_checks(run, template)

@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from specmon.ui import data
-from specmon.ui.widgets import EMPTY, STATUS_BADGE, STATUS_COLOURS, demo_banner, fmt, guarded, segment_label
+from specmon.ui.widgets import EMPTY, STATUS_BADGE, STATUS_COLOURS, demo_banner, fmt, guarded, md_text, segment_label
 
 
 def segments_frame(rows: list[dict]) -> pd.DataFrame:
@@ -63,7 +63,7 @@ def render() -> None:
     cols[1].metric("losing or at risk", len(losing))
     cols[2].metric("steps", f"{sum(r['steps'] for r in rows):,}")
     for r in losing:
-        st.error(f"**{segment_label(r)}** is {r['status']}: alpha = {r['alpha']:.3f} "
+        st.error(f"**{md_text(segment_label(r))}** is {r['status']}: alpha = {r['alpha']:.3f} "
                  f"(95% CI {r['alpha_lo']:.3f}–{r['alpha_hi']:.3f}) against break-even alpha* = "
                  f"{fmt(r['break_even_alpha'])} at k = {r['k']}, c = {fmt(r['c'])}.")
     st.altair_chart(_chart(rows), width="stretch")

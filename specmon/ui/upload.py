@@ -1,4 +1,4 @@
-"""Ingest: upload step logs in the browser; they go through the same code as `specmon ingest`."""
+"""Ingest: upload any file `specmon ingest` reads, in the browser; it goes through the same code."""
 from __future__ import annotations
 
 import os
@@ -7,20 +7,22 @@ import tempfile
 import pandas as pd
 import streamlit as st
 
+from specmon.faults import SpecmonError
 from specmon.ingest import ingest_stream
 from specmon.ui import data
-from specmon.ui.widgets import guarded
+from specmon.ui.widgets import guarded, md_text
 
 
 def result_message(result) -> tuple[str, str]:
     """(level, text) for one file's outcome."""
+    file = md_text(result.file)
     if result.status == "already ingested":
-        return "info", f"**{result.file}**: already ingested (same content); nothing changed."
+        return "info", f"**{file}**: already ingested (same content); nothing changed."
     if result.status == "rejected":
-        return "error", (f"**{result.file}**: rejected, nothing stored — {result.fault_count} fault(s). Fix them, or "
+        return "error", (f"**{file}**: rejected, nothing stored — {result.fault_count} fault(s). Fix them, or "
                          "tick *store the good rows* to skip bad rows.")
-    text = f"**{result.file}**: stored {result.steps:,} steps ({result.positions:,} drafted positions) in run " \
-           f"**{result.run}**."
+    text = f"**{file}**: stored {result.steps:,} steps ({result.positions:,} drafted positions) in run " \
+           f"**{md_text(result.run)}**."
     if result.rejected:
         text += f" {result.rejected:,} rows were rejected (listed below)."
     return "success", text
@@ -29,11 +31,14 @@ def result_message(result) -> tuple[str, str]:
 @guarded
 def render() -> None:
     st.title("Ingest")
-    st.caption("Step logs as JSON Lines (the specmon contract, see the README), or the flat form as CSV or "
-               "Parquet. Each file is stored whole or not at all; a file already stored is recognised by its "
+    st.caption("Every format `specmon ingest` reads, told apart by content, not by name: specmon step logs (JSON "
+               "Lines, or the flat form as CSV or Parquet); vLLM, llama.cpp and SGLang server logs as they print "
+               "them (.log, .txt, .out, ...) and vLLM's per-request JSON responses; saved Prometheus /metrics "
+               "pages. Each file is stored whole or not at all; a file already stored is recognised by its "
                "content and skipped.")
     with st.form("ingest", clear_on_submit=True):
-        files = st.file_uploader("Step logs", accept_multiple_files=True, type=["jsonl", "json", "ndjson", "csv", "parquet"])
+        # No type filter: the ingest detects the format from the content, and server logs carry any extension.
+        files = st.file_uploader("Logs, step logs or Prometheus pages", accept_multiple_files=True, type=None)
         c1, c2 = st.columns(2)
         run = c1.text_input("Run name", placeholder="default: the file name", help="steps of one deployment or experiment")
         template = c2.text_input("Template", placeholder="for steps whose log names none")
@@ -44,27 +49,33 @@ def render() -> None:
     if submitted and files:
         store = data.get_store()
         for upload in files:
-            bar = st.progress(0.0, text=f"{upload.name}: reading")
+            label = md_text(upload.name)
+            bar = st.progress(0.0, text=f"{label}: reading")
 
-            def progress(done: int, total: int, bar=bar, name=upload.name) -> None:
+            def progress(done: int, total: int, bar=bar, name=label) -> None:
                 bar.progress(min(done / total, 1.0) if total else 1.0, text=f"{name}: {done / 2**20:.1f} MB")
 
             with tempfile.TemporaryDirectory(prefix="specmon-report-") as tmp:
                 report_path = os.path.join(tmp, "rejected.jsonl")
-                result = ingest_stream(store, upload, upload.name, run=run or None, template=template or None,
-                                       skip_bad=skip_bad, report_path=report_path, progress=progress)
+                try:
+                    result = ingest_stream(store, upload, upload.name, run=run or None, template=template or None,
+                                           skip_bad=skip_bad, report_path=report_path, progress=progress)
+                except SpecmonError as exc:  # e.g. a run name that belongs to the demo: said as the CLI says it
+                    bar.progress(1.0, text=f"{label}: not stored")
+                    st.error(md_text(str(exc)))
+                    continue
                 report = open(report_path, "rb").read() if result.report_path else None
-            bar.progress(1.0, text=f"{upload.name}: done")
+            bar.progress(1.0, text=f"{label}: done")
             level, text = result_message(result)
             getattr(st, level)(text)
             for note in result.notes:
-                st.caption(f"{upload.name}: {note}")
+                st.caption(f"{label}: {md_text(note)}")
             if result.faults:
                 st.dataframe(pd.DataFrame([f.as_dict() for f in result.faults]), hide_index=True, width="stretch")
                 if result.fault_count > len(result.faults):
                     st.caption(f"… and {result.fault_count - len(result.faults)} more.")
             if report:
-                st.download_button(f"Rejected rows of {upload.name} (JSON Lines)", report,
+                st.download_button(f"Rejected rows of {label} (JSON Lines)", report,
                                    file_name=f"{upload.name}.rejected.jsonl", key=f"report-{upload.name}")
     st.subheader("Past ingests")
     history = data.ingest_history()

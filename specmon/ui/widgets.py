@@ -7,6 +7,8 @@ from collections.abc import Callable
 
 import streamlit as st
 
+from specmon.text import markdown_literal
+
 log = logging.getLogger("specmon.ui")
 
 # Plain symbols, not emoji: they render in any font (headless browsers and terminals often lack emoji fonts).
@@ -29,10 +31,20 @@ def guarded(render: Callable[[], None]) -> Callable[[], None]:
     return page
 
 
+DEMO_NOTICE = ("**Demo data, not yours.** Nothing of your own is stored yet, so this is the synthetic demo log "
+               "(a template change at v2 pushes acceptance below break-even). It hides once you ingest a log.")
+
+
 def demo_banner(rows: list[dict]) -> None:
+    """The demo notice, where the rows shown are the demo's (summaries show them only while the user has none)."""
     if rows and rows[0]["demo"]:
-        st.warning("**Demo data.** Nothing of your own is stored yet, so this is the synthetic demo log "
-                   "(a template change at v2 pushes acceptance below break-even). It hides once you ingest a log.")
+        st.warning(DEMO_NOTICE)
+
+
+def md_text(value: object) -> str:
+    """User text (a name, a file name, a note, a fault reason) for any Streamlit element that renders Markdown
+    (markdown, alerts, captions, titles, metric and button labels, progress text): shown exactly as written."""
+    return markdown_literal(str(value))
 
 
 def segment_label(row: dict) -> str:
@@ -40,7 +52,8 @@ def segment_label(row: dict) -> str:
 
 
 def pick_segment(rows: list[dict], key: str) -> dict:
-    """A select box over segments; the choice is shared across pages through session state."""
+    """A select box over segments (its options are plain text); the choice is shared across pages through session
+    state."""
     labels = [segment_label(r) for r in rows]
     current = st.session_state.get("segment")
     index = labels.index(current) if current in labels else 0

@@ -1,4 +1,5 @@
-"""The flat form of the step log (formats.md §1): one row per drafted position, as CSV or Parquet.
+"""The flat form of the step log: one row per drafted position, as CSV (plain or gzip, with or without a BOM) or
+Parquet.
 
 The whole file is read, typed, checked and inserted by DuckDB inside the caller's transaction, so a large
 Parquet file never passes through Python row by row. SQL here is built only from the fixed column names below,
@@ -7,6 +8,7 @@ never from the file's own text; file paths and values are bound as parameters.
 from __future__ import annotations
 
 import csv
+import io
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,6 +16,14 @@ from dataclasses import dataclass
 import duckdb
 
 from specmon.faults import Fault
+from specmon.formats import textio
+from specmon.formats.base import Job, Rejected
+from specmon.limits import MAX_DRAFT_LEN, MAX_TOKEN_ID
+from specmon.store import Store, get_or_create_segment, next_step_id
+
+FORMATS = ("flat-parquet", "flat-csv")
+SOURCE = "steplog"
+SNIFF_ORDER = 0  # Parquet's magic bytes first; CSV is told apart from the rest by its header (sniff_csv)
 
 REQUIRED = ("request_id", "step", "position", "draft_token", "accepted")
 # column -> DuckDB type it must cast to; ts is handled on its own (ISO-8601, epoch seconds, or a timestamp).
@@ -42,9 +52,25 @@ class FlatFile:
     ignored_columns: list[str]
 
 
+def sniff(head: bytes) -> str | None:
+    """Parquet by its magic bytes; CSV by a header row naming at least one of the flat form's columns (the loader
+    then names any required one that is missing)."""
+    if head.startswith(b"PAR1"):
+        return "flat-parquet"
+    names = csv_header_names(head)
+    return "flat-csv" if names and set(names) & set(KNOWN) else None
+
+
+def csv_header_names(head: bytes) -> list[str] | None:
+    """The names of a first line of several comma-separated names (a CSV header), else None."""
+    first = head.split(b"\n", 1)[0].decode("utf-8", "replace").strip()
+    names = [n.strip().strip('"') for n in first.split(",")]
+    return names if len(names) > 1 and all(re.fullmatch(r"[A-Za-z_][\w .-]{0,63}", n) for n in names) else None
+
+
 def _csv_header(path: str) -> list[str]:
-    with open(path, newline="", encoding="utf-8", errors="replace") as fh:
-        return next(csv.reader(fh), [])
+    line = textio.head(path, 1 << 16).split(b"\n", 1)[0].decode("utf-8", "replace")
+    return next(csv.reader(io.StringIO(line)), [])
 
 
 def load(cur: duckdb.DuckDBPyConnection, path: str, fmt: str, name: str) -> tuple[FlatFile | None, list[Fault]]:
@@ -57,8 +83,8 @@ def load(cur: duckdb.DuckDBPyConnection, path: str, fmt: str, name: str) -> tupl
         cur.execute(
             "CREATE OR REPLACE TEMP TABLE flat_read AS SELECT row_number() OVER () AS rn, * FROM read_csv(?, "
             "auto_detect = false, header = true, delim = ',', quote = '\"', escape = '\"', columns = ?, "
-            "strict_mode = true, ignore_errors = true, store_rejects = true)",
-            [path, columns],
+            "strict_mode = true, ignore_errors = true, store_rejects = true, compression = ?)",
+            [path, columns, "gzip" if textio.is_gzip(path) else "none"],
         )
         rejects = cur.execute(
             "SELECT line, error_message FROM reject_errors ORDER BY line"
@@ -120,6 +146,10 @@ def check(cur: duckdb.DuckDBPyConnection, flat: FlatFile, name: str) -> list[Fau
                 "SELECT line, 'ts', 'not an ISO-8601 timestamp or epoch seconds: ' || raw_ts FROM flat_typed "
                 "WHERE raw_ts IS NOT NULL AND raw_ts <> '' AND ts IS NULL"
             )
+            checks.append(
+                "SELECT line, 'ts', raw_ts || ' in UTC falls outside the years 1 to 9999' FROM flat_typed "
+                "WHERE NOT ts BETWEEN TIMESTAMP '0001-01-01' AND TIMESTAMP '9999-12-31 23:59:59.999999'"
+            )
         elif TYPES[c] != "VARCHAR":
             kind = {"BIGINT": "an integer", "BOOLEAN": "true or false", "DOUBLE": "a number"}[TYPES[c]]
             checks.append(
@@ -129,7 +159,10 @@ def check(cur: duckdb.DuckDBPyConnection, flat: FlatFile, name: str) -> list[Fau
     checks += [
         f"SELECT line, 'position', 'position ' || position || ' is below {base} (positions count from 1, or from 0 "
         f"throughout a file)' FROM flat_typed WHERE position < {base}",
-        "SELECT line, 'draft_token', 'token id ' || draft_token || ' is negative' FROM flat_typed WHERE draft_token < 0",
+        f"SELECT line, 'draft_token', 'token id ' || draft_token || ' is outside 0..{MAX_TOKEN_ID}' FROM flat_typed "
+        f"WHERE draft_token < 0 OR draft_token > {MAX_TOKEN_ID}",
+        f"SELECT line, 'position', 'position ' || position || ' is beyond the {MAX_DRAFT_LEN} draft positions specmon "
+        f"reads' FROM flat_typed WHERE position - {base} + 1 > {MAX_DRAFT_LEN}",
         "SELECT line, 'step', 'step ' || step || ' is negative' FROM flat_typed WHERE step < 0",
     ]
     for c in _PROBABILITY_COLUMNS:
@@ -231,3 +264,44 @@ def insert(
     steps, inferred = cur.execute("SELECT count(*), count(*) FILTER (WHERE ts IS NULL) FROM flat_steps").fetchall()[0]
     positions = cur.execute("SELECT count(*) FROM flat_pos").fetchall()[0][0]
     return int(steps), int(positions), int(inferred)
+
+
+class Reader:
+    """The flat form is read, checked and inserted by DuckDB inside the publishing transaction."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+
+    def prepare(self, store: Store) -> None:
+        """Nothing to do before the transaction: DuckDB reads the file inside it."""
+
+    def attach(self) -> dict | None:
+        return None
+
+    def publish(self, cur: duckdb.DuckDBPyConnection, run_id: int, ingest_id: int) -> None:
+        job = self.job
+        try:
+            flat, faults = load(cur, job.path, job.fmt, job.name)
+        except duckdb.Error as exc:  # DuckDB's reader errors name the problem; put the file in front of it
+            raise Rejected([Fault(job.name, 0, "", f"cannot read as {job.fmt}: {str(exc).splitlines()[0]}")]) \
+                from None
+        if flat is None:
+            raise Rejected(faults)
+        job.rows_read = flat.rows + len(faults)
+        if flat.ignored_columns:
+            job.notes.append(f"columns not in the flat form were ignored: {', '.join(flat.ignored_columns)}")
+        for fault in faults:  # unreadable lines never reached a table
+            job.fault(fault)
+        for fault in check(cur, flat, job.name):
+            job.count(fault)  # reported below with its row, by reject_bad_steps
+        job.check()
+        for line, field_name, reason, row in reject_bad_steps(cur):
+            job.report.add(Fault(job.name, line, field_name, reason), row)
+        job.steps, job.positions, job.no_time = insert(
+            cur, ingest_id=ingest_id, default_template=job.default_template, first_step_id=next_step_id(cur),
+            ingest_time=job.ingest_time.isoformat(), segment_for=lambda t: get_or_create_segment(cur, run_id, t))
+        if job.progress:
+            job.progress(1, 1)
+
+    def close(self) -> None:
+        """Nothing to release: the temp tables go with the transaction's connection."""

@@ -1,0 +1,189 @@
+"""specmon's step log as JSON Lines (plain or gzip, with or without a BOM): one step per line (specmon.steplog).
+
+Steps stream in batches into a staging file of their own, so memory stays bounded by the batch and the main
+database is not locked while a large file is read; the publishing transaction moves them in at once.
+"""
+from __future__ import annotations
+
+import os
+
+import duckdb
+import orjson
+import pyarrow as pa
+
+from specmon import steplog
+from specmon.faults import Fault, RowFault
+from specmon.formats import textio
+from specmon.formats.base import Job
+from specmon.limits import MAX_JSON_LINE_BYTES
+from specmon.store import Store, get_or_create_segment, next_step_id
+
+FORMATS = ("steplog-jsonl",)
+SOURCE = "steplog"
+SNIFF_ORDER = 40
+_BATCH_STEPS = 16384
+
+
+def sniff(head: bytes) -> str | None:
+    """A step log's first non-blank line is a JSON object."""
+    first = next((line for line in head.splitlines() if line.strip()), b"")
+    return FORMATS[0] if first.lstrip()[:1] == b"{" else None
+
+
+class _StepBatch:
+    """Columns of steps and positions gathered in Python and appended to DuckDB as Arrow tables."""
+
+    STEP_COLUMNS = (
+        "local_step", "template", "request_id", "ts", "ts_inferred", "k", "g", "accepted", "checked",
+        "temperature", "target_ms", "draft_ms", "beta_lo_sum", "beta_hi_sum", "emitted_tokens", "pit_below",
+        "pit_mass", "extra",
+    )
+    STEP_SCHEMA = pa.schema([
+        ("local_step", pa.int64()), ("template", pa.string()), ("request_id", pa.string()),
+        ("ts", pa.timestamp("us")), ("ts_inferred", pa.bool_()), ("k", pa.int32()), ("g", pa.int32()),
+        ("accepted", pa.int32()), ("checked", pa.int32()), ("temperature", pa.float64()),
+        ("target_ms", pa.float64()), ("draft_ms", pa.float64()), ("beta_lo_sum", pa.float64()),
+        ("beta_hi_sum", pa.float64()), ("emitted_tokens", pa.list_(pa.int32())),
+        ("pit_below", pa.list_(pa.float64())), ("pit_mass", pa.list_(pa.float64())), ("extra", pa.string()),
+    ])
+    POSITION_SCHEMA = pa.schema([
+        ("local_step", pa.int64()), ("template", pa.string()), ("position", pa.int16()),
+        ("draft_token", pa.int32()),
+        ("checked", pa.bool_()), ("accepted", pa.bool_()), ("beta_lo", pa.float64()), ("beta_hi", pa.float64()),
+        ("p_token", pa.float64()), ("q_token", pa.float64()),
+    ])
+
+    def __init__(self) -> None:
+        self.steps = {c: [] for c in self.STEP_SCHEMA.names}
+        self.pos = {c: [] for c in self.POSITION_SCHEMA.names}
+
+    def __len__(self) -> int:
+        return len(self.steps["local_step"])
+
+    def add(self, s: steplog.Step, local_step: int, template: str, ts, inferred: bool) -> None:
+        g, checked = s.g, s.checked
+        lo_sum = hi_sum = None
+        if s.beta_lo is not None:
+            lo_sum = sum(s.beta_lo[:checked])
+            hi_sum = sum(s.beta_hi[:checked])
+        for col, value in zip(self.STEP_COLUMNS, (
+            local_step, template, s.request_id, ts, inferred, s.k, g, s.accepted, checked,
+            s.temperature, s.target_ms, s.draft_ms, lo_sum, hi_sum, s.emitted_tokens, s.pit_below, s.pit_mass,
+            s.extra,
+        )):
+            self.steps[col].append(value)
+        if not g:
+            return
+        none = [None] * g
+        p = self.pos
+        p["local_step"] += [local_step] * g
+        p["template"] += [template] * g
+        p["position"] += range(1, g + 1)
+        p["draft_token"] += s.draft_tokens
+        p["checked"] += [i < checked for i in range(g)]
+        p["accepted"] += [i < s.accepted for i in range(g)]
+        p["beta_lo"] += s.beta_lo if s.beta_lo is not None else none
+        p["beta_hi"] += s.beta_hi if s.beta_hi is not None else none
+        p["p_token"] += s.p_token if s.p_token is not None else none
+        p["q_token"] += s.q_token if s.q_token is not None else none
+
+    def flush(self, cur: duckdb.DuckDBPyConnection) -> int:
+        """Append the gathered rows to the staging tables; returns the positions written."""
+        steps = pa.Table.from_pydict(self.steps, schema=self.STEP_SCHEMA)
+        positions = pa.Table.from_pydict(self.pos, schema=self.POSITION_SCHEMA)
+        cur.register("batch_steps", steps)
+        cur.register("batch_positions", positions)
+        cols = ", ".join(self.STEP_COLUMNS)
+        cur.execute(f"INSERT INTO staging_steps ({cols}) SELECT {cols} FROM batch_steps")
+        cur.execute("INSERT INTO staging_positions SELECT * FROM batch_positions")
+        cur.unregister("batch_steps")
+        cur.unregister("batch_positions")
+        n = positions.num_rows
+        self.__init__()
+        return n
+
+
+def _step(raw: bytes, sum_tol: float) -> steplog.Step:
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise RowFault("", f"invalid JSON ({exc})") from None
+    return steplog.parse_step(obj, sum_tol)
+
+
+class Reader:
+    """Validates every line and stages the good steps; publish moves them into steps and positions."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.store: Store | None = None
+        self.staging_path: str | None = None
+
+    def prepare(self, store: Store) -> None:
+        job = self.job
+        self.store = store
+        total = os.path.getsize(job.path)
+        batch = _StepBatch()
+        done = local_step = 0
+        with store.staging() as (self.staging_path, cur):
+            try:
+                for no, raw, too_long in textio.lines(job.path, MAX_JSON_LINE_BYTES):
+                    line_no = no + job.first_line - 1
+                    done += len(raw)
+                    if not raw.strip() and not too_long:
+                        continue
+                    job.rows_read += 1
+                    try:
+                        if too_long:
+                            raise RowFault("", f"line longer than {MAX_JSON_LINE_BYTES} bytes (dense distributions "
+                                               "belong in the flat form's Parquet)")
+                        step = _step(raw, job.sum_tol)
+                    except RowFault as row_fault:
+                        job.fault(Fault(job.name, line_no, row_fault.field, row_fault.reason),
+                                  raw[:4096].decode("utf-8", "replace").rstrip("\n"))
+                        continue
+                    if job.fault_count and not job.skip_bad:
+                        continue  # keep validating to report more faults, but store nothing
+                    template = step.template if step.template is not None else job.default_template
+                    job.no_time += step.ts is None
+                    batch.add(step, local_step, template, step.ts or job.ingest_time, step.ts is None)
+                    local_step += 1
+                    if len(batch) >= _BATCH_STEPS:
+                        job.steps += len(batch)
+                        job.positions += batch.flush(cur)
+                        if job.progress:
+                            job.progress(min(done, total), total)
+                if len(batch) and not (job.fault_count and not job.skip_bad):
+                    job.steps += len(batch)
+                    job.positions += batch.flush(cur)
+            except textio.Unreadable as exc:
+                job.fault(Fault(job.name, 0, "", str(exc)))
+        if job.progress:
+            job.progress(total, total)
+        job.check()
+
+    def attach(self) -> dict | None:
+        return {"stage": self.staging_path} if self.staging_path else None
+
+    def publish(self, cur: duckdb.DuckDBPyConnection, run_id: int, ingest_id: int) -> None:
+        """Move the staged rows (the staging file attached as `stage`) into steps and positions."""
+        templates = [r[0] for r in cur.execute("SELECT DISTINCT template FROM stage.staging_steps").fetchall()]
+        cur.execute("CREATE OR REPLACE TEMP TABLE load_segments (template VARCHAR, segment_id INTEGER)")
+        for t in templates:
+            cur.execute("INSERT INTO load_segments VALUES (?, ?)", [t, get_or_create_segment(cur, run_id, t)])
+        base = next_step_id(cur)
+        cols = ("request_id, ts, ts_inferred, k, g, accepted, checked, temperature, target_ms, draft_ms, "
+                "beta_lo_sum, beta_hi_sum, emitted_tokens, pit_below, pit_mass, extra")
+        cur.execute(
+            f"INSERT INTO steps (step_id, ingest_id, segment_id, {cols}) SELECT ? + s.local_step, ?, m.segment_id, "
+            f"{cols} FROM stage.staging_steps s JOIN load_segments m USING (template) ORDER BY s.local_step",
+            [base, ingest_id])
+        cur.execute(
+            "INSERT INTO positions SELECT ? + p.local_step, m.segment_id, p.position, p.draft_token, p.checked, "
+            "p.accepted, p.beta_lo, p.beta_hi, p.p_token, p.q_token FROM stage.staging_positions p "
+            "JOIN load_segments m USING (template) ORDER BY p.local_step, p.position",
+            [base])
+
+    def close(self) -> None:
+        if self.staging_path and self.store is not None:
+            self.store.discard_staging(self.staging_path)

@@ -1,0 +1,152 @@
+"""Whatever ends a process, it leaves nothing behind: `specmon ingest -` removes its spooled copy on SIGTERM, SIGINT
+or an exception, and the next ingest sweeps the copy of one killed outright; `specmon serve` forwards signals to its
+Streamlit child, waits for it, and leaves no child and no bound port. All with real processes."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from specmon import ingest
+from specmon.store import Store
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc and uses PR_SET_PDEATHSIG")
+LINE = b'{"request_id": "a", "draft_tokens": [1, 2], "accepted": 1}\n'
+
+
+def wait_for(condition, timeout=60.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def spools(folder: Path) -> list[Path]:
+    return sorted(folder.glob(f"{ingest.SPOOL_PREFIX}*"))
+
+
+def start_ingest(specmon_cmd, tmp_path):
+    """`specmon ingest -` with its temp folder in tmp_path, fed a little and then kept waiting for more."""
+    folder = tmp_path / "tmp"
+    folder.mkdir(exist_ok=True)
+    proc = subprocess.Popen([*specmon_cmd, "ingest", "--db", str(tmp_path / "s.duckdb"), "-"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "TMPDIR": str(folder)})
+    proc.stdin.write(LINE * 1000)
+    proc.stdin.flush()
+    wait_for(lambda: spools(folder), what="the spooled copy")
+    return proc, folder
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signalled_ingest_removes_its_spooled_copy(specmon_cmd, tmp_path, sig, code):
+    proc, folder = start_ingest(specmon_cmd, tmp_path)
+    assert spools(folder)[0].name.startswith(f"{ingest.SPOOL_PREFIX}{proc.pid}-")
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == code
+    assert b"rolled back" in err and b"Traceback" not in err
+    assert spools(folder) == []
+
+
+def test_the_spool_of_a_killed_ingest_is_swept_by_the_next(specmon_cmd, tmp_path):
+    proc, folder = start_ingest(specmon_cmd, tmp_path)
+    proc.kill()
+    proc.communicate(timeout=60)
+    left = spools(folder)
+    assert len(left) == 1  # SIGKILL cannot be caught
+    # A spool of a process that is still running (this one) must survive the sweep.
+    alive = folder / f"{ingest.SPOOL_PREFIX}{os.getpid()}-busy"
+    alive.write_bytes(b"in use")
+    r = subprocess.run([*specmon_cmd, "ingest", "--db", str(tmp_path / "s.duckdb"), "-"], input=LINE,
+                       capture_output=True, timeout=120, env={**os.environ, "TMPDIR": str(folder)})
+    assert r.returncode == 0, r.stderr
+    assert spools(folder) == [alive]
+
+
+def test_an_ingest_that_fails_removes_its_spooled_copy(tmp_path, monkeypatch):
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+
+    class Failing:
+        """A stream that breaks after its first piece, as a dropped upload does."""
+        def __init__(self):
+            self.calls = 0
+
+        def read(self, n=-1):
+            self.calls += 1
+            if self.calls > 1:
+                raise ConnectionResetError("the client went away")
+            return LINE
+
+    with Store(str(tmp_path / "f.duckdb")) as store:
+        with pytest.raises(ConnectionResetError):
+            ingest.ingest_stream(store, Failing(), "upload.jsonl")
+    assert spools(tmp_path) == []
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def children(pid: int) -> list[int]:
+    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    return [int(x) for x in text.split()]
+
+
+def running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def port_free(port: int) -> bool:
+    """Nothing listens on the port any more (a bind could still meet the closed connections' TIME_WAIT)."""
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def start_serve(specmon_cmd, tmp_path):
+    port = free_port()
+    proc = subprocess.Popen([*specmon_cmd, "serve", "--db", str(tmp_path / "serve.duckdb"), "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def healthy():
+        try:
+            return urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2).read() == b"ok"
+        except OSError:
+            return False
+
+    wait_for(healthy, what="the dashboard")
+    kids = children(proc.pid)
+    assert len(kids) == 1
+    return proc, kids[0], port
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_serve_passes_a_signal_on_and_leaves_no_child(specmon_cmd, tmp_path, sig):
+    proc, child, port = start_serve(specmon_cmd, tmp_path)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert b"Traceback" not in err, err
+    assert not running(child)
+    wait_for(lambda: port_free(port), timeout=10, what="the port to be free")
+
+
+def test_serve_killed_outright_takes_its_child_along(specmon_cmd, tmp_path):
+    proc, child, port = start_serve(specmon_cmd, tmp_path)
+    proc.kill()
+    proc.communicate(timeout=60)
+    try:
+        wait_for(lambda: not running(child), timeout=30, what="the orphaned child to end")
+    finally:
+        if running(child):
+            os.kill(child, signal.SIGKILL)
+    wait_for(lambda: port_free(port), timeout=10, what="the port to be free")
