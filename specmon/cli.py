@@ -84,6 +84,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
                                                   if result.rejected else ""))
             elif result.status == "already ingested":
                 _out(f"{name}: already ingested (same content); nothing changed")
+            elif result.status == "nothing to ingest":
+                _out(f"{name}: empty, nothing to ingest; nothing changed")
             if result.status == "rejected":
                 status = EXIT_FINDING
                 _err(f"{name}: rejected, nothing stored ({result.fault_count} fault(s); "
@@ -115,7 +117,8 @@ def _print_table(rows: list[dict]) -> None:
         beta = _fmt(r["beta"]) if r["beta"] is not None else (
             f"[{_fmt(r['beta_lo'])},{_fmt(r['beta_hi'])}]" if r["beta_lo"] is not None else "-")
         table.append((
-            printable(r["run"]), printable(r["template"] or "-"), r["day"] or "-", str(r["k"] or "-"), str(r["steps"]),
+            printable(r["run"]), printable(r["template"] or "-"), r["day"] or "-", str(r["k"] or "-"),
+            str(r["steps"]),
             f"{_fmt(r['alpha'])} [{_fmt(r['alpha_lo'])},{_fmt(r['alpha_hi'])}]", beta,
             _fmt(r["tokens_per_step"], ".2f"),
             _fmt(r["c"]), _fmt(r["break_even_alpha"]), _fmt(r["break_even_tokens"], ".2f"), r["status"],

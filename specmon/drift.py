@@ -29,9 +29,9 @@ DEFAULT_DELTA = 0.10  # the drop to watch for when break-even is unknown or alre
 # how well they picture the in-control process, so more is better, at the price of watching later; docs/drift.md
 # has what 2,000 steps (about 100 requests of 20 steps) give.
 REFERENCE_STEPS = 2_000
-# An engine window (a log interval or a scrape) already batches many drafts: 200 of them (about half an hour of
-# vLLM's 10-second log lines) make the reference of a run of engine windows.
-REFERENCE_WINDOWS = 200
+# An engine window (a log interval or a scrape) already batches many drafts: 30 of them (five minutes of vLLM's
+# 10-second log lines) make the reference of a run of engine windows, so a rollout soon after a start is watched.
+REFERENCE_WINDOWS = 30
 EPISODE_GAP = 1_000  # alarms within this many points of the previous one continue its episode
 CHANGE_CONFIDENCE = 0.99  # template change verdicts at the two-sided 1% level
 # A change time whose profile log-likelihood lies within this many (design-effect-scaled) units of the maximum is
@@ -170,10 +170,15 @@ def calibrate(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p
     n_clusters = len(np.unique(clusters))
     wa, wr = llr_weights(p0, p1)
     x_ref = (a * wa + (n - a) * wr).astype(np.float32)
+    single = n_clusters == len(a)  # engine windows: every point its own cluster
     w = []
     for _ in range(groups):
         pool = rng.integers(0, n_clusters, n_clusters)
-        x = x_ref[resampled_indices(rng, clusters, streams_per_group, 5 * arl0_steps, pool)]
+        idx = resampled_indices(rng, clusters, streams_per_group, 5 * arl0_steps, pool)
+        if single:
+            x = _smoothed_windows(rng, a, n, idx, pool, wa, wr)
+        else:
+            x = x_ref[idx]
         s = np.cumsum(x, axis=1, dtype=np.float32)
         w.append(s - np.minimum(np.minimum.accumulate(s, axis=1), np.float32(0.0)))
 
@@ -195,6 +200,22 @@ def _bisect(w: list[np.ndarray], arl0_steps: int) -> float:
         else:
             hi = mid
     return hi
+
+
+def _smoothed_windows(rng: np.random.Generator, a: np.ndarray, n: np.ndarray, idx: np.ndarray, pool: np.ndarray,
+                      wa: float, wr: float) -> np.ndarray:
+    """Increments of resampled engine windows, smoothed: each drawn window keeps its checked count n and gets
+    accepted ~ Binomial(n, r) with r ~ Beta around the group's acceptance, with the spread between its windows (by
+    moments). A few dozen windows never show the rare poor window that sets off a false alarm once in thousands;
+    resampled as they are, they would say that none ever comes (and set h as low as it goes)."""
+    pa, pn = a[pool], n[pool]
+    p = float(np.clip(pa.sum() / max(pn.sum(), 1.0), 0.005, 0.995))
+    between = np.average((pa / np.maximum(pn, 1) - p) ** 2, weights=pn) - p * (1 - p) * len(pn) / pn.sum()
+    m = p * (1 - p) / between - 1.0 if between > 0 else math.inf
+    checked = n[idx]
+    rate = np.full(idx.shape, p) if not math.isfinite(m) or m <= 0 else rng.beta(p * m, (1 - p) * m, idx.shape)
+    accepted = rng.binomial(checked.astype(np.int64), rate)
+    return (accepted * wa + (checked - accepted) * wr).astype(np.float32)
 
 
 def first_alarm_steps(w: np.ndarray, h: float) -> np.ndarray:

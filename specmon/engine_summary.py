@@ -70,8 +70,10 @@ def _num(x) -> float | None:
 
 
 def summarize_engines(store: Store, by: str = "template", c: float | None = None, *, run: str | None = None,
-                      bucket: str | None = None, since: datetime | None = None) -> list[dict]:
-    """Engine segments with the keys of summary.summarize (beta and the gap test null)."""
+                      bucket: str | None = None, since: datetime | None = None,
+                      declared: dict[str, float] | None = None) -> list[dict]:
+    """Engine segments with the keys of summary.summarize (beta and the gap test null). Engines log no draft
+    timings, so c is the one given, else the one declared for the run (summary.declared_costs), else unknown."""
     df = windows(store, run)
     if df.empty:
         return []
@@ -81,11 +83,19 @@ def summarize_engines(store: Store, by: str = "template", c: float | None = None
     df = df.assign(bucket=df["end_ts"].dt.floor(pd.Timedelta(BUCKETS[bucket])) if bucket else pd.NaT)
     out = []
     for key, part in df.groupby(keys + ["bucket"], dropna=False, sort=True):
-        out.append(_segment(dict(zip(keys + ["bucket"], key)), part, c, bucket is not None))
+        key = dict(zip(keys + ["bucket"], key))
+        if c is not None:
+            cost, source = c, "given"
+        elif (declared or {}).get(key["run"]) is not None:
+            cost, source = declared[key["run"]], "declared"
+        else:
+            cost, source = None, None
+        out.append(_segment(key, part, cost, bucket is not None, source))
     return out
 
 
-def _segment(key: dict, part: pd.DataFrame, c_given: float | None, bucketed: bool) -> dict:
+def _segment(key: dict, part: pd.DataFrame, c_given: float | None, bucketed: bool,
+             c_source: str | None = None) -> dict:
     counted = part[part["drafts"].notna()]
     n_drafts = float(counted["drafts"].sum()) if len(counted) else None
     accepted_known = counted[counted["accepted_tokens"].notna()]
@@ -161,7 +171,7 @@ def _segment(key: dict, part: pd.DataFrame, c_given: float | None, bucketed: boo
         "draft_acceptance_rate": accepted / drafted if accepted is not None and drafted else None,
         "tokens_per_step": tokens_per_step, "tokens_per_step_lo": tokens_lo, "tokens_per_step_hi": tokens_hi,
         "status_model_free": status_model_free, "mean_draft_len": drafted / n_drafts if drafted and n_drafts else None,
-        "c": c_given, "c_source": "given" if c_given is not None else None, "break_even_alpha": be_alpha,
+        "c": c_given, "c_source": c_source, "break_even_alpha": be_alpha,
         "break_even_tokens": be_tokens, "speedup_iid": s_iid, "speedup_measured": s_measured, "status": status,
         "first_ts": part["end_ts"].min().isoformat(), "last_ts": part["end_ts"].max().isoformat(),
         "ts_inferred_steps": 0, "last_ingest": part["ingested_at"].max().isoformat(), "windows": len(part),

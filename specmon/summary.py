@@ -159,13 +159,22 @@ def summarize(store: Store, by: str = "template", c: float | None = None, *, run
                                                       else "NULL::TIMESTAMP", **fmt), params)
         for rec in map(_clean, pos_df.to_dict("records")):
             positions.setdefault((rec["run"], rec["template"], rec["bucket"]), []).append(rec)
-    rows = [_segment(row, positions.get((row["run"], row["template"], row["bucket"]), []), c, by, day_output)
+    declared = declared_costs(store)
+    rows = [_segment(row, positions.get((row["run"], row["template"], row["bucket"]), []), c, by, day_output,
+                     declared.get(row["run"]))
             for row in (_clean(r) for r in step_rows)]
     if not demo:  # engine and replay data are the user's own: never mixed with the demo
-        rows += engine_summary.summarize_engines(store, by, c, run=run, bucket=bucket, since=since)
+        rows += engine_summary.summarize_engines(store, by, c, run=run, bucket=bucket, since=since,
+                                                 declared=declared)
         if bucket is None:
             rows += predicted.summarize_replays(store, by, c, run=run, since=since)
     return rows
+
+
+def declared_costs(store: Store) -> dict[str, float]:
+    """The draft cost c each run was declared to have where it is watched (`specmon watch --c`, `c` in the watch
+    configuration): used where c is neither given nor measured from the run's own timings."""
+    return dict(store.query("SELECT run, max(c) FROM watch_sources WHERE c IS NOT NULL GROUP BY run"))
 
 
 def _clean(row: dict) -> dict:
@@ -180,7 +189,8 @@ def _clean(row: dict) -> dict:
     return out
 
 
-def _segment(row: dict, positions: list[dict], c_given: float | None, by: str, day_output: bool) -> dict:
+def _segment(row: dict, positions: list[dict], c_given: float | None, by: str, day_output: bool,
+             c_declared: float | None = None) -> dict:
     steps = int(row["steps"])
     checked = int(row["checked"])
     accepted = int(row["accepted"])
@@ -201,6 +211,8 @@ def _segment(row: dict, positions: list[dict], c_given: float | None, by: str, d
         measured_c, c_source = costs["c"], "measured decode steps"
     elif row["draft_step_ms"] is not None and row["target_ms"]:
         measured_c, c_source = row["draft_step_ms"] / row["target_ms"], "measured"
+    elif c_declared is not None:
+        measured_c, c_source = c_declared, "declared"
     c = c_given if c_given is not None else measured_c
     c_source = "given" if c_given is not None else c_source
     be_alpha = be_tokens = s_iid = s_measured = None

@@ -480,14 +480,15 @@ def _link(page: str, run: str, base: str) -> str:
     return f"{base.rstrip('/')}/{page}?run={urllib.parse.quote(run)}"
 
 
-def notices_for(store: Store, run: str, c: float | None, dashboard_url: str = "") -> tuple[dict[str, str], list]:
-    """The run's current alarm and status facts, keyed by subject, with what each would announce.
+def notices_for(store: Store, run: str, dashboard_url: str = "") -> tuple[dict[str, str], list]:
+    """The run's current alarm and status facts, keyed by subject, with what each would announce. The verdicts
+    are the pages' and `check`'s own (c: measured, else declared for the run's watched sources).
 
     Returns (facts, candidates): facts maps a subject ("alarm:<change time>", "status:<template>") to its state,
     candidates are (subject, state, Notice) for the watcher to send where the state is new."""
     with store.reading():
-        segments = summary.summarize(store, by="template", c=c, run=run, per_position=False)
-        drift_result = alarms.analyse_run(store, run, c=c)
+        segments = summary.summarize(store, by="template", run=run, per_position=False)
+        drift_result = alarms.analyse_run(store, run)
     now = utc_now().isoformat() + "Z"
     facts: dict[str, str] = {}
     out: list[tuple[str, str, Notice]] = []
@@ -565,7 +566,7 @@ class Watcher:
         self.store, self.config, self.log = store, config, log
         self._stop = threading.Event()
         self._states = {s.key: _SourceState() for s in config.sources}
-        self._unannounced: dict[str, float | None] = {}  # runs with new data since their last evaluation
+        self._unannounced: set[str] = set()  # runs with new data since their last evaluation
         self._announced_at: dict[str, float] = {}
         self.webhook = Webhook(config.webhook, log) if config.webhook else None
         for source in config.sources:
@@ -574,9 +575,9 @@ class Watcher:
     def stop(self) -> None:
         self._stop.set()
 
-    def poll_once(self, final: bool = False) -> bool:
+    def poll_once(self) -> bool:
         """One pass over the sources that are due; returns whether any source has a backlog left. Runs that got
-        data are evaluated for alarms at most every alarm_every_s (at once when final)."""
+        data are evaluated for alarms at most every alarm_every_s."""
         more = False
         for source in self.config.sources:
             state = self._states[source.key]
@@ -593,12 +594,12 @@ class Watcher:
             state.failures, state.next_try = 0, 0.0
             more |= result.more
             if result.rows:
-                self._unannounced[source.run_name] = source.c
-        for run, c in list(self._unannounced.items()):
-            if final or time.monotonic() - self._announced_at.get(run, -1e9) >= self.config.alarm_every_s:
-                del self._unannounced[run]
+                self._unannounced.add(source.run_name)
+        for run in sorted(self._unannounced):
+            if time.monotonic() - self._announced_at.get(run, -1e9) >= self.config.alarm_every_s:
+                self._unannounced.discard(run)
                 self._announced_at[run] = time.monotonic()
-                self._announce(run, c)
+                self._announce(run)
         return more
 
     def _poll(self, source: SourceConfig, state: _SourceState) -> PollResult:
@@ -622,12 +623,12 @@ class Watcher:
         except SpecmonError as db_exc:
             self.log(f"{source.key}: could not record the failure ({db_exc})")
 
-    def _announce(self, run: str, c: float | None) -> None:
+    def _announce(self, run: str) -> None:
         """Send what changed since the last announcement for this run (remembered in the database, so a
         restarted watcher does not repeat itself)."""
         try:  # the analysis only reads: the dashboard reads beside it
             with self.store.reading():
-                facts, candidates = notices_for(self.store, run, c, self.config.dashboard_url)
+                facts, candidates = notices_for(self.store, run, self.config.dashboard_url)
                 known = dict(self.store.query("SELECT subject, state FROM watch_notices WHERE run = ?", [run]))
         except SpecmonError as exc:
             self.log(f"run {run!r}: could not evaluate alarms ({exc})")
@@ -661,8 +662,8 @@ class Watcher:
             more = self.poll_once()
             if not more:
                 self._stop.wait(self.config.interval_s)
-        for run, c in self._unannounced.items():  # what arrived since the last evaluation
-            self._announce(run, c)
+        for run in sorted(self._unannounced):  # what arrived since the last evaluation
+            self._announce(run)
         if self.webhook:
             self.webhook.close()
         self.log("stopped")

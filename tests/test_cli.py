@@ -193,3 +193,12 @@ def test_demo_figures_are_never_presented_as_the_users(tmp_path, specmon_cmd):
     assert b"DEMO" not in r.stdout and b"demo (synthetic)" not in r.stdout
     rows = json.loads(run(specmon_cmd, "summary", "--db", db, "--json").stdout)
     assert [s["run"] for s in rows] == ["mine"] and rows[0]["demo"] is False
+
+
+def test_ingest_of_an_empty_file_says_so_and_changes_nothing(tmp_path, specmon_cmd):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    done = subprocess.run([*specmon_cmd, "ingest", "--db", str(tmp_path / "e.duckdb"), str(empty)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "empty, nothing to ingest; nothing changed" in done.stdout

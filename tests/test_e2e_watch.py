@@ -2,7 +2,8 @@
 
 The dashboard (`streamlit run app.py`) and `specmon watch` share one database. Two writer processes play the
 deployment: one appends vLLM V1 `SpecDecoding metrics` lines (the shape of a real line, figures from a simulation)
-whose acceptance drops below break-even half-way, and rotates its log mid-stream; the other appends step-log lines
+whose acceptance drops below break-even after the 200 windows the detector takes as its reference, and rotates
+its log mid-stream; the other appends step-log lines
 whose template changes from v1 to v2 with a drop. While they run: an unrelated `specmon ingest` and `specmon check`
 succeed from other processes, the watcher is kill -9'd and restarted once, a local HTTP receiver collects the
 webhooks, and Chromium, left on the Drift page without reloading, must come to show the alarm.
@@ -149,7 +150,7 @@ def test_dashboard_watcher_writers_and_other_processes_share_one_database(tmp_pa
         url = f"http://127.0.0.1:{port}"
         _until(lambda: _health(url), 90, "the dashboard")
         totals_file = tmp_path / "engine-totals.json"
-        engine = subprocess.Popen([sys.executable, "-c", ENGINE_WRITER, str(log), "160", "40", "90", "0.1",
+        engine = subprocess.Popen([sys.executable, "-c", ENGINE_WRITER, str(log), "400", "250", "150", "0.05",
                                    str(totals_file)])
         stepper = subprocess.Popen([sys.executable, "-c", STEP_WRITER, str(steps), "6000", "3000", "400"])
         procs += [engine, stepper]

@@ -211,6 +211,10 @@ def test_a_segment_turning_losing_reaches_the_webhook_once(tmp_path, receiver):
     w.webhook.close()
     losing = [r for r in received if r["event"] == "segment_losing"]
     assert len(losing) == 1, received
+    # the pages and `check` give the same verdict: the watched source's c is the run's declared cost
+    from specmon import summary
+    seg = summary.summarize(store, run="prod", per_position=False)[0]
+    assert (seg["c"], seg["c_source"], seg["status"]) == (0.3, "declared", "losing")
     notice = losing[0]
     assert notice["run"] == "prod" and notice["status"] == "losing"
     assert notice["alpha_hi"] < notice["break_even"]
@@ -258,7 +262,8 @@ def test_the_sources_page_lists_sources_and_flags_a_stale_one(tmp_path, monkeypa
     assert not at.exception, at.exception
     table = at.dataframe[0].value
     assert list(table["location"]) == [str(log)] and list(table["status"]) == ["stale"]
-    assert any("Stale" in w.value and str(log) in w.value for w in at.warning)
+    shown = [w.value.replace("\\", "").replace("\u2060", "") for w in at.warning]  # names arrive escaped
+    assert any("Stale" in w and str(log) in w for w in shown), shown
 
 
 def test_serve_watch_runs_the_watcher_beside_the_dashboard_and_stops_with_it(tmp_path):

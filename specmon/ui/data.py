@@ -15,6 +15,7 @@ import streamlit as st
 
 from specmon import alarms, demo, ingest, lossless, summary, watch
 from specmon.store import Store, default_db_path
+from specmon.ui.widgets import md_text
 
 
 @st.cache_resource
@@ -142,8 +143,8 @@ def follow_updates() -> None:
     st.caption(f"Watching {len(health)} source(s) · {int(health['rows'].sum()):,} rows stored from them · newest "
                f"data {_ago(latest)} · checked {datetime.now():%H:%M:%S} (see Sources)")
     for row in health[health["status"].isin(["failing", "stopped", "stale"])].itertuples():
-        what = f"{row.kind} {row.location} (run {row.run})"
+        what = f"{row.kind} {md_text(row.location)} (run {md_text(row.run)})"
         if row.status == "stale":
             st.warning(f"Stale: {what} has delivered no data for {_ago(row.lag_s)[:-4]}.", icon="⏸")
         else:
-            st.error(f"{row.status.capitalize()}: {what}: {row.last_error}", icon="⚠")
+            st.error(f"{row.status.capitalize()}: {what}: {md_text(row.last_error)}", icon="⚠")

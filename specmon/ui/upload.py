@@ -18,6 +18,8 @@ def result_message(result) -> tuple[str, str]:
     file = md_text(result.file)
     if result.status == "already ingested":
         return "info", f"**{file}**: already ingested (same content); nothing changed."
+    if result.status == "nothing to ingest":
+        return "info", f"**{file}**: the file is empty; nothing to ingest, nothing changed."
     if result.status == "rejected":
         return "error", (f"**{file}**: rejected, nothing stored — {result.fault_count} fault(s). Fix them, or "
                          "tick *store the good rows* to skip bad rows.")
