@@ -84,10 +84,11 @@ def summarize_engines(store: Store, by: str = "template", c: float | None = None
     out = []
     for key, part in df.groupby(keys + ["bucket"], dropna=False, sort=True):
         key = dict(zip(keys + ["bucket"], key))
+        declared_c = (declared or {}).get(key["run"])
         if c is not None:
             cost, source = c, "given"
-        elif (declared or {}).get(key["run"]) is not None:
-            cost, source = declared[key["run"]], "declared"
+        elif declared_c is not None:
+            cost, source = declared_c, "declared"
         else:
             cost, source = None, None
         out.append(_segment(key, part, cost, bucket is not None, source))
