@@ -82,6 +82,18 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _lines_written(work: Path) -> int:
+    """Lines both writers have flushed so far."""
+    total = 0
+    for name in ("steps.times", "engine.times"):
+        try:
+            last = (work / name).read_text().split()
+        except OSError:
+            continue
+        total += int(last[-1]) if last else 0
+    return total
+
+
 def _written(log: str) -> tuple[np.ndarray, np.ndarray]:
     rows = [line.split() for line in open(log) if line.strip()]
     return np.array([float(r[0]) for r in rows]), np.array([int(r[1]) for r in rows])
@@ -122,23 +134,27 @@ def latency_and_cpu(seconds: float, steps_per_s: float, engine_per_s: float) -> 
                                   str(work / "steps.times")]),
                 subprocess.Popen([sys.executable, "-c", ENGINE_WRITER, str(log), str(engine_per_s), str(seconds),
                                   str(work / "engine.times")])]
-            time.sleep(seconds / 4)  # past the start: the steady part
-            cpu0, wall0 = _cpu_seconds(watcher.pid), time.time()
-            time.sleep(seconds / 2)
-            cpu1, wall1 = _cpu_seconds(watcher.pid), time.time()
-            deadline = time.time() + seconds / 4 + 30
+            # The caption is read all along; the watcher's CPU is sampled over the middle half (the steady part).
+            start = time.time()
+            cpu_marks: dict[str, tuple[float, float]] = {}
             caption = page.get_by_text("rows stored from them")
-            while time.time() < deadline:
+            while time.time() - start < seconds + 30:
+                elapsed = time.time() - start
+                if "from" not in cpu_marks and elapsed >= seconds / 4:
+                    cpu_marks["from"] = (_cpu_seconds(watcher.pid), time.time())
+                if "to" not in cpu_marks and elapsed >= 3 * seconds / 4:
+                    cpu_marks["to"] = (_cpu_seconds(watcher.pid), time.time())
                 try:
                     text = caption.first.inner_text(timeout=1000)
                     n = int(text.split(" rows stored")[0].split("·")[-1].strip().replace(",", ""))
                     if not seen or n != seen[-1][1]:
                         seen.append((time.time(), n))
-                except Exception:
+                except Exception:  # the page is between two renders
                     pass
-                if all(w.poll() is not None for w in writers) and seen and time.time() > deadline - 20:
+                if all(w.poll() is not None for w in writers) and seen and seen[-1][1] >= _lines_written(work):
                     break
                 time.sleep(0.1)
+            (cpu0, wall0), (cpu1, wall1) = cpu_marks["from"], cpu_marks["to"]
             browser.close()
     finally:
         for p in (watcher, dashboard):

@@ -255,6 +255,15 @@ class Chunk:
         for i, raw in enumerate(self.data.splitlines(keepends=True)):
             yield self.first_line + i, raw
 
+    def dedupe_key(self, source_key: str) -> str:
+        """What makes storing this piece twice a no-op: the source, the file's identity and the byte range."""
+        return f"watch:{source_key}:{self.file_id}:{self.head_sha}:{self.start}-{self.end}"
+
+    @property
+    def backlog(self) -> bool:
+        """Whether the piece was cut at the read size, so more is probably waiting."""
+        return self.end - self.start >= READ_BYTES // 2
+
 
 def next_chunk(path: str, pos: Position) -> tuple[Chunk | None, Position]:
     """The next complete lines after pos, following rotation and truncation. Returns the chunk (None when there
@@ -325,10 +334,13 @@ class PollResult:
     more: bool = False  # a backlog remains: poll again at once
 
 
+def _next_piece(store: Store, source: SourceConfig) -> tuple[Chunk | None, Position]:
+    return next_chunk(source.location, load_position(store, source))
+
+
 def poll_log(store: Store, source: SourceConfig, log: Log) -> PollResult:
     """Read the engine log's new complete lines into engine windows, committed with the new position."""
-    pos = load_position(store, source)
-    chunk, pos = next_chunk(source.location, pos)
+    chunk, pos = _next_piece(store, source)
     if chunk is None:
         return PollResult()
     now = utc_now()
@@ -341,7 +353,7 @@ def poll_log(store: Store, source: SourceConfig, log: Log) -> PollResult:
     for fault in faults:
         log(f"skipped {fault}")
     new_pos = _after(chunk, pos, reader.state())
-    dedupe = f"watch:{source.key}:{chunk.file_id}:{chunk.head_sha}:{chunk.start}-{chunk.end}"
+    dedupe = chunk.dedupe_key(source.key)
     with store.transaction() as cur:
         if not cur.execute("SELECT 1 FROM ingests WHERE sha256 = ?", [dedupe]).fetchall():
             run_id = get_or_create_run(cur, source.run_name, "engine", False, None)
@@ -355,13 +367,12 @@ def poll_log(store: Store, source: SourceConfig, log: Log) -> PollResult:
             for template, group in by_template.items():
                 store_windows(cur, group, ingest_id, get_or_create_segment(cur, run_id, template), now)
         _save_position(cur, source, new_pos, len(windows), now)
-    return PollResult(len(windows), faults, more=chunk.end - chunk.start >= READ_BYTES // 2)
+    return PollResult(len(windows), faults, more=chunk.backlog)
 
 
 def poll_steplog(store: Store, source: SourceConfig, log: Log) -> PollResult:
     """Ingest the step log's new complete lines (the ingest's rules and messages), committed with the position."""
-    pos = load_position(store, source)
-    chunk, pos = next_chunk(source.location, pos)
+    chunk, pos = _next_piece(store, source)
     if chunk is None:
         return PollResult()
     now = utc_now()
@@ -375,7 +386,7 @@ def poll_steplog(store: Store, source: SourceConfig, log: Log) -> PollResult:
         result = ingest_file(
             store, piece, name=source.location, run=source.run_name, template=template, fmt="steplog-jsonl",
             skip_bad=source.skip_bad, report_path=f"{source.location}.rejected.jsonl",
-            dedupe_key=f"watch:{source.key}:{chunk.file_id}:{chunk.head_sha}:{chunk.start}-{chunk.end}",
+            dedupe_key=chunk.dedupe_key(source.key),
             first_line=chunk.first_line,
             in_transaction=lambda cur, r: _save_position(cur, source, new_pos, r.steps, now))
     finally:
@@ -385,7 +396,7 @@ def poll_steplog(store: Store, source: SourceConfig, log: Log) -> PollResult:
                             f"{new_pos.line_no}; the source stops here; fix the log or watch it with skip_bad)")
     if result.rejected:
         log(f"{source.location}: {result.rejected} bad line(s) skipped, see {result.report_path}")
-    return PollResult(result.steps, result.faults, more=chunk.end - chunk.start >= READ_BYTES // 2)
+    return PollResult(result.steps, result.faults, more=chunk.backlog)
 
 
 def poll_inbox(store: Store, source: SourceConfig, log: Log, seen: dict[str, tuple[int, int]]) -> PollResult:

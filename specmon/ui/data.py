@@ -140,8 +140,9 @@ def follow_updates() -> None:
     if health.empty:
         return
     latest = health["lag_s"].min()
-    st.caption(f"Watching {len(health)} source(s) · {int(health['rows'].sum()):,} rows stored from them · newest "
-               f"data {_ago(latest)} · checked {datetime.now():%H:%M:%S} (see Sources)")
+    newest = f"newest data {_ago(latest)}" if latest == latest else "no data yet"  # NaN: nothing read so far
+    st.caption(f"Watching {len(health)} source(s) · {int(health['rows'].sum()):,} rows stored from them · {newest} "
+               f"· checked {datetime.now():%H:%M:%S} (see Sources)")
     for row in health[health["status"].isin(["failing", "stopped", "stale"])].itertuples():
         what = f"{row.kind} {md_text(row.location)} (run {md_text(row.run)})"
         if row.status == "stale":
