@@ -7,6 +7,7 @@ import platform
 import subprocess
 import sys
 import time
+import urllib.request
 
 
 def machine() -> str:
@@ -36,3 +37,13 @@ def run_child(code: str) -> dict:
             result.update(json.loads(line))
     result["wall_s"] = wall
     return result
+
+
+def wait_healthy(url: str, pause_s: float = 0.1) -> None:
+    """Block until a Streamlit server at url answers its health endpoint."""
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/_stcore/health", timeout=1)
+            return
+        except OSError:
+            time.sleep(pause_s)

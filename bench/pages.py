@@ -16,10 +16,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
-from _common import machine
+from _common import machine, wait_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -66,12 +65,7 @@ def first_page_seconds(db: str) -> float:
                                 cwd=ROOT, env={**os.environ, "SPECMON_DB": db},
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            while True:
-                try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=1)
-                    break
-                except OSError:
-                    time.sleep(0.1)
+            wait_healthy(f"http://127.0.0.1:{port}")
             page.goto(f"http://127.0.0.1:{port}/")
             page.locator('[data-testid="stMetricValue"]').first.wait_for(timeout=120_000)
             return time.perf_counter() - t0

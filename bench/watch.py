@@ -23,11 +23,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
-from _common import machine
+from _common import machine, wait_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -118,12 +117,7 @@ def latency_and_cpu(seconds: float, steps_per_s: float, engine_per_s: float) -> 
     seen: list[tuple[float, int]] = []
     try:
         url = f"http://127.0.0.1:{port}"
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/_stcore/health", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.2)
+        wait_healthy(url)
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
             page = browser.new_page()
