@@ -216,6 +216,17 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (run, subject)
     );
     """,
+    # 7: the run/segment join and the rule "show the demo only while the user has stored nothing of their own",
+    # written once: every query that lists what the pages and summaries show reads these views.
+    """
+    CREATE VIEW run_segments AS
+        SELECT sg.segment_id, sg.template, r.run_id, r.name AS run, r.source, r.demo, r.meta
+        FROM segments sg JOIN runs r USING (run_id);
+    CREATE VIEW shown_runs AS
+        SELECT * FROM runs WHERE demo = NOT EXISTS (SELECT 1 FROM runs WHERE NOT demo);
+    CREATE VIEW shown_segments AS
+        SELECT * FROM run_segments WHERE demo = NOT EXISTS (SELECT 1 FROM runs WHERE NOT demo);
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
