@@ -25,7 +25,7 @@ from specmon.faults import Fault, SpecmonError
 from specmon.formats.base import MAX_FAULTS_KEPT, Job, Progress, Rejected, RejectReport
 from specmon.formats.engine_window import store_windows  # noqa: F401  (the watcher stores windows through ingest)
 from specmon.formats.prometheus_text import write_samples
-from specmon.store import Store, add_ingest, get_or_create_run, get_or_create_segment, pid_alive
+from specmon.store import Store, add_ingest, get_or_create_run, get_or_create_segment, pid_alive, refresh_rollups
 
 FORMATS = formats.names()
 
@@ -97,12 +97,7 @@ def ingest_file(
     `in_transaction(cur, result)` runs inside the publishing transaction (to commit the read position with the
     data it covers); it is not called when the file is rejected or was already ingested."""
     name = name or path
-    if os.path.isdir(path):
-        raise SpecmonError(f"{name}: is a directory; give the files in it (e.g. {name.rstrip('/')}/*.jsonl)")
-    if not os.path.isfile(path):
-        raise SpecmonError(f"{name}: no such file")
-    if not os.access(path, os.R_OK):
-        raise SpecmonError(f"{name}: cannot be read (permission denied)")
+    _check_readable(path, name)
     result = IngestResult(file=name, status="stored", source_format=fmt or "", run=run or Path(name).stem or "default")
     if fmt is None:
         try:
@@ -119,40 +114,57 @@ def ingest_file(
     sha = dedupe_key or file_sha256(path)
     if store.query("SELECT 1 FROM ingests WHERE sha256 = ?", [sha]):
         return _already(result)
-    module = formats.module(fmt)
     job = Job(path=path, name=name, fmt=fmt, ingest_time=utc_now(), default_template=template or "",
               skip_bad=skip_bad, sum_tol=sum_tol, first_line=first_line, progress=progress,
               report=RejectReport(report_path or f"{Path(name).name}.rejected.jsonl"))
-    reader = module.Reader(job)
+    reader = formats.module(fmt).Reader(job)
     try:
         reader.prepare(store)
-        with store.transaction(attach=reader.attach()) as cur:
-            if cur.execute("SELECT 1 FROM ingests WHERE sha256 = ?", [sha]).fetchall():
-                return _already(result)  # another process stored the same file meanwhile
-            source = "live" if run_meta else module.SOURCE
-            run_id = get_or_create_run(cur, result.run, source, demo, run_meta)
-            ingest_id = add_ingest(cur, file_name=Path(name).name, sha256=sha, ingested_at=job.ingest_time,
-                                   source_format=fmt, run_id=run_id)
-            reader.publish(cur, run_id, ingest_id)
-            _fill(result, job)
-            if job.no_time:
-                what = "steps had no ts" if module.SOURCE == "steplog" else "windows had no time of their own"
-                result.notes.append(f"{job.no_time} {what}; the ingest time {job.ingest_time:%Y-%m-%d %H:%M:%S} UTC "
-                                    "was used")
-            cur.execute(
-                "UPDATE ingests SET rows_read = ?, steps = ?, positions = ?, rejected = ?, notes = ? "
-                "WHERE ingest_id = ?",
-                [result.rows_read, result.steps, result.positions, result.rejected,
-                 "; ".join(result.notes) or None, ingest_id],
-            )
-            if in_transaction:
-                in_transaction(cur, result)
+        return _publish(store, reader, job, result, sha, demo=demo, run_meta=run_meta, in_transaction=in_transaction)
     except Rejected as rej:
         _fill(result, job)
         return _rejected(result, rej.args[0])
     finally:
         job.report.close()
         reader.close()
+
+
+def _check_readable(path: str, name: str) -> None:
+    """Refuse, with a message naming the file, a path that is not a readable file."""
+    if os.path.isdir(path):
+        raise SpecmonError(f"{name}: is a directory; give the files in it (e.g. {name.rstrip('/')}/*.jsonl)")
+    if not os.path.isfile(path):
+        raise SpecmonError(f"{name}: no such file")
+    if not os.access(path, os.R_OK):
+        raise SpecmonError(f"{name}: cannot be read (permission denied)")
+
+
+def _publish(store: Store, reader, job: Job, result: IngestResult, sha: str, *, demo: bool, run_meta: str | None,
+             in_transaction: InTransaction | None) -> IngestResult:
+    """The one transaction that makes a read file visible: its run, its ingest record, its rows, their rollups,
+    and whatever the caller commits with them. Raises Rejected (nothing is stored) when the reader finds a fault."""
+    module = formats.module(job.fmt)
+    with store.transaction(attach=reader.attach()) as cur:
+        if cur.execute("SELECT 1 FROM ingests WHERE sha256 = ?", [sha]).fetchall():
+            return _already(result)  # another process stored the same file meanwhile
+        source = "live" if run_meta else module.SOURCE
+        run_id = get_or_create_run(cur, result.run, source, demo, run_meta)
+        ingest_id = add_ingest(cur, file_name=Path(job.name).name, sha256=sha, ingested_at=job.ingest_time,
+                               source_format=job.fmt, run_id=run_id)
+        reader.publish(cur, run_id, ingest_id)
+        refresh_rollups(cur, ingest_id)
+        _fill(result, job)
+        if job.no_time:
+            what = "steps had no ts" if module.SOURCE == "steplog" else "windows had no time of their own"
+            result.notes.append(f"{job.no_time} {what}; the ingest time {job.ingest_time:%Y-%m-%d %H:%M:%S} UTC "
+                                "was used")
+        cur.execute(
+            "UPDATE ingests SET rows_read = ?, steps = ?, positions = ?, rejected = ?, notes = ? WHERE ingest_id = ?",
+            [result.rows_read, result.steps, result.positions, result.rejected, "; ".join(result.notes) or None,
+             ingest_id],
+        )
+        if in_transaction:
+            in_transaction(cur, result)
     return result
 
 
@@ -209,7 +221,7 @@ def ingest_stream(store: Store, stream: IO[bytes], name: str, **options) -> Inge
 
 
 def ingest_history(store: Store):
-    """Past ingests, newest first, as a DataFrame."""
+    """Past ingests, newest first, as a DataFrame (the ingests table is their rollup: one row each)."""
     return store.query_df(
         "SELECT i.ingested_at, i.file_name, r.name AS run, r.demo, i.source_format, i.rows_read, i.steps, "
         "i.positions, i.rejected, i.notes, i.sha256 FROM ingests i JOIN runs r USING (run_id) "

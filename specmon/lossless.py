@@ -13,7 +13,6 @@ import numpy as np
 
 from specmon import stats
 from specmon.store import Store
-from specmon.summary import demo_only
 
 # Two logged probabilities of the same token count as equal (the same fixed p) within this.
 _SAME_P = 1e-9
@@ -46,9 +45,8 @@ class FixedTargetCheck:
 def segments_with_distributions(store: Store) -> list[tuple[str, str, int]]:
     """(run, template, emitted tokens with a logged target distribution), for segments that have any."""
     return [tuple(r) for r in store.query(
-        "SELECT r.name, sg.template, sum(len(st.pit_mass)) FROM steps st JOIN segments sg USING (segment_id) "
-        "JOIN runs r USING (run_id) WHERE st.pit_mass IS NOT NULL AND r.demo = ? GROUP BY 1, 2 ORDER BY 1, 2",
-        [demo_only(store)])]
+        "SELECT ss.run, ss.template, sum(rq.pit_tokens) FROM rollup_requests rq JOIN shown_segments ss "
+        "USING (segment_id) WHERE rq.pit_tokens IS NOT NULL GROUP BY 1, 2 ORDER BY 1, 2")]
 
 
 def _emitted(store: Store, run: str, template: str):

@@ -228,6 +228,61 @@ MIGRATIONS: list[str] = [
         SELECT * FROM run_segments WHERE demo = NOT EXISTS (SELECT 1 FROM runs WHERE NOT demo);
     """,
 ]
+
+# Rollups: what every summary, page and `specmon check` reads instead of scanning steps and positions. One row per
+# ingest, segment, hour (the base time bucket: every timeline bucket, 6 hours, a day, a 7-day week, is a whole number
+# of hours on the same origin) and request; and one per ingest, segment, hour and drafted position. Rows are only
+# ever appended, in the transaction that publishes the ingest they sum (refresh_rollups), so a request that spans
+# hours or watched pieces has several rows, added up when read: every figure a reader needs is a sum, a count, a
+# min or a max of them. Non-integer sums are fixed-point DECIMAL(38, 12) (exact and order-free, so summaries keep
+# their digits from run to run). The medians of the step timings are not sums; they are read from the steps that
+# carry timings (`timed` says which segments have any).
+ROLLUP_EXACT = "DECIMAL(38, 12)"
+ROLLUP_BUCKET = "1 hour"
+_HOUR_OF_STEP = f"time_bucket(INTERVAL '{ROLLUP_BUCKET}', st.ts)"
+# The per-request rollup of the steps matching {where} (steps aliased st).
+ROLLUP_REQUESTS_SELECT = f"""
+SELECT st.ingest_id, st.segment_id, {_HOUR_OF_STEP} AS hour, st.request_id,
+       count(*) AS steps, sum(st.g) AS drafted, sum(st.accepted) AS accepted, sum(st.checked) AS checked,
+       max(coalesce(st.k, st.g)) AS k,
+       sum(st.accepted) FILTER (WHERE st.beta_lo_sum IS NOT NULL) AS b_accepted,
+       sum(st.checked) FILTER (WHERE st.beta_lo_sum IS NOT NULL) AS b_checked,
+       sum(st.beta_lo_sum::{ROLLUP_EXACT}) AS b_lo, sum(st.beta_hi_sum::{ROLLUP_EXACT}) AS b_hi,
+       min(st.ts) AS first_ts, max(st.ts) AS last_ts, count(*) FILTER (WHERE st.ts_inferred) AS ts_inferred,
+       count(*) FILTER (WHERE st.draft_ms IS NOT NULL OR st.target_ms IS NOT NULL) AS timed,
+       sum(len(st.pit_mass)) AS pit_tokens
+FROM steps st WHERE {{where}} GROUP BY st.ingest_id, st.segment_id, hour, st.request_id
+"""
+# The per-position rollup of the positions of the steps matching {where}; beta's bounds summed over checked
+# positions, with their counts (a bound is NULL where no distributions were logged).
+ROLLUP_POSITIONS_SELECT = f"""
+SELECT st.ingest_id, p.segment_id, {_HOUR_OF_STEP} AS hour, p.position,
+       count(*) FILTER (WHERE p.checked) AS checked, count(*) FILTER (WHERE p.accepted) AS accepted,
+       sum(p.beta_lo::{ROLLUP_EXACT}) FILTER (WHERE p.checked) AS beta_lo_sum,
+       count(p.beta_lo) FILTER (WHERE p.checked) AS beta_lo_n,
+       sum(p.beta_hi::{ROLLUP_EXACT}) FILTER (WHERE p.checked) AS beta_hi_sum,
+       count(p.beta_hi) FILTER (WHERE p.checked) AS beta_hi_n
+FROM positions p JOIN steps st USING (step_id) WHERE {{where}} GROUP BY st.ingest_id, p.segment_id, hour, p.position
+"""
+MIGRATIONS.append(
+    # 8: the rollups, rebuilt from the steps and positions already stored.
+    f"""
+    CREATE TABLE rollup_requests (
+        ingest_id INTEGER NOT NULL, segment_id INTEGER NOT NULL, hour TIMESTAMP NOT NULL, request_id VARCHAR NOT NULL,
+        steps BIGINT NOT NULL, drafted BIGINT NOT NULL, accepted BIGINT NOT NULL, checked BIGINT NOT NULL,
+        k INTEGER, b_accepted BIGINT, b_checked BIGINT, b_lo {ROLLUP_EXACT}, b_hi {ROLLUP_EXACT},
+        first_ts TIMESTAMP NOT NULL, last_ts TIMESTAMP NOT NULL, ts_inferred BIGINT NOT NULL, timed BIGINT NOT NULL,
+        pit_tokens BIGINT
+    );
+    INSERT INTO rollup_requests BY NAME {ROLLUP_REQUESTS_SELECT.format(where="true")};
+    CREATE TABLE rollup_positions (
+        ingest_id INTEGER NOT NULL, segment_id INTEGER NOT NULL, hour TIMESTAMP NOT NULL, position SMALLINT NOT NULL,
+        checked BIGINT NOT NULL, accepted BIGINT NOT NULL, beta_lo_sum {ROLLUP_EXACT}, beta_lo_n BIGINT NOT NULL,
+        beta_hi_sum {ROLLUP_EXACT}, beta_hi_n BIGINT NOT NULL
+    );
+    INSERT INTO rollup_positions BY NAME {ROLLUP_POSITIONS_SELECT.format(where="true")};
+    """
+)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 # What a load stages, in its own DuckDB file (one per load, removed when the load ends).
@@ -583,3 +638,16 @@ def add_ingest(cur: duckdb.DuckDBPyConnection, *, file_name: str, sha256: str, i
 
 def next_step_id(cur: duckdb.DuckDBPyConnection) -> int:
     return int(cur.execute("SELECT coalesce(max(step_id), 0) + 1 FROM steps").fetchall()[0][0])
+
+
+def refresh_rollups(cur: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
+    """Add the rollup rows of the steps and positions one ingest published, inside its transaction. An ingest's
+    steps have consecutive ids, so its positions are found by step id range (the table's zone maps skip the rest)."""
+    lo, hi = cur.execute("SELECT min(step_id), max(step_id) FROM steps WHERE ingest_id = ?", [ingest_id]).fetchall()[0]
+    if lo is None:  # engine windows, Prometheus samples: no steps
+        return
+    cur.execute(f"INSERT INTO rollup_requests BY NAME {ROLLUP_REQUESTS_SELECT.format(where='st.ingest_id = ?')}",
+                [ingest_id])
+    cur.execute(f"INSERT INTO rollup_positions BY NAME "
+                f"{ROLLUP_POSITIONS_SELECT.format(where='p.step_id BETWEEN ? AND ? AND st.ingest_id = ?')}",
+                [lo, hi, ingest_id])

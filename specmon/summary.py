@@ -15,7 +15,7 @@ import pandas as pd
 
 from specmon import engine_summary, predicted, stats, theory
 from specmon.segments import BUCKETS, CONFIDENCE, segment_status
-from specmon.store import Store
+from specmon.store import _HOUR_OF_STEP, ROLLUP_EXACT, ROLLUP_POSITIONS_SELECT, ROLLUP_REQUESTS_SELECT, Store
 
 GROUPINGS = ("run", "template", "day")
 # |z| above this says observed and predicted acceptance differ beyond sampling noise (two-sided p ~ 0.003).
@@ -25,19 +25,28 @@ _NO_BUCKET = "NULL::TIMESTAMP"
 # Floating-point sums in DuckDB run in parallel in no fixed order, so their last digits moved between runs of
 # `summary --json` on an unchanged database. Non-integer terms are summed as fixed-point decimals at 1e-12 (exact
 # and order-free: the same digits every time); integer terms are summed exactly as they are.
-_EXACT = "DECIMAL(38, 12)"
+_EXACT = ROLLUP_EXACT
+
+# The rollup rows a summary reads, {since}-aware: whole hours at or after `since` from the rollups, and the steps of
+# the hour that `since` cuts (at or after it) summed on the spot, so `since` is exact to the microsecond.
+_ROLLUP_ROWS = """
+SELECT * FROM {table} WHERE ?::TIMESTAMP IS NULL OR hour >= ?::TIMESTAMP
+UNION ALL BY NAME
+{edge}
+"""
+_EDGE = "?::TIMESTAMP IS NOT NULL AND st.ts >= ?::TIMESTAMP AND " + _HOUR_OF_STEP + " < ?::TIMESTAMP"
 
 _STEPS_SQL = """
-WITH s AS (
-    SELECT r.name AS run, {template} AS template, {bucket} AS bucket, r.demo, r.meta, i.ingested_at, st.*
-    FROM steps st JOIN segments sg USING (segment_id) JOIN runs r USING (run_id) JOIN ingests i USING (ingest_id)
-    WHERE r.demo = ? AND (? IS NULL OR r.name = ?) AND (?::TIMESTAMP IS NULL OR st.ts >= ?::TIMESTAMP)
+WITH rq AS (""" + _ROLLUP_ROWS.format(table="rollup_requests", edge=ROLLUP_REQUESTS_SELECT.format(where=_EDGE)) + """
+), s AS (
+    SELECT ss.run, {template} AS template, {bucket} AS bucket, ss.demo, ss.meta, i.ingested_at, rq.*
+    FROM rq JOIN shown_segments ss USING (segment_id) JOIN ingests i USING (ingest_id)
+    WHERE ? IS NULL OR ss.run = ?
 ), per_request AS (
     SELECT run, template, bucket, request_id,
-           count(*)::DOUBLE AS steps, sum(accepted)::DOUBLE AS accepted, sum(checked)::DOUBLE AS checked,
-           sum(accepted) FILTER (WHERE beta_lo_sum IS NOT NULL)::DOUBLE AS b_accepted,
-           sum(checked) FILTER (WHERE beta_lo_sum IS NOT NULL)::DOUBLE AS b_checked,
-           sum(beta_lo_sum::{exact})::DOUBLE AS b_lo, sum(beta_hi_sum::{exact})::DOUBLE AS b_hi
+           sum(steps)::DOUBLE AS steps, sum(accepted)::DOUBLE AS accepted, sum(checked)::DOUBLE AS checked,
+           sum(b_accepted)::DOUBLE AS b_accepted, sum(b_checked)::DOUBLE AS b_checked,
+           sum(b_lo)::DOUBLE AS b_lo, sum(b_hi)::DOUBLE AS b_hi
     FROM s GROUP BY run, template, bucket, request_id
 ), leverage AS (
     -- CR2 weights 1 / (1 - n_j / N): for alpha n_j is checked positions, for L it is steps; a cluster holding
@@ -65,10 +74,9 @@ WITH s AS (
     FROM leverage GROUP BY run, template, bucket
 ), by_step AS (
     SELECT run, template, bucket, any_value(demo) AS demo,
-           count(*) AS steps, sum(g) AS drafted, sum(checked) AS checked, sum(accepted) AS accepted,
-           max(coalesce(k, g)) AS k, avg(g) AS mean_g,
-           median(draft_ms / g) FILTER (WHERE g > 0) AS draft_step_ms, median(target_ms) AS target_ms,
-           min(ts) AS first_ts, max(ts) AS last_ts, count(*) FILTER (WHERE ts_inferred) AS ts_inferred,
+           sum(steps) AS steps, sum(drafted) AS drafted, sum(checked) AS checked, sum(accepted) AS accepted,
+           max(k) AS k, sum(drafted) / sum(steps) AS mean_g, sum(timed) AS timed,
+           min(first_ts) AS first_ts, max(last_ts) AS last_ts, sum(ts_inferred) AS ts_inferred,
            max(ingested_at) AS last_ingest, any_value(meta)::VARCHAR AS meta
     FROM s GROUP BY run, template, bucket
 )
@@ -77,15 +85,26 @@ SELECT b.*, q.* EXCLUDE (run, template, bucket) FROM by_step b JOIN by_request q
 ORDER BY b.run, b.template, b.bucket
 """
 
+# Medians are not sums: they are read from the steps that carry timings, in the segments that have any.
+_TIMINGS_SQL = """
+SELECT ss.run, {template} AS template, {bucket} AS bucket,
+       median(st.draft_ms / st.g) FILTER (WHERE st.g > 0) AS draft_step_ms, median(st.target_ms) AS target_ms
+FROM steps st JOIN shown_segments ss USING (segment_id)
+WHERE st.segment_id IN (SELECT segment_id FROM rollup_requests WHERE timed > 0)
+  AND (st.draft_ms IS NOT NULL OR st.target_ms IS NOT NULL)
+  AND (? IS NULL OR ss.run = ?) AND (?::TIMESTAMP IS NULL OR st.ts >= ?::TIMESTAMP)
+GROUP BY ALL
+"""
+
 _POSITIONS_SQL = """
-SELECT r.name AS run, {template} AS template, {bucket} AS bucket, p.position,
-       count(*) FILTER (WHERE p.checked) AS checked, count(*) FILTER (WHERE p.accepted) AS accepted,
-       (sum(p.beta_lo::{exact}) FILTER (WHERE p.checked) / count(p.beta_lo) FILTER (WHERE p.checked))::DOUBLE
-           AS beta_lo,
-       (sum(p.beta_hi::{exact}) FILTER (WHERE p.checked) / count(p.beta_hi) FILTER (WHERE p.checked))::DOUBLE
-           AS beta_hi
-FROM positions p JOIN segments sg USING (segment_id) JOIN runs r USING (run_id) {join_steps}
-WHERE r.demo = ? AND (? IS NULL OR r.name = ?) AND (?::TIMESTAMP IS NULL OR {since_ts} >= ?::TIMESTAMP)
+WITH rp AS (""" + _ROLLUP_ROWS.format(table="rollup_positions", edge=ROLLUP_POSITIONS_SELECT.format(where=_EDGE)) + """
+)
+SELECT ss.run, {template} AS template, {bucket} AS bucket, rp.position,
+       sum(rp.checked) AS checked, sum(rp.accepted) AS accepted,
+       (sum(rp.beta_lo_sum) / sum(rp.beta_lo_n))::DOUBLE AS beta_lo,
+       (sum(rp.beta_hi_sum) / sum(rp.beta_hi_n))::DOUBLE AS beta_hi
+FROM rp JOIN shown_segments ss USING (segment_id)
+WHERE ? IS NULL OR ss.run = ?
 GROUP BY ALL ORDER BY 1, 2, 3, 4
 """
 
@@ -146,23 +165,31 @@ def summarize(store: Store, by: str = "template", c: float | None = None, *, run
     day_output = by == "day"
     if day_output:
         by, bucket = "template", "day"
-    bucket_key = f"time_bucket(INTERVAL '{BUCKETS[bucket]}', st.ts)" if bucket else _NO_BUCKET
-    fmt = dict(template="NULL::VARCHAR" if by == "run" else "sg.template", bucket=bucket_key, exact=_EXACT)
+    fmt = dict(template="NULL::VARCHAR" if by == "run" else "ss.template", exact=_EXACT)
+    bucket_of = f"time_bucket(INTERVAL '{BUCKETS[bucket]}', {{}})" if bucket else _NO_BUCKET
     demo = demo_only(store)
-    params = [demo, run, run, since, since]
-    step_rows = store.query_df(_STEPS_SQL.format(**fmt), params).to_dict("records")
-    positions: dict[tuple, list[dict]] = {}
-    if per_position:
-        needs_steps = bucket is not None or since is not None
-        join_steps = "JOIN steps st USING (step_id)" if needs_steps else ""
-        pos_df = store.query_df(_POSITIONS_SQL.format(join_steps=join_steps, since_ts="st.ts" if needs_steps
-                                                      else "NULL::TIMESTAMP", **fmt), params)
-        for rec in map(_clean, pos_df.to_dict("records")):
-            positions.setdefault((rec["run"], rec["template"], rec["bucket"]), []).append(rec)
+    # rollup rows: the whole hours at or after since, then the cut hour's steps at or after since
+    params = [since, since, since, since, since, run, run]
+    with store.cursor() as cur:
+        step_rows = cur.execute(_STEPS_SQL.format(bucket=bucket_of.format("hour"), **fmt), params).df()
+        step_rows = step_rows.to_dict("records")
+        timings: dict[tuple, tuple] = {}
+        if any(r["timed"] for r in step_rows):
+            timed_df = cur.execute(_TIMINGS_SQL.format(bucket=bucket_of.format("st.ts"), **fmt),
+                                   [run, run, since, since]).df()
+            for rec in map(_clean, timed_df.to_dict("records")):
+                timings[(rec["run"], rec["template"], rec["bucket"])] = (rec["draft_step_ms"], rec["target_ms"])
+        positions: dict[tuple, list[dict]] = {}
+        if per_position:
+            pos_df = cur.execute(_POSITIONS_SQL.format(bucket=bucket_of.format("hour"), **fmt), params).df()
+            for rec in map(_clean, pos_df.to_dict("records")):
+                positions.setdefault((rec["run"], rec["template"], rec["bucket"]), []).append(rec)
     declared = declared_costs(store)
-    rows = [_segment(row, positions.get((row["run"], row["template"], row["bucket"]), []), c, by, day_output,
-                     declared.get(row["run"]))
-            for row in (_clean(r) for r in step_rows)]
+    rows = []
+    for row in map(_clean, step_rows):
+        key = (row["run"], row["template"], row["bucket"])
+        row["draft_step_ms"], row["target_ms"] = timings.get(key, (None, None))
+        rows.append(_segment(row, positions.get(key, []), c, by, day_output, declared.get(row["run"])))
     if not demo:  # engine and replay data are the user's own: never mixed with the demo
         rows += engine_summary.summarize_engines(store, by, c, run=run, bucket=bucket, since=since,
                                                  declared=declared)
@@ -305,12 +332,12 @@ def _segment(row: dict, positions: list[dict], c_given: float | None, by: str, d
 def template_changes(store: Store, run: str | None = None):
     """When each template first appears in each run (a template change is an event on the timeline)."""
     return store.query_df(
-        "SELECT r.name AS run, sg.template, min(st.ts) AS first_ts FROM steps st JOIN segments sg USING (segment_id) "
-        "JOIN runs r USING (run_id) WHERE r.demo = ? AND (? IS NULL OR r.name = ?) GROUP BY 1, 2 ORDER BY 1, 3",
-        [demo_only(store), run, run],
+        "SELECT ss.run, ss.template, min(rq.first_ts) AS first_ts FROM rollup_requests rq "
+        "JOIN shown_segments ss USING (segment_id) WHERE ? IS NULL OR ss.run = ? GROUP BY 1, 2 ORDER BY 1, 3",
+        [run, run],
     )
 
 
 def run_names(store: Store) -> list[str]:
     """The runs the pages show (the demo run only while nothing else is stored)."""
-    return [r[0] for r in store.query("SELECT name FROM runs WHERE demo = ? ORDER BY name", [demo_only(store)])]
+    return [r[0] for r in store.query("SELECT name FROM shown_runs ORDER BY name")]
