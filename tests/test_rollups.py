@@ -15,7 +15,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specmon import demo, lossless, resources, store as store_mod, summary, watch
+from specmon import demo, lossless, resources, summary, watch
+from specmon import store as store_mod
 from specmon.ingest import ingest_file
 from specmon.segments import BUCKETS
 from specmon.store import Store
