@@ -1,5 +1,5 @@
 """Each dashboard page's queries over a database of 10,000,000 drafted positions, cold and warm, and the time
-from `streamlit run app.py` to a rendered first page.
+from `specmon serve` to a rendered first page.
 
     python bench/pages.py [--db PATH]     # PATH: a database from bench/summary.py; built here when missing
 
@@ -49,8 +49,14 @@ print(json.dumps(out))
 """
 
 
+def page_queries(db: str) -> dict:
+    """Each page's queries in a fresh process: {page: {cold_s, warm_s}}."""
+    return json.loads(subprocess.run([sys.executable, "-c", PAGE_QUERIES, db], check=True, capture_output=True,
+                                     text=True).stdout)
+
+
 def first_page_seconds(db: str) -> float:
-    """Seconds from starting `streamlit run app.py` to the Overview page rendered in chromium."""
+    """Seconds from starting `specmon serve` to the Overview page rendered in chromium."""
     from playwright.sync_api import sync_playwright
 
     with socket.socket() as s:
@@ -61,8 +67,8 @@ def first_page_seconds(db: str) -> float:
                                     args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
         page = browser.new_page()
         t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port)],
-                                cwd=ROOT, env={**os.environ, "SPECMON_DB": db},
+        proc = subprocess.Popen([sys.executable, "-m", "specmon.cli", "serve", "--db", db, "--port", str(port)],
+                                cwd=ROOT,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             wait_healthy(f"http://127.0.0.1:{port}")
@@ -83,8 +89,7 @@ def main() -> None:
     if not os.path.exists(db):
         subprocess.run([sys.executable, str(Path(__file__).parent / "summary.py"), "--db", db], check=True,
                        stdout=subprocess.DEVNULL)
-    pages = json.loads(subprocess.run([sys.executable, "-c", PAGE_QUERIES, db], check=True, capture_output=True,
-                                      text=True).stdout)
+    pages = page_queries(db)
     total_warm = sum(p["warm_s"] for p in pages.values())
     total_cold = sum(p["cold_s"] for p in pages.values())
     print(json.dumps({"machine": machine(), "pages": pages, "all_pages_warm_s": total_warm,
