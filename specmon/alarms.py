@@ -167,7 +167,9 @@ def _step_stream(store: Store, run: str) -> _Stream | None:
     if not len(s["accepted"]):
         return None
     names = dict(store.query(_SEGMENT_NAMES_SQL, [run]))
-    template = np.array([names[i] for i in np.asarray(s["segment_id"])], dtype=object)
+    # one lookup per segment, not per step (a run has millions of steps and a handful of segments)
+    ids, index = np.unique(np.asarray(s["segment_id"]), return_inverse=True)
+    template = np.array([names[i] for i in ids], dtype=object)[index]
     return _Stream(np.asarray(s["accepted"], dtype=float), np.asarray(s["checked"], dtype=float),
                    np.asarray(s["ts_us"], dtype=np.int64), np.asarray(s["cluster"]), template,
                    int(np.max(s["k"])), "steps")

@@ -39,23 +39,24 @@ _EDGE = "?::TIMESTAMP IS NOT NULL AND st.ts >= ?::TIMESTAMP AND " + _HOUR_OF_STE
 _STEPS_SQL = """
 WITH rq AS (""" + _ROLLUP_ROWS.format(table="rollup_requests", edge=ROLLUP_REQUESTS_SELECT.format(where=_EDGE)) + """
 ), s AS (
-    SELECT ss.run, {template} AS template, {bucket} AS bucket, ss.demo, ss.meta, i.ingested_at, rq.*
+    -- grouped by number (segment or run id), named at the end: fewer bytes to hash per rollup row
+    SELECT ss.{key} AS key, {bucket} AS bucket, i.ingested_at, rq.*
     FROM rq JOIN shown_segments ss USING (segment_id) JOIN ingests i USING (ingest_id)
     WHERE ? IS NULL OR ss.run = ?
 ), per_request AS (
-    SELECT run, template, bucket, request_id,
+    SELECT key, bucket, request_id,
            sum(steps)::DOUBLE AS steps, sum(accepted)::DOUBLE AS accepted, sum(checked)::DOUBLE AS checked,
            sum(b_accepted)::DOUBLE AS b_accepted, sum(b_checked)::DOUBLE AS b_checked,
            sum(b_lo)::DOUBLE AS b_lo, sum(b_hi)::DOUBLE AS b_hi
-    FROM s GROUP BY run, template, bucket, request_id
+    FROM s GROUP BY key, bucket, request_id
 ), leverage AS (
     -- CR2 weights 1 / (1 - n_j / N): for alpha n_j is checked positions, for L it is steps; a cluster holding
     -- all of N (one request) has no such weight: 1, and the statistics ignore the spread of a single cluster anyway
     SELECT *, coalesce(1 / nullif(1 - checked / nullif(sum(checked) OVER seg, 0), 0), 1) AS w_n,
               coalesce(1 / nullif(1 - steps / sum(steps) OVER seg, 0), 1) AS w_s
-    FROM per_request WINDOW seg AS (PARTITION BY run, template, bucket)
+    FROM per_request WINDOW seg AS (PARTITION BY key, bucket)
 ), by_request AS (
-    SELECT run, template, bucket, count(*) AS requests,
+    SELECT key, bucket, count(*) AS requests,
            sum(accepted * accepted) AS saa, sum(accepted * checked) AS san, sum(checked * checked) AS snn,
            sum(checked::HUGEINT * checked::HUGEINT * checked::HUGEINT)::DOUBLE AS sn3,
            sum(checked::HUGEINT * checked::HUGEINT * checked::HUGEINT * checked::HUGEINT)::DOUBLE AS sn4,
@@ -71,18 +72,22 @@ WITH rq AS (""" + _ROLLUP_ROWS.format(table="rollup_requests", edge=ROLLUP_REQUE
            sum(b_checked) AS b_checked, sum(b_lo::{exact})::DOUBLE AS b_lo, sum(b_hi::{exact})::DOUBLE AS b_hi,
            sum((b_accepted - b_lo)::{exact})::DOUBLE AS d_lo, sum(pow(b_accepted - b_lo, 2)::{exact})::DOUBLE AS dd_lo,
            sum((b_accepted - b_hi)::{exact})::DOUBLE AS d_hi, sum(pow(b_accepted - b_hi, 2)::{exact})::DOUBLE AS dd_hi
-    FROM leverage GROUP BY run, template, bucket
+    FROM leverage GROUP BY key, bucket
 ), by_step AS (
-    SELECT run, template, bucket, any_value(demo) AS demo,
+    SELECT key, bucket,
            sum(steps) AS steps, sum(drafted) AS drafted, sum(checked) AS checked, sum(accepted) AS accepted,
            max(k) AS k, sum(drafted) / sum(steps) AS mean_g, sum(timed) AS timed,
            min(first_ts) AS first_ts, max(last_ts) AS last_ts, sum(ts_inferred) AS ts_inferred,
-           max(ingested_at) AS last_ingest, any_value(meta)::VARCHAR AS meta
-    FROM s GROUP BY run, template, bucket
+           max(ingested_at) AS last_ingest
+    FROM s GROUP BY key, bucket
+), named AS (
+    SELECT {key} AS key, any_value(run) AS run, any_value({template}) AS template, any_value(demo) AS demo,
+           any_value(meta)::VARCHAR AS meta
+    FROM shown_segments ss GROUP BY {key}
 )
-SELECT b.*, q.* EXCLUDE (run, template, bucket) FROM by_step b JOIN by_request q
-  ON b.run = q.run AND b.template IS NOT DISTINCT FROM q.template AND b.bucket IS NOT DISTINCT FROM q.bucket
-ORDER BY b.run, b.template, b.bucket
+SELECT n.* EXCLUDE (key), b.* EXCLUDE (key), q.* EXCLUDE (key, bucket)
+FROM by_step b JOIN by_request q ON b.key = q.key AND b.bucket IS NOT DISTINCT FROM q.bucket JOIN named n ON n.key = b.key
+ORDER BY n.run, n.template, b.bucket
 """
 
 # Medians are not sums: they are read from the steps that carry timings, in the segments that have any.
@@ -165,7 +170,8 @@ def summarize(store: Store, by: str = "template", c: float | None = None, *, run
     day_output = by == "day"
     if day_output:
         by, bucket = "template", "day"
-    fmt = dict(template="NULL::VARCHAR" if by == "run" else "ss.template", exact=_EXACT)
+    fmt = dict(template="NULL::VARCHAR" if by == "run" else "ss.template", exact=_EXACT,
+               key="run_id" if by == "run" else "segment_id")
     bucket_of = f"time_bucket(INTERVAL '{BUCKETS[bucket]}', {{}})" if bucket else _NO_BUCKET
     demo = demo_only(store)
     # rollup rows: the whole hours at or after since, then the cut hour's steps at or after since
