@@ -86,7 +86,8 @@ WITH rq AS (""" + _ROLLUP_ROWS.format(table="rollup_requests", edge=ROLLUP_REQUE
     FROM shown_segments ss GROUP BY {key}
 )
 SELECT n.* EXCLUDE (key), b.* EXCLUDE (key), q.* EXCLUDE (key, bucket)
-FROM by_step b JOIN by_request q ON b.key = q.key AND b.bucket IS NOT DISTINCT FROM q.bucket JOIN named n ON n.key = b.key
+FROM by_step b JOIN by_request q ON b.key = q.key AND b.bucket IS NOT DISTINCT FROM q.bucket
+JOIN named n ON n.key = b.key
 ORDER BY n.run, n.template, b.bucket
 """
 
