@@ -343,6 +343,8 @@ def connect(path: str, read_only: bool = False) -> duckdb.DuckDBPyConnection:
     conn = duckdb.connect(path, read_only=read_only)
     conn.execute("SET TimeZone = 'UTC'")
     conn.execute("SET memory_limit = ?", [os.environ.get(MEMORY_ENV) or DEFAULT_MEMORY_LIMIT])
+    # DuckDB draws a progress bar on stdout for queries over two seconds, into `--json` output and pipes
+    conn.execute("SET enable_progress_bar = false")
     return conn
 
 
