@@ -84,7 +84,7 @@ def economics(k: int | None, c: float | None, c_source: str | None, alpha: Estim
     Unknown inputs give unknown outputs (None, status "unknown"): break-even needs k and c; the i.i.d. speedup and
     `status` also alpha (its interval); the model-free status L's interval; the measured speedup
     L / (1 + mean g * c) needs only c, L and the mean draft length. Where c > 1 no alpha breaks even: break-even
-    alpha is None and the status is "losing".
+    alpha is None and the status, where alpha's interval is known, is "losing".
     """
     if c is None:
         return Economics(c_source=c_source)

@@ -223,12 +223,14 @@ def _beta(row: dict) -> Estimate:
 
 
 def _tokens(row: dict, dof: float) -> Estimate:
+    """Tokens per step L = 1 + accepted / steps, with its interval (tokens_interval)."""
     steps, accepted = int(row["steps"]), int(row["accepted"])
     lo, hi = tokens_interval(row, dof)
     return Estimate(1.0 + accepted / steps if steps else None, lo, hi)
 
 
 def _positions(positions: list[dict], steps: int, interval: stats.Interval) -> tuple[PositionSummary, ...]:
+    """The per-position rows (_POSITIONS_SQL) of one segment, widened by its alpha interval's design effect."""
     return tuple(position_summary(int(p["position"]), int(p["checked"]), int(p["accepted"]), steps, interval,
                                   p["beta_lo"], p["beta_hi"]) for p in positions)
 
