@@ -19,6 +19,7 @@ import torch
 
 from _common import machine
 from specmon import live, resources, theory
+from specmon.settings import LiveSettings
 
 
 def timed(fn) -> tuple[float, int]:
@@ -47,10 +48,11 @@ def main() -> None:
     pair.draft.generation_config.num_assistant_tokens_schedule = "constant"
     pair.draft.generation_config.assistant_confidence_threshold = 0.0
 
-    def specmon_loop(use, ngram=None, logging=True):
+    greedy = LiveSettings(k=k, max_new_tokens=n, temperature=0.0)
+
+    def specmon_loop(use, logging=True):
         def go():
-            go.records = [rec for p in prompts for rec in
-                          live.generate(use, p, k=k, max_new_tokens=n, temperature=0, ngram=ngram, log=logging)]
+            go.records = [step.record for p in prompts for step in live.generate(use, p, greedy, log=logging)]
             return sum(len(rec["emitted_tokens"]) for rec in go.records)
         return go
 
@@ -72,7 +74,7 @@ def main() -> None:
         "specmon speculative, draft model, no logging": specmon_loop(pair, logging=False),
         "HF generate(assistant_model=draft)": hf(assistant_model=pair.draft),
         "HF generate(prompt_lookup_num_tokens=k)": hf(prompt_lookup_num_tokens=k),
-        "specmon speculative, n-gram, logging": specmon_loop(ngram_pair, live.NgramProposer()),
+        "specmon speculative, n-gram, logging": specmon_loop(ngram_pair),
     }
     for fn in methods.values():
         fn()  # warm-up

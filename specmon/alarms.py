@@ -100,6 +100,12 @@ class TemplateChange:
     def below_break_even(self) -> bool:
         return bool(self.break_even is not None and self.comparison.after.hi < self.break_even)
 
+    @property
+    def hurt(self) -> bool:
+        """A finding (`specmon check` exits 1, the Drift page shows it as an error): acceptance dropped
+        significantly, or now lies below break-even."""
+        return self.comparison.verdict == "hurt" or self.below_break_even
+
     def describe(self) -> str:
         c = self.comparison
         words = {"hurt": "hurt acceptance", "helped": "raised acceptance",

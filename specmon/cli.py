@@ -14,14 +14,17 @@ import sys
 import threading
 import tomllib
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import numpy as np
 
-from specmon import __version__, alarms, demo, drift, prometheus, resources, sampler, summary, theory
+from specmon import __version__, alarms, demo, display, drift, prometheus, resources, sampler, summary, theory, times
 from specmon.faults import SpecmonError
-from specmon.ingest import FORMATS, ingest_file, ingest_samples, ingest_stream
+from specmon.ingest import FORMATS, IngestResult, ingest_file, ingest_samples, ingest_stream
+from specmon.segments import is_problem
+from specmon.settings import KS_LEVEL, LIVE_DEFAULTS, THEORY_K_MAX, LiveSettings
 from specmon.steplog import DEFAULT_SUM_TOLERANCE
 from specmon.store import DB_ENV, DEFAULT_DB, DEFAULT_LOCK_TIMEOUT_S, LOCK_TIMEOUT_ENV, Store
 from specmon.text import printable
@@ -65,38 +68,51 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     with _open_store(args) as store:
         for path in args.paths:
             name = "<stdin>" if path == "-" else path
-            bar, update = _progress_bar(Path(name).name)
-            options = dict(run=args.run or ("stdin" if path == "-" else None), template=args.template,
-                           skip_bad=args.skip_bad, report_path=args.report, fmt=args.format, sum_tol=args.sum_tol,
-                           progress=update)
-            try:
-                if path == "-":
-                    result = ingest_stream(store, sys.stdin.buffer, name, **options)
-                else:
-                    result = ingest_file(store, path, **options)
-            finally:
-                bar.close()
+            result = _ingest_one(store, path, name, args)
             if args.json:
                 print(json.dumps(result.as_dict()))  # JSON escapes control characters itself
-            elif result.status == "stored":
-                _out(f"{name}: stored {result.steps} steps, {result.positions} drafted positions "
-                      f"in run {result.run!r}" + (f"; {result.rejected} rows rejected, see {result.report_path}"
-                                                  if result.rejected else ""))
-            elif result.status == "already ingested":
-                _out(f"{name}: already ingested (same content); nothing changed")
-            elif result.status == "nothing to ingest":
-                _out(f"{name}: empty, nothing to ingest; nothing changed")
+            else:
+                _say_ingested(name, result)
             if result.status == "rejected":
                 status = EXIT_FINDING
-                _err(f"{name}: rejected, nothing stored ({result.fault_count} fault(s); "
-                     "fix them, or pass --skip-bad to store the good rows)")
-                for fault in result.faults:
-                    _err(f"  {fault}")
-                if result.fault_count > len(result.faults):
-                    _err(f"  ... and {result.fault_count - len(result.faults)} more")
+                _say_rejected(name, result)
             for note in result.notes:
                 _err(f"{name}: note: {note}")
     return status
+
+
+def _ingest_one(store: Store, path: str, name: str, args: argparse.Namespace) -> IngestResult:
+    """One file (or standard input, path "-") through the ingest, with a progress bar on stderr."""
+    bar, update = _progress_bar(Path(name).name)
+    options = dict(run=args.run or ("stdin" if path == "-" else None), template=args.template,
+                   skip_bad=args.skip_bad, report_path=args.report, fmt=args.format, sum_tol=args.sum_tol,
+                   progress=update)
+    try:
+        if path == "-":
+            return ingest_stream(store, sys.stdin.buffer, name, **options)
+        return ingest_file(store, path, **options)
+    finally:
+        bar.close()
+
+
+def _say_ingested(name: str, result: IngestResult) -> None:
+    if result.status == "stored":
+        _out(f"{name}: stored {result.steps} steps, {result.positions} drafted positions "
+             f"in run {result.run!r}" + (f"; {result.rejected} rows rejected, see {result.report_path}"
+                                         if result.rejected else ""))
+    elif result.status == "already ingested":
+        _out(f"{name}: already ingested (same content); nothing changed")
+    elif result.status == "nothing to ingest":
+        _out(f"{name}: empty, nothing to ingest; nothing changed")
+
+
+def _say_rejected(name: str, result: IngestResult) -> None:
+    _err(f"{name}: rejected, nothing stored ({result.fault_count} fault(s); "
+         "fix them, or pass --skip-bad to store the good rows)")
+    for fault in result.faults:
+        _err(f"  {fault}")
+    if result.fault_count > len(result.faults):
+        _err(f"  ... and {result.fault_count - len(result.faults)} more")
 
 
 def _json_scalar(value: object) -> object:
@@ -107,25 +123,24 @@ def _json_scalar(value: object) -> object:
 
 
 def _fmt(x: float | None, spec: str = ".3f") -> str:
-    return "-" if x is None else format(x, spec)
+    return display.number(x, spec)
 
 
 def _print_table(rows: list[dict]) -> None:
     head = ("run", "template", "day", "k", "steps", "alpha [95% CI]", "beta", "L", "c", "alpha*", "1+kc", "status")
     table = [head]
     for r in rows:
-        beta = _fmt(r["beta"]) if r["beta"] is not None else (
-            f"[{_fmt(r['beta_lo'])},{_fmt(r['beta_hi'])}]" if r["beta_lo"] is not None else "-")
+        beta = display.beta(r["beta"], r["beta_lo"], r["beta_hi"])
         table.append((
             printable(r["run"]), printable(r["template"] or "-"), r["day"] or "-", str(r["k"] or "-"),
             str(r["steps"]),
-            f"{_fmt(r['alpha'])} [{_fmt(r['alpha_lo'])},{_fmt(r['alpha_hi'])}]", beta,
+            f"{_fmt(r['alpha'])} {display.interval(r['alpha_lo'], r['alpha_hi'], missing='[-,-]')}", beta,
             _fmt(r["tokens_per_step"], ".2f"),
             _fmt(r["c"]), _fmt(r["break_even_alpha"]), _fmt(r["break_even_tokens"], ".2f"), r["status"],
         ))
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     for row in table:
-        _out("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        _out("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
 
 
 def cmd_summary(args: argparse.Namespace) -> int:
@@ -147,28 +162,14 @@ def cmd_summary(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-_DURATION_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
-
-
-def _duration(text: str) -> timedelta | None:
-    """'30s', '1m', '6h', '2d', '1w' as a timedelta; None if the text is not such a duration."""
-    if text[:-1].replace(".", "", 1).isdigit() and text[-1:] in _DURATION_UNITS:
-        return timedelta(**{_DURATION_UNITS[text[-1]]: float(text[:-1])})
-    return None
-
-
 def parse_since(text: str | None, flag: str = "--since") -> datetime | None:
     """'6h', '2d', '30m', '1w' before now, or an ISO-8601 time (UTC where it names no zone)."""
     if text is None:
         return None
-    ago = _duration(text)
-    if ago is not None:
-        return datetime.now(timezone.utc).replace(tzinfo=None) - ago
-    try:
-        ts = datetime.fromisoformat(text)
-    except ValueError:
-        raise SpecmonError(f"{flag}: {text!r} is neither a duration like 6h, 2d, 30m nor an ISO-8601 time") from None
-    return ts.astimezone(timezone.utc).replace(tzinfo=None) if ts.tzinfo else ts
+    ts = times.parse_since(text)
+    if ts is None:
+        raise SpecmonError(f"{flag}: {text!r} is neither a duration like 6h, 2d, 30m nor an ISO-8601 time")
+    return ts
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -182,10 +183,9 @@ def cmd_check(args: argparse.Namespace) -> int:
             return EXIT_ERROR
         runs = alarms.analyse(store, c=args.c, arl0_steps=args.false_alarm_steps)
     found = [a for r in runs for a in r.alarms if since is None or a.last_alarm_ts >= since]
-    hurt = [ch for r in runs for ch in r.changes
-            if (ch.comparison.verdict == "hurt" or ch.below_break_even) and (since is None or ch.first_ts >= since)]
+    hurt = [ch for r in runs for ch in r.changes if ch.hurt and (since is None or ch.first_ts >= since)]
     unknown = [r for r in rows if r["status"] == "unknown"]
-    bad = [r for r in rows if r["status"] in ("at risk", "losing")]
+    bad = [r for r in rows if is_problem(r["status"])]
     problems = [
         f"{r['status'].upper()}: run {r['run']!r}, template {r['template'] or '-'!r}: alpha = {r['alpha']:.3f} "
         f"[95% CI {r['alpha_lo']:.3f}, {r['alpha_hi']:.3f}] vs break-even alpha* = {_fmt(r['break_even_alpha'])} "
@@ -229,7 +229,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_annotate(args: argparse.Namespace) -> int:
-    at = parse_since(args.at, "--at") or datetime.now(timezone.utc).replace(tzinfo=None)
+    at = parse_since(args.at, "--at") or times.utc_now()
     with _open_store(args) as store:
         annotation_id = alarms.annotate(store, args.run, args.template, at, args.note)
     print(f"annotation {annotation_id}: run {args.run!r} rolled out template {args.template!r} at "
@@ -239,7 +239,7 @@ def cmd_annotate(args: argparse.Namespace) -> int:
 
 def _duration_seconds(text: str, flag: str) -> float:
     try:
-        span = _duration(text)
+        span = times.parse_duration(text)
     except OverflowError:
         span = None
     if span is None or span.total_seconds() <= 0:
@@ -248,7 +248,7 @@ def _duration_seconds(text: str, flag: str) -> float:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    end = datetime.now(timezone.utc).replace(tzinfo=None)
+    end = times.utc_now()
     since_s = _duration_seconds(args.since, "--since")
     if since_s > (end - datetime(1970, 1, 1)).total_seconds():
         raise SpecmonError(f"--since: {args.since!r} reaches back before 1970")
@@ -294,33 +294,32 @@ def _watch_log(line: str) -> None:
     print(f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S}Z {printable(line)}", flush=True)
 
 
-def _proposer_args(args: argparse.Namespace):
-    from specmon import live  # torch and transformers load only for the commands that run models
-
+def _live_settings(args: argparse.Namespace) -> LiveSettings:
     if args.k < 1:
         raise SpecmonError(f"--k must be at least 1, got {args.k}")
-    pair = live.load_pair(args.target, None if args.ngram else args.draft)
-    ngram = live.NgramProposer(args.ngram_min, args.ngram_max) if args.ngram else None
-    return live, pair, ngram
+    ngram = getattr(args, "ngram", False)
+    return LiveSettings(k=args.k, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                        top_p=getattr(args, "top_p", None), seed=args.seed, ngram=ngram,
+                        ngram_min=args.ngram_min if ngram else LIVE_DEFAULTS.ngram_min,
+                        ngram_max=args.ngram_max if ngram else LIVE_DEFAULTS.ngram_max)
 
 
 def cmd_live(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    live, pair, ngram = _proposer_args(args)
+    from specmon import live  # torch and transformers load only for the commands that run models
+
+    settings = _live_settings(args)
+    pair = live.load_pair(args.target, None if settings.ngram else args.draft)
     prompts = live.read_prompts(args.prompts)
     template = args.template or Path(args.prompts).stem
-    run = args.run or f"live {pair.name} k={args.k} T={args.temperature:g}"
-    meta = {"target": args.target, "draft": None if args.ngram else args.draft,
-            "proposer": "ngram" if args.ngram else "draft model", "k": args.k, "temperature": args.temperature,
-            "top_p": args.top_p, "prompts": args.prompts, "max_new_tokens": args.max_new_tokens, "seed": args.seed}
+    run = args.run or live.run_name(pair, settings)
     bar = tqdm(total=len(prompts), unit="prompt", desc="live run", file=sys.stderr, disable=None)
     with _open_store(args) as store:
-        done = live.record_run(store, pair, prompts, run=run, template=template, meta=meta, keep_log=args.out,
-                               full_distributions=args.full_distributions,
-                               progress=lambda n, total: bar.update(n - bar.n), k=args.k,
-                               max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                               seed=args.seed, ngram=ngram)
+        done = live.record_run(store, pair, prompts, settings, run=run, template=template,
+                               meta=live.run_meta(settings, args.target, args.draft, args.prompts),
+                               keep_log=args.out, full_distributions=args.full_distributions,
+                               progress=lambda n, total: bar.update(n - bar.n))
         bar.close()
         seg = next(r for r in summary.summarize(store, run=run) if r["template"] == template)
     print(f"run {run!r}: {done.steps} steps, {done.tokens} tokens in {done.seconds:.1f} s "
@@ -333,40 +332,39 @@ def cmd_live(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from specmon import live, stats
+    from specmon import live, lossless, stats
 
     prompts = [p for path in args.prompts for p in live.read_prompts(path)]
     target = live.load_pair(args.target, args.draft)
     bar = tqdm(total=3 * len(prompts), unit="decode", desc="verify", file=sys.stderr, disable=None)
-    proposers = {"draft model": (target, None), "n-gram": (live.Pair(target.target, None, target.tokenizer, "ngram"),
-                                                          live.NgramProposer())}
+    greedy = replace(_live_settings(args), temperature=0.0, top_p=None)
+    proposers = {"draft model": target, "n-gram": live.Pair(target.target, None, target.tokenizer, "ngram")}
     failures = 0
-    for name, (pair, ngram) in proposers.items():
+    for name, pair in proposers.items():
         matched = 0
         for i, prompt in enumerate(prompts):
-            spec = [t for r in live.generate(pair, prompt, k=args.k, max_new_tokens=args.max_new_tokens,
-                                             temperature=0, ngram=ngram) for t in r["emitted_tokens"]]
+            spec = [t for step in live.generate(pair, prompt, greedy) for t in step.record["emitted_tokens"]]
             plain = live.target_decode(pair, prompt, args.max_new_tokens)
             bar.update()
             if spec == plain:
                 matched += 1
             else:
-                first = next((j for j, (a, b) in enumerate(zip(spec, plain)) if a != b), min(len(spec), len(plain)))
+                first = next((j for j, (a, b) in enumerate(zip(spec, plain, strict=False)) if a != b),
+                             min(len(spec), len(plain)))
                 print(f"MISMATCH ({name}, prompt {i}): speculative and plain greedy decoding differ at token {first}")
         failures += matched < len(prompts)
         print(f"greedy, {name}: {matched}/{len(prompts)} prompts decode exactly as the target alone")
-    pit: list = []
-    rng_seed = args.seed
+    sampled = replace(greedy, temperature=args.temperature)
+    pit: list[tuple[float, float]] = []
     for i, prompt in enumerate(prompts):
-        for _ in live.generate(target, prompt, k=args.k, max_new_tokens=args.max_new_tokens,
-                               temperature=args.temperature, seed=rng_seed + i, pit=pit):
-            pass
+        for step in live.generate(target, prompt, replace(sampled, seed=sampled.seed + i)):
+            pit += step.pit
         bar.update()
     bar.close()
-    below, mass = (np.array(x) for x in zip(*pit))
-    u = np.clip(below + np.random.default_rng(rng_seed).random(len(below)) * mass, 0, 1)
+    below, mass = np.array(pit).T
+    u = stats.randomized_pit_of(below, mass, np.random.default_rng(sampled.seed))
     ks = stats.uniformity_ks(u)
-    ok = ks.pvalue >= args.alpha
+    ok = lossless.consistent(ks, args.alpha)
     failures += not ok
     print(f"sampled (T = {args.temperature:g}, draft model): randomized PIT of {len(u)} tokens, "
           f"KS = {ks.statistic:.4f}, "
@@ -636,19 +634,21 @@ def build_parser() -> argparse.ArgumentParser:
                            "(default: the shipped pair's target)")
     pair_args.add_argument("--draft", default=str(resources.DRAFT_MODEL),
                            help="draft model (default: the shipped draft)")
-    pair_args.add_argument("--k", type=int, default=4, help="draft length (default 4)")
-    pair_args.add_argument("--max-new-tokens", type=_positive_int, default=64)
-    pair_args.add_argument("--seed", type=int, default=0)
+    pair_args.add_argument("--k", type=int, default=LIVE_DEFAULTS.k, help=f"draft length (default {LIVE_DEFAULTS.k})")
+    pair_args.add_argument("--max-new-tokens", type=_positive_int, default=LIVE_DEFAULTS.max_new_tokens,
+                           help=f"new tokens per prompt (default {LIVE_DEFAULTS.max_new_tokens})")
+    pair_args.add_argument("--seed", type=int, default=LIVE_DEFAULTS.seed)
 
     p = sub.add_parser("live", parents=[db, pair_args], help="run speculative decoding of a local pair and store it",
                        description="Speculative decoding (Leviathan et al.'s Algorithm 1, KV caches rolled back on "
                                    "rejection) of every prompt, every step logged with exact beta and timings, "
                                    "stored as a run.")
     p.add_argument("--ngram", action="store_true", help="propose by n-gram prompt lookup instead of a draft model")
-    p.add_argument("--ngram-min", type=_positive_int, default=1)
-    p.add_argument("--ngram-max", type=_positive_int, default=3)
-    p.add_argument("--temperature", type=_cost, default=0.7, help="0 is greedy (default 0.7)")
-    p.add_argument("--top-p", type=float, help="nucleus sampling on both sides")
+    p.add_argument("--ngram-min", type=_positive_int, default=LIVE_DEFAULTS.ngram_min)
+    p.add_argument("--ngram-max", type=_positive_int, default=LIVE_DEFAULTS.ngram_max)
+    p.add_argument("--top-p", type=float, default=LIVE_DEFAULTS.top_p, help="nucleus sampling on both sides")
+    p.add_argument("--temperature", type=_cost, default=LIVE_DEFAULTS.temperature,
+                   help=f"0 is greedy (default {LIVE_DEFAULTS.temperature:g})")
     p.add_argument("--prompts", type=resources.prompt_file, default="copy",
                    help="JSON lines {\"prompt\": ...}, a .txt file of blank-line-separated prompts, or a shipped "
                         f"set: {', '.join(resources.PROMPT_SETS)} (default: copy, the copy-heavy set)")
@@ -667,7 +667,8 @@ def build_parser() -> argparse.ArgumentParser:
                    default=[resources.prompt_file(name) for name in resources.PROMPT_SETS],
                    help="prompt files or shipped sets (default: every shipped set)")
     p.add_argument("--temperature", type=_cost, default=1.0, help="temperature of the sampled check (default 1)")
-    p.add_argument("--alpha", type=float, default=0.01, help="significance level of the KS test (default 0.01)")
+    p.add_argument("--alpha", type=float, default=KS_LEVEL,
+                   help=f"significance level of the KS test (default {KS_LEVEL:g})")
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("replay", parents=[db, pair_args],
@@ -740,7 +741,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("theory", help="speedup table, best k and break-even for a draft cost c",
                        description="The i.i.d. model's speedup S = (1 - a^(k+1)) / ((1 - a)(1 + k c)).")
     p.add_argument("--c", type=_cost, required=True, help="draft step cost / target step cost")
-    p.add_argument("--k-max", type=_positive_int, default=8, help="largest draft length to consider (default 8)")
+    p.add_argument("--k-max", type=_positive_int, default=THEORY_K_MAX,
+                   help=f"largest draft length to consider (default {THEORY_K_MAX})")
     p.set_defaults(func=cmd_theory)
 
     p = sub.add_parser("simulate", help="write a step log of a simulated fixed (p, q) pair",
@@ -776,13 +778,20 @@ class _Terminated(BaseException):
     """SIGTERM, raised where the program is, so that cleanup (a spooled copy, a transaction) runs as on Ctrl-C."""
 
 
-def _terminated(signum: int, frame: object) -> None:
-    raise _Terminated
+_signals_received: list[int] = []
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    # Remembered because DuckDB turns an exception raised while one of its queries runs into
+    # RuntimeError("Query interrupted"): main must still know which signal ended the program.
+    _signals_received.append(signum)
+    raise KeyboardInterrupt if signum == signal.SIGINT else _Terminated
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminated)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _on_signal)
     try:
         return args.func(args)
     except SpecmonError as exc:
@@ -790,12 +799,13 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
     except BrokenPipeError:
         return EXIT_OK
-    except KeyboardInterrupt:
-        _err("interrupted (SIGINT); an ingest not yet reported as stored was rolled back")
-        return 128 + signal.SIGINT
-    except _Terminated:
-        _err("terminated (SIGTERM); an ingest not yet reported as stored was rolled back")
-        return 128 + signal.SIGTERM
+    except (KeyboardInterrupt, _Terminated, RuntimeError) as exc:
+        if isinstance(exc, RuntimeError) and not _signals_received:
+            raise
+        signum = _signals_received[-1] if _signals_received else signal.SIGINT
+        what = "interrupted (SIGINT)" if signum == signal.SIGINT else "terminated (SIGTERM)"
+        _err(f"{what}; an ingest not yet reported as stored was rolled back")
+        return 128 + signum
 
 
 if __name__ == "__main__":

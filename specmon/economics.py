@@ -11,13 +11,13 @@ import numpy as np
 import pandas as pd
 
 from specmon import theory
+from specmon.settings import SURFACE_K_MAX
 
 ALPHAS = np.round(np.arange(0.0, 1.0, 0.02), 2)
 COSTS = np.round(np.arange(0.0, 1.01, 0.02), 2)
-REFERENCE_KS = (2, 4, 8)
 
 
-def surface_alpha_k(c: float, k_max: int = 12, alphas: np.ndarray = ALPHAS) -> pd.DataFrame:
+def surface_alpha_k(c: float, k_max: int = SURFACE_K_MAX, alphas: np.ndarray = ALPHAS) -> pd.DataFrame:
     """Speedup S(alpha, k, c) for a fixed c, one row per (alpha, k)."""
     a, k = np.meshgrid(alphas, np.arange(1, k_max + 1), indexing="ij")
     s = np.asarray(theory.speedup(a, k, c))
@@ -54,7 +54,8 @@ class OperatingPoint:
     iid_error: float | None     # (tokens_iid - tokens_measured) / tokens_measured
 
 
-def operating_point(alpha: float, k: int, c: float, tokens_measured: float | None, k_max: int = 12) -> OperatingPoint:
+def operating_point(alpha: float, k: int, c: float, tokens_measured: float | None,
+                    k_max: int = SURFACE_K_MAX) -> OperatingPoint:
     """Where a segment stands, what the best k would give, and how far the i.i.d. model is from measured L."""
     s = float(theory.speedup(alpha, k, c))
     kb, sb = theory.best_k(alpha, c, k_max)

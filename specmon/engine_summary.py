@@ -15,8 +15,9 @@ from datetime import datetime
 import numpy as np
 import pandas as pd
 
-from specmon import prometheus, stats, theory
-from specmon.segments import BUCKETS, CONFIDENCE, segment_status
+from specmon import prometheus, stats
+from specmon.segments import Estimate, PositionSummary, SegmentSummary, economics, position_summary
+from specmon.settings import BUCKETS, CONFIDENCE
 from specmon.store import Store
 
 _WINDOWS_SQL = """
@@ -65,13 +66,9 @@ def window_checks(w: pd.Series) -> tuple[float, float] | None:
     return float(sum(per_pos)), float(w["drafts"] + sum(per_pos[:-1]))
 
 
-def _num(x) -> float | None:
-    return None if x is None or pd.isna(x) else float(x)
-
-
 def summarize_engines(store: Store, by: str = "template", c: float | None = None, *, run: str | None = None,
                       bucket: str | None = None, since: datetime | None = None,
-                      declared: dict[str, float] | None = None) -> list[dict]:
+                      declared: dict[str, float] | None = None) -> list[SegmentSummary]:
     """Engine segments with the keys of summary.summarize (beta and the gap test null). Engines log no draft
     timings, so c is the one given, else the one declared for the run (summary.declared_costs), else unknown."""
     df = windows(store, run)
@@ -83,7 +80,7 @@ def summarize_engines(store: Store, by: str = "template", c: float | None = None
     df = df.assign(bucket=df["end_ts"].dt.floor(pd.Timedelta(BUCKETS[bucket])) if bucket else pd.NaT)
     out = []
     for key, part in df.groupby(keys + ["bucket"], dropna=False, sort=True):
-        key = dict(zip(keys + ["bucket"], key))
+        key = dict(zip(keys + ["bucket"], key, strict=True))
         declared_c = (declared or {}).get(key["run"])
         if c is not None:
             cost, source = c, "given"
@@ -95,86 +92,78 @@ def summarize_engines(store: Store, by: str = "template", c: float | None = None
     return out
 
 
-def _segment(key: dict, part: pd.DataFrame, c_given: float | None, bucketed: bool,
-             c_source: str | None = None) -> dict:
+def _tokens_per_step(part: pd.DataFrame, n_drafts: float | None) -> tuple[float | None, str | None]:
+    """L = 1 + accepted / drafts where the windows count both; else the mean of the engine's own L gauge."""
+    accepted_known = part[part["drafts"].notna() & part["accepted_tokens"].notna()]
+    if n_drafts:
+        return 1.0 + accepted_known["accepted_tokens"].sum() / n_drafts, None
+    gauges = part["mean_acceptance_length"].dropna()
+    if len(gauges):
+        return float(gauges.mean()), "tokens per step is the unweighted mean of the engine's reported gauge"
+    return None, None
+
+
+def _tokens_interval(part: pd.DataFrame, alpha: stats.Interval) -> tuple[float | None, float | None]:
+    """L's interval, the windows as clusters, at alpha's degrees of freedom; needs 2 windows with counts."""
+    known = part[part["drafts"].notna() & part["accepted_tokens"].notna()]
+    if len(known) < 2:
+        return None, None
+    iv = stats.ratio_interval(stats.ClusterSums.of(known["accepted_tokens"].to_numpy(float),
+                                                   known["drafts"].to_numpy(float)), alpha.dof, CONFIDENCE)
+    return (None, None) if iv is None else (1 + max(iv[0], 0.0), 1 + iv[1])
+
+
+def _positions(part: pd.DataFrame, alpha: stats.Interval) -> tuple[PositionSummary, ...]:
+    """Per-position rates summed over the windows that give per-position counts: position 1 is reached by every
+    draft, position i by the drafts accepted at i - 1."""
+    with_pp = part[part["accepted_per_position"].map(_has_positions) & part["drafts"].notna()]
+    width = max(len(v) for v in with_pp["accepted_per_position"])
+    acc = np.zeros(width)
+    for v in with_pp["accepted_per_position"]:
+        acc[:len(v)] += np.asarray(v, dtype=float)
+    drafts = float(with_pp["drafts"].sum())
+    reached = np.concatenate([[drafts], acc[:-1]])
+    return tuple(position_summary(i + 1, float(reached[i]), float(acc[i]), drafts, alpha) for i in range(width))
+
+
+def _sum_or_none(column: pd.Series) -> float | None:
+    return float(column.sum()) if column.notna().any() else None
+
+
+def _segment(key: dict, part: pd.DataFrame, c: float | None, bucketed: bool,
+             c_source: str | None = None) -> SegmentSummary:
+    """One engine segment from its windows (each window a cluster)."""
     counted = part[part["drafts"].notna()]
     n_drafts = float(counted["drafts"].sum()) if len(counted) else None
-    accepted_known = counted[counted["accepted_tokens"].notna()]
-    tokens_per_step = 1.0 + accepted_known["accepted_tokens"].sum() / n_drafts if n_drafts else None
-    gauges = part["mean_acceptance_length"].dropna()
-    note = None
-    if tokens_per_step is None and len(gauges):
-        tokens_per_step = float(gauges.mean())
-        note = "tokens per step is the unweighted mean of the engine's reported gauge"
+    tokens_per_step, note = _tokens_per_step(part, n_drafts)
     checks = [x for x in (window_checks(w) for _, w in part.iterrows()) if x is not None]
-    alpha = alpha_lo = alpha_hi = tokens_lo = tokens_hi = None
-    design_effect = dof = None
     k_values = part["k"].dropna()
     k = int(k_values.max()) if len(k_values) else None
-    per_position: list[dict] = []
+    alpha, tokens = Estimate(), Estimate(tokens_per_step)
+    iv = None
     if checks:
         a, n = np.array(checks).T
         iv = stats.cluster_robust_interval(a, n, CONFIDENCE)  # windows are the clusters
-        alpha, alpha_lo, alpha_hi = iv.estimate, iv.lo, iv.hi
-        design_effect, dof = iv.design_effect, iv.dof
-        if n_drafts and len(accepted_known) >= 2:
-            tokens = stats.ratio_interval(stats.ClusterSums.of(accepted_known["accepted_tokens"].to_numpy(float),
-                                                               accepted_known["drafts"].to_numpy(float)),
-                                          iv.dof, CONFIDENCE)
-            if tokens is not None:
-                tokens_lo, tokens_hi = 1 + max(tokens[0], 0.0), 1 + tokens[1]
-        with_pp = part[part["accepted_per_position"].map(_has_positions) & part["drafts"].notna()]
-        width = max(len(v) for v in with_pp["accepted_per_position"])
-        acc = np.zeros(width)
-        for v in with_pp["accepted_per_position"]:
-            acc[:len(v)] += np.asarray(v, dtype=float)
-        drafts_pp = float(with_pp["drafts"].sum())
-        reached = np.concatenate([[drafts_pp], acc[:-1]])
-        for i in range(width):
-            lo = hi = None
-            if reached[i]:
-                # Wilson at the windows' effective sample size and degrees of freedom, as for step logs
-                n_eff = reached[i] / iv.design_effect
-                lo, hi = stats.wilson_interval(acc[i] / reached[i] * n_eff, n_eff, CONFIDENCE, iv.dof)
-            per_position.append({
-                "position": i + 1, "checked": float(reached[i]), "accepted": float(acc[i]),
-                "conditional": acc[i] / reached[i] if reached[i] else None, "conditional_lo": lo,
-                "conditional_hi": hi, "cumulative": acc[i] / drafts_pp if drafts_pp else None,
-                "beta": None, "beta_lo": None, "beta_hi": None})
+        alpha = Estimate(iv.estimate, iv.lo, iv.hi)
+        tokens = Estimate(tokens_per_step, *(_tokens_interval(part, iv) if n_drafts else (None, None)))
     elif note is None:
         note = "per-token alpha needs per-position counts, which this engine output does not give"
-    drafted = float(part["draft_tokens"].sum()) if part["draft_tokens"].notna().any() else None
-    accepted = float(part["accepted_tokens"].sum()) if part["accepted_tokens"].notna().any() else None
-    be_alpha = be_tokens = s_iid = s_measured = None
-    status = status_model_free = "unknown"
-    if c_given is not None and k:
-        be = theory.break_even_alpha(k, c_given)
-        be_alpha = None if math.isnan(be) else be
-        be_tokens = float(theory.break_even_tokens(k, c_given))
-        if alpha is not None:
-            s_iid = float(theory.speedup(alpha, k, c_given))
-        if alpha_lo is not None and alpha_hi is not None:
-            status = segment_status(alpha_lo, alpha_hi, be)
-        if tokens_lo is not None and tokens_hi is not None:
-            status_model_free = segment_status(tokens_lo, tokens_hi, be_tokens)
-        if tokens_per_step is not None and n_drafts and drafted:
-            s_measured = tokens_per_step / (1 + drafted / n_drafts * c_given)
+    drafted, accepted = _sum_or_none(part["draft_tokens"]), _sum_or_none(part["accepted_tokens"])
+    mean_draft_len = drafted / n_drafts if drafted and n_drafts else None
     bucket = key.get("bucket")
-    return {
-        "run": key["run"], "template": (key.get("template") or None), "day": None,
-        "bucket_start": pd.Timestamp(bucket).isoformat() if bucketed and not pd.isna(bucket) else None,
-        "demo": False, "source": "engine", "engine": ", ".join(sorted(part["engine"].unique())),
-        "k": k, "steps": int(round(n_drafts)) if n_drafts else 0, "requests": None,
-        "drafted": _num(drafted), "checked": float(sum(x[1] for x in checks)) if checks else None,
-        "accepted": _num(accepted), "alpha": alpha, "alpha_lo": alpha_lo, "alpha_hi": alpha_hi,
-        "design_effect": design_effect, "interval_dof": None if dof is None or math.isinf(dof) else dof,
-        "beta": None, "beta_lo": None, "beta_hi": None, "gap_z": None, "agreement": None,
-        "draft_acceptance_rate": accepted / drafted if accepted is not None and drafted else None,
-        "tokens_per_step": tokens_per_step, "tokens_per_step_lo": tokens_lo, "tokens_per_step_hi": tokens_hi,
-        "status_model_free": status_model_free, "mean_draft_len": drafted / n_drafts if drafted and n_drafts else None,
-        "c": c_given, "c_source": c_source, "break_even_alpha": be_alpha,
-        "break_even_tokens": be_tokens, "speedup_iid": s_iid, "speedup_measured": s_measured, "status": status,
-        "first_ts": part["end_ts"].min().isoformat(), "last_ts": part["end_ts"].max().isoformat(),
-        "ts_inferred_steps": 0, "last_ingest": part["ingested_at"].max().isoformat(), "windows": len(part),
-        "note": note, "per_position": per_position, "costs": None,
-    }
+    return SegmentSummary(
+        run=key["run"], template=key.get("template") or None, day=None,
+        bucket_start=pd.Timestamp(bucket).isoformat() if bucketed and not pd.isna(bucket) else None,
+        demo=False, k=k, steps=int(round(n_drafts)) if n_drafts else 0, requests=None, drafted=drafted,
+        checked=float(sum(x[1] for x in checks)) if checks else None, accepted=accepted, alpha=alpha,
+        design_effect=iv.design_effect if iv else None,
+        interval_dof=None if iv is None or math.isinf(iv.dof) else iv.dof, beta=Estimate(), gap_z=None,
+        agreement=None, tokens_per_step=tokens, mean_draft_len=mean_draft_len,
+        economics=economics(k, c, c_source, alpha, tokens, mean_draft_len),
+        first_ts=part["end_ts"].min().isoformat(), last_ts=part["end_ts"].max().isoformat(), source="engine",
+        costs=None, ts_inferred_steps=0, last_ingest=part["ingested_at"].max().isoformat(),
+        per_position=_positions(part, iv) if iv else (),
+        engine=", ".join(sorted(part["engine"].unique())),
+        draft_acceptance_rate=accepted / drafted if accepted is not None and drafted else None,
+        windows=len(part), note=note,
+    )

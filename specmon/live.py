@@ -15,7 +15,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -26,9 +26,11 @@ import pyarrow.parquet as pq
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from specmon import theory
 from specmon.faults import SpecmonError
 from specmon.ingest import IngestResult, ingest_file
 from specmon.sampler import write_step_log
+from specmon.settings import LIVE_DEFAULTS, THEORY_K_MAX, LiveSettings
 
 LOG_TOPK = 20  # logprobs kept per position in the step log (beta itself is exact)
 
@@ -111,15 +113,16 @@ def _pick(dist: torch.Tensor, temperature: float, gen: torch.Generator) -> int:
 def _topk(rows: torch.Tensor, k: int = LOG_TOPK) -> list[dict[str, float]]:
     """The top-k logprobs of every row, in one topk call (per-row calls cost more than the models here)."""
     values, idx = rows.topk(min(k, rows.shape[-1]), dim=-1)
-    return [{str(i): v for v, i in zip(vs, ids) if v > -math.inf}
-            for vs, ids in zip(torch.log(values).tolist(), idx.tolist())]
+    return [{str(i): v for v, i in zip(vs, ids, strict=True) if v > -math.inf}
+            for vs, ids in zip(torch.log(values).tolist(), idx.tolist(), strict=True)]
 
 
 def log_fields(p_rows: torch.Tensor, q_rows: list[torch.Tensor]) -> dict:
     """A step's exact beta per drafted position and both sides' top-k logprobs (p has one row more: the bonus)."""
     q_matrix = torch.stack(q_rows) if q_rows else p_rows[:0]
     # float32 sums can exceed 1 by an ulp where p and q agree
-    return {"beta": torch.minimum(p_rows[:len(q_rows)], q_matrix).sum(-1).clamp(max=1.0).tolist(),
+    beta = np.minimum(theory.beta(p_rows[:len(q_rows)].numpy(), q_matrix.numpy()), 1.0)
+    return {"beta": np.atleast_1d(beta).tolist(),
             "target_logprobs": _topk(p_rows), "draft_logprobs": _topk(q_matrix)}
 
 
@@ -135,89 +138,115 @@ def _rollback(cache: DynamicCache, length: int) -> None:
         cache.crop(-extra)
 
 
-def generate(pair: Pair, prompt: str, *, k: int = 4, max_new_tokens: int = 64, temperature: float = 0.0,
-             top_p: float | None = None, seed: int = 0, request_id: str = "r0", template: str | None = None,
-             ngram: NgramProposer | None = None, pit: list | None = None, log: bool = True,
-             full: list | None = None) -> Iterator[dict]:
-    """Speculative decoding of one prompt; yields one step-log record per verification step.
+@dataclass(frozen=True)
+class DecodeStep:
+    """One verification step of speculative decoding: its step-log record and what the losslessness checks use.
 
-    pit, if given, receives (F(x - 1), p(x)) under the target's sampling distribution for every emitted token x,
-    for the randomized PIT (specmon.stats.randomized_pit's ingredients). log=False leaves beta and the logprobs
-    out of the records (to measure what logging costs). full, if given, receives every position's complete p and
-    q (float32) as rows for a Parquet file.
+    pit holds (F(x - 1), p(x)) under the target's sampling distribution for every emitted token x (the randomized
+    PIT's ingredients, specmon.stats.randomized_pit); target_probs (g + 1 rows) and draft_probs (g rows) are the
+    full distributions of the step's positions.
     """
-    if k < 1:
-        raise SpecmonError(f"k must be at least 1, got {k}")
-    gen = torch.Generator().manual_seed(seed)
+    record: dict
+    pit: list[tuple[float, float]]
+    target_probs: torch.Tensor
+    draft_probs: list[torch.Tensor]
+
+    def full_rows(self, step: int) -> list[dict]:
+        """Every position's complete p and q (float32) as rows for a Parquet file."""
+        rid = self.record["request_id"]
+        return [{"request_id": rid, "step": step, "position": i + 1, "side": side,
+                 "probs": row.numpy().astype("float32")}
+                for side, rows in (("target", list(self.target_probs)), ("draft", self.draft_probs))
+                for i, row in enumerate(rows)]
+
+
+def _propose(pair: Pair, seq: list[int], d_cache: DynamicCache, settings: LiveSettings,
+             gen: torch.Generator) -> tuple[list[int], list[torch.Tensor], list[float]]:
+    """The draft tokens, their proposal distributions q (one-hot for n-gram lookup) and the wall time of each draft
+    step (ms). A draft model makes one pass per token; the first also catches it up on the accepted tokens."""
+    if pair.draft is None:
+        t0 = time.perf_counter()
+        draft = NgramProposer(settings.ngram_min, settings.ngram_max).propose(seq, settings.k)
+        vocab = pair.target.get_output_embeddings().weight.shape[0]
+        q_rows = [torch.nn.functional.one_hot(torch.tensor(x), vocab).float() for x in draft]
+        return draft, q_rows, [(time.perf_counter() - t0) * 1000]
+    draft, q_rows, draft_ms = [], [], []
+    pending = seq[d_cache.get_seq_length():]
+    for _ in range(settings.k):
+        t0 = time.perf_counter()
+        q = distribution(_forward(pair.draft, pending, d_cache)[-1], settings.temperature, settings.top_p)
+        x = _pick(q, settings.temperature, gen)
+        draft_ms.append((time.perf_counter() - t0) * 1000)
+        draft.append(x)
+        q_rows.append(q)
+        pending = [x]
+    return draft, q_rows, draft_ms
+
+
+def _accept(draft: list[int], p_rows: torch.Tensor, q_rows: list[torch.Tensor], temperature: float,
+            gen: torch.Generator) -> tuple[int, list[int]]:
+    """Leviathan's acceptance test: (accepted prefix length, tokens emitted): the accepted prefix and either the
+    draw from the residual at the first rejection or the bonus token from p_{g+1}."""
+    for i, x in enumerate(draft):
+        p_x, q_x = float(p_rows[i, x]), float(q_rows[i][x])
+        if float(torch.rand(1, generator=gen)) * q_x > p_x:  # reject: r > p/q
+            residual = torch.from_numpy(theory.residual(p_rows[i].numpy(), q_rows[i].numpy()))
+            return i, draft[:i] + [_pick(residual, temperature, gen)]
+    return len(draft), draft + [_pick(p_rows[len(draft)], temperature, gen)]
+
+
+def _record(draft: list[int], accepted: int, emitted: list[int], draft_ms: list[float], target_ms: float,
+            settings: LiveSettings, request_id: str, template: str | None) -> dict:
+    record = {
+        "request_id": request_id,
+        "ts": datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "k": settings.k, "temperature": settings.temperature, "draft_tokens": draft, "accepted": accepted,
+        "emitted_tokens": emitted, "target_ms": round(target_ms, 3), "draft_ms": [round(x, 3) for x in draft_ms],
+    }
+    if template is not None:
+        record["template"] = template
+    return record
+
+
+def generate(pair: Pair, prompt: str, settings: LiveSettings = LIVE_DEFAULTS, *, request_id: str = "r0",
+             template: str | None = None, log: bool = True, full: bool = False) -> Iterator[DecodeStep]:
+    """Speculative decoding of one prompt under settings (k, max_new_tokens, temperature, top_p, seed; n-gram
+    lookup where the pair has no draft model); yields each verification step.
+
+    log=False leaves beta and the logprobs out of the records (to measure what logging costs); full=True puts
+    both full distributions in each record (ingest then computes the exact PIT for the Losslessness page).
+    """
+    if settings.k < 1:
+        raise SpecmonError(f"k must be at least 1, got {settings.k}")
+    gen = torch.Generator().manual_seed(settings.seed)
     seq = pair.tokenizer(prompt)["input_ids"]
     if not seq:
         raise SpecmonError("empty prompt")
     eos = pair.tokenizer.eos_token_id
     t_cache, d_cache = DynamicCache(), DynamicCache()
-    produced = step_index = 0
-    while produced < max_new_tokens:
-        # Draft: k tokens, one draft pass each (the first pass also catches the draft up on the accepted tokens).
-        draft_ms, draft, q_rows = [], [], []
-        if pair.draft is None:
-            t0 = time.perf_counter()
-            draft = (ngram or NgramProposer()).propose(seq, k)
-            draft_ms.append((time.perf_counter() - t0) * 1000)
-            vocab = pair.target.get_output_embeddings().weight.shape[0]
-            q_rows = [torch.nn.functional.one_hot(torch.tensor(x), vocab).float() for x in draft]
-        else:
-            pending = seq[d_cache.get_seq_length():]
-            for _ in range(k):
-                t0 = time.perf_counter()
-                q = distribution(_forward(pair.draft, pending, d_cache)[-1], temperature, top_p)
-                x = _pick(q, temperature, gen)
-                draft_ms.append((time.perf_counter() - t0) * 1000)
-                draft.append(x)
-                q_rows.append(q)
-                pending = [x]
+    produced = 0
+    while produced < settings.max_new_tokens:
+        draft, q_rows, draft_ms = _propose(pair, seq, d_cache, settings, gen)
         g = len(draft)
         # Target: score the pending context and all g drafts in one pass: rows are p_1 .. p_{g+1}.
         t0 = time.perf_counter()
         logits = _forward(pair.target, seq[t_cache.get_seq_length():] + draft, t_cache)[-(g + 1):]
         target_ms = (time.perf_counter() - t0) * 1000
-        p_rows = distribution(logits, temperature, top_p)
-        accepted, emitted = g, None
-        for i, x in enumerate(draft):
-            p_x, q_x = float(p_rows[i, x]), float(q_rows[i][x])
-            if float(torch.rand(1, generator=gen)) * q_x > p_x:  # reject: r > p/q
-                accepted = i
-                # the residual norm(max(0, p - q)) of specmon.theory.residual, in torch
-                resid = torch.clamp(p_rows[i] - q_rows[i], min=0)
-                resid = resid / resid.sum() if resid.sum() > 0 else p_rows[i]
-                emitted = draft[:i] + [_pick(resid, temperature, gen)]
-                break
-        if emitted is None:
-            emitted = draft + [_pick(p_rows[g], temperature, gen)]
-        stop = eos in emitted or produced + len(emitted) >= max_new_tokens
+        p_rows = distribution(logits, settings.temperature, settings.top_p)
+        accepted, emitted = _accept(draft, p_rows, q_rows, settings.temperature, gen)
+        stop = eos in emitted or produced + len(emitted) >= settings.max_new_tokens
         if eos in emitted:
             emitted = emitted[:emitted.index(eos) + 1]
-        emitted = emitted[:max_new_tokens - produced]
-        if pit is not None:
-            for j, x in enumerate(emitted):  # token j was drawn from p_{j+1} (accepted, correction or bonus)
-                pit.append((float(p_rows[j, :x].sum()), float(p_rows[j, x])))
-        record = {
-            "request_id": request_id,
-            "ts": datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-            "k": k, "temperature": temperature, "draft_tokens": draft, "accepted": accepted,
-            "emitted_tokens": emitted, "target_ms": round(target_ms, 3), "draft_ms": [round(x, 3) for x in draft_ms],
-        }
+        emitted = emitted[:settings.max_new_tokens - produced]
+        # token j was drawn from p_{j+1} (accepted, correction or bonus)
+        pit = [(float(p_rows[j, :x].sum()), float(p_rows[j, x])) for j, x in enumerate(emitted)]
+        record = _record(draft, accepted, emitted, draft_ms, target_ms, settings, request_id, template)
         if log:
             record.update(log_fields(p_rows, q_rows))
-        if template is not None:
-            record["template"] = template
-        if full is not None:
-            # In the step log too, so that ingest computes the exact PIT of the emitted tokens (Losslessness page).
+        if full:
             record["target_probs"] = np.round(p_rows.numpy().astype(np.float64), 8).tolist()
             record["draft_probs"] = [np.round(q.numpy().astype(np.float64), 8).tolist() for q in q_rows]
-            for side, rows in (("target", list(p_rows)), ("draft", q_rows)):
-                full += [{"request_id": request_id, "step": step_index, "position": i + 1, "side": side,
-                          "probs": row.numpy().astype("float32")} for i, row in enumerate(rows)]
-        step_index += 1
-        yield record
+        yield DecodeStep(record, pit, p_rows, q_rows)
         # Roll the caches back to the accepted prefix: both then cover seq[:-1] of the new sequence.
         seq = seq + emitted
         produced += len(emitted)
@@ -242,7 +271,7 @@ def target_decode(pair: Pair, prompt: str, max_new_tokens: int, temperature: flo
     return out
 
 
-def measure_costs(pair: Pair, prompt: str, k_max: int = 8, repeats: int = 7) -> dict:
+def measure_costs(pair: Pair, prompt: str, k_max: int = THEORY_K_MAX, repeats: int = 7) -> dict:
     """Median wall times on this machine, each as decoding meets it: a target decode step with the target's passes back
     to back (plain decoding); a draft decode step and a target verification pass of n = 1..k_max+1 tokens in
     speculative decoding's alternation (n - 1 draft passes, then one target pass), where each model finds the CPU
@@ -290,16 +319,35 @@ def read_prompts(path: str) -> list[str]:
     return prompts
 
 
-def run_prompts(pair: Pair, prompts: list[str], *, progress: Callable[[int, int], None] | None = None,
-                **options) -> list[dict]:
-    """Speculative decoding of every prompt; the step-log records of all of them."""
-    seed = options.pop("seed", 0)
+def run_prompts(pair: Pair, prompts: list[str], settings: LiveSettings = LIVE_DEFAULTS, *,
+                template: str | None = None, full: bool = False,
+                progress: Callable[[int, int], None] | None = None) -> tuple[list[dict], list[dict]]:
+    """Speculative decoding of every prompt (prompt i seeded with settings.seed + i): the step-log records of all
+    of them, and with full=True every position's full distributions as Parquet rows (else none)."""
     records: list[dict] = []
+    full_rows: list[dict] = []
     for i, prompt in enumerate(prompts):
-        records.extend(generate(pair, prompt, request_id=f"p{i:03d}", seed=seed + i, **options))
+        steps = generate(pair, prompt, replace(settings, seed=settings.seed + i), request_id=f"p{i:03d}",
+                         template=template, full=full)
+        for step_index, step in enumerate(steps):
+            records.append(step.record)
+            if full:
+                full_rows += step.full_rows(step_index)
         if progress:
             progress(i + 1, len(prompts))
-    return records
+    return records, full_rows
+
+
+def run_name(pair: Pair, settings: LiveSettings) -> str:
+    """The default name of a live run: the pair, k and temperature."""
+    return f"live {pair.name} k={settings.k} T={settings.temperature:g}"
+
+
+def run_meta(settings: LiveSettings, target: str, draft: str | None, prompts: str) -> dict:
+    """What a live run stores about itself (the run's meta): the models, the prompt set and every setting."""
+    return {"target": target, "draft": None if settings.ngram else draft, "proposer": settings.proposer,
+            "k": settings.k, "temperature": settings.temperature, "top_p": settings.top_p, "prompts": prompts,
+            "max_new_tokens": settings.max_new_tokens, "seed": settings.seed}
 
 
 @dataclass(frozen=True)
@@ -312,15 +360,15 @@ class LiveRun:
     ingest: IngestResult
 
 
-def record_run(store, pair: Pair, prompts: list[str], *, run: str, template: str, meta: dict,
-               keep_log: str | None = None, full_distributions: str | None = None,
-               progress: Callable[[int, int], None] | None = None, **options) -> LiveRun:
+def record_run(store, pair: Pair, prompts: list[str], settings: LiveSettings = LIVE_DEFAULTS, *, run: str,
+               template: str, meta: dict, keep_log: str | None = None, full_distributions: str | None = None,
+               progress: Callable[[int, int], None] | None = None) -> LiveRun:
     """Run every prompt and store the step log as a run (through the same ingest as any log file); with
     full_distributions, also write every position's full p and q to that Parquet file."""
     meta = {**meta, "costs": measure_costs(pair, prompts[0])}
-    full: list | None = [] if full_distributions else None
     started = time.perf_counter()
-    records = run_prompts(pair, prompts, progress=progress, template=template, full=full, **options)
+    records, full = run_prompts(pair, prompts, settings, template=template, full=bool(full_distributions),
+                                progress=progress)
     seconds = time.perf_counter() - started
     if full_distributions:
         pq.write_table(pa.Table.from_pylist(full, schema=pa.schema([

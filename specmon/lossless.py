@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specmon import stats
+from specmon.settings import KS_LEVEL
 from specmon.store import Store
 
 # Two logged probabilities of the same token count as equal (the same fixed p) within this.
@@ -53,13 +54,18 @@ def _emitted(store: Store, run: str, template: str):
     return store.query_df(_EMITTED_SQL, [run, template])
 
 
+def consistent(ks: stats.TestResult, level: float = KS_LEVEL) -> bool:
+    """The losslessness verdict: a KS test of the PIT against U(0, 1) passes unless its p-value is below level."""
+    return ks.pvalue >= level
+
+
 def pit_check(store: Store, run: str, template: str, seed: int = 0) -> PitCheck | None:
     """Randomized PIT of the segment's emitted tokens, and its KS test against U(0, 1)."""
     df = _emitted(store, run, template)
     if df.empty:
         return None
     rng = np.random.default_rng(seed)
-    u = np.clip(df["below"].to_numpy() + rng.random(len(df)) * df["mass"].to_numpy(), 0.0, 1.0)
+    u = stats.randomized_pit_of(df["below"].to_numpy(), df["mass"].to_numpy(), rng)
     return PitCheck(len(u), u, stats.uniformity_ks(u))
 
 

@@ -5,15 +5,15 @@ interval (transcripts as clusters) is the prediction. No torch here: summaries m
 """
 from __future__ import annotations
 
-import math
 from datetime import datetime
 
 import numpy as np
 import orjson
 import pandas as pd
 
-from specmon import stats, theory
-from specmon.segments import CONFIDENCE, segment_status
+from specmon import stats
+from specmon.segments import Estimate, SegmentSummary, economics
+from specmon.settings import CONFIDENCE
 from specmon.store import Store
 
 _REPLAY_SQL = """
@@ -26,36 +26,33 @@ GROUP BY ALL
 
 
 def summarize_replays(store: Store, by: str, c: float | None, *, run: str | None = None,
-                      since: datetime | None = None) -> list[dict]:
+                      since: datetime | None = None) -> list[SegmentSummary]:
     """Replay segments: predicted acceptance only (alpha is null: nothing was drafted)."""
     df = store.query_df(_REPLAY_SQL, [run, run, since, since])
     if df.empty:
         return []
     keys = ["run"] + ([] if by == "run" else ["template"])
-    out = []
-    for key, part in df.groupby(keys, sort=True):
-        key = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
-        iv = stats.cluster_robust_interval(part["beta_sum"].to_numpy(float), part["n"].to_numpy(float), CONFIDENCE)
-        meta = orjson.loads(part["meta"].iloc[0]) if part["meta"].iloc[0] else {}
-        k = meta.get("k")
-        be = theory.break_even_alpha(k, c) if c is not None and k else None
-        status = segment_status(iv.lo, iv.hi, be) if be is not None else "unknown"
-        out.append({
-            "run": key["run"], "template": key.get("template") or None, "day": None, "bucket_start": None,
-            "demo": False, "source": "replay", "k": k, "steps": 0, "requests": len(part), "drafted": None,
-            "checked": None, "accepted": None, "alpha": None, "alpha_lo": None, "alpha_hi": None,
-            "design_effect": iv.design_effect, "beta": iv.estimate, "beta_lo": iv.lo, "beta_hi": iv.hi,
-            "gap_z": None, "agreement": None, "tokens_per_step": None, "tokens_per_step_lo": None,
-            "tokens_per_step_hi": None, "mean_draft_len": None, "c": c, "c_source": "given" if c is not None else None,
-            "break_even_alpha": None if be is None or math.isnan(be) else be,
-            "break_even_tokens": float(theory.break_even_tokens(k, c)) if c is not None and k else None,
-            "speedup_iid": float(theory.speedup(iv.estimate, k, c)) if c is not None and k else None,
-            "speedup_measured": None, "status": status,
-            "status_model_free": "unknown", "first_ts": pd.Timestamp(part["first_ts"].min()).isoformat(),
-            "last_ts": pd.Timestamp(part["last_ts"].max()).isoformat(), "ts_inferred_steps": 0,
-            "last_ingest": pd.Timestamp(part["ingested"].max()).isoformat(), "windows": None,
-            "note": ("predicted by replay (teacher forcing, transcripts as clusters): beta and its interval are "
-                     "predicted per-token acceptance; nothing was drafted, so alpha is unknown"),
-            "per_position": [], "predicted_positions": int(np.sum(part["n"])), "costs": None,
-        })
-    return out
+    return [_segment(key if isinstance(key, tuple) else (key,), keys, part, c)
+            for key, part in df.groupby(keys, sort=True)]
+
+
+def _segment(key: tuple, keys: list[str], part: pd.DataFrame, c: float | None) -> SegmentSummary:
+    """One replay segment: beta's interval (transcripts as clusters) stands in for alpha in the economics."""
+    named = dict(zip(keys, key, strict=True))
+    iv = stats.cluster_robust_interval(part["beta_sum"].to_numpy(float), part["n"].to_numpy(float), CONFIDENCE)
+    meta = orjson.loads(part["meta"].iloc[0]) if part["meta"].iloc[0] else {}
+    k = meta.get("k")
+    beta = Estimate(iv.estimate, iv.lo, iv.hi)
+    return SegmentSummary(
+        run=named["run"], template=named.get("template") or None, day=None, bucket_start=None, demo=False, k=k,
+        steps=0, requests=len(part), drafted=None, checked=None, accepted=None, alpha=Estimate(),
+        design_effect=iv.design_effect, interval_dof=None, beta=beta, gap_z=None, agreement=None,
+        tokens_per_step=Estimate(), mean_draft_len=None,
+        economics=economics(k, c, "given" if c is not None else None, beta, Estimate(), None),
+        first_ts=pd.Timestamp(part["first_ts"].min()).isoformat(),
+        last_ts=pd.Timestamp(part["last_ts"].max()).isoformat(), source="replay", costs=None, ts_inferred_steps=0,
+        last_ingest=pd.Timestamp(part["ingested"].max()).isoformat(), per_position=(), windows=None,
+        note=("predicted by replay (teacher forcing, transcripts as clusters): beta and its interval are "
+              "predicted per-token acceptance; nothing was drafted, so alpha is unknown"),
+        predicted_positions=int(np.sum(part["n"])),
+    )

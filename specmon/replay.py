@@ -13,35 +13,45 @@ for comparing drafts or templates on the same traffic, not as a measurement.
 from __future__ import annotations
 
 import os
-from datetime import datetime, timezone
 
+import numpy as np
 import torch
 
-from specmon import jsonlines
+from specmon import jsonlines, theory, times
 from specmon.faults import Fault, SpecmonError
 from specmon.live import Pair, distribution
 from specmon.store import Store, add_ingest, get_or_create_run, get_or_create_segment
 
 
 def read_transcripts(path: str) -> list[dict]:
-    """JSON lines with prompt and completion (strings), optional template and ts; faults name line and field."""
+    """JSON lines with prompt and completion (strings), optional template and ts (ISO-8601, naive is UTC, or epoch
+    seconds; read into a naive UTC datetime); faults name line and field."""
     out, faults = [], []
     if not os.path.isfile(path):
         raise SpecmonError(f"{path}: no such transcript file")
     for no, obj, fault in jsonlines.objects(path, path):
         if fault is not None:
             faults.append(fault)
-        if obj is None:
-            continue
-        for field in ("prompt", "completion"):
-            if not isinstance(obj.get(field), str):
-                faults.append(Fault(path, no, field, "required, a string"))
-        out.append(obj)
+        if obj is not None:
+            faults += _check_transcript(obj, path, no)
+            out.append(obj)
     if faults:
         raise SpecmonError("; ".join(map(str, faults[:5])))
     if not out:
         raise SpecmonError(f"{path}: no transcripts in the file")
     return out
+
+
+def _check_transcript(obj: dict, path: str, no: int) -> list[Fault]:
+    """The faults of one transcript; its ts, where valid, is read into a naive UTC datetime in place."""
+    faults = [Fault(path, no, field, "required, a string") for field in ("prompt", "completion")
+              if not isinstance(obj.get(field), str)]
+    if obj.get("ts") is not None:
+        try:
+            obj["ts"] = times.parse_timestamp(obj["ts"])  # a naive time is UTC, as in step logs
+        except (TypeError, ValueError, OverflowError, OSError):
+            faults.append(Fault(path, no, "ts", f"expected an ISO-8601 time or epoch seconds, got {obj['ts']!r}"))
+    return faults
 
 
 def score(pair: Pair, prompt: str, completion: str, temperature: float = 1.0, top_p: float | None = None):
@@ -62,22 +72,21 @@ def score(pair: Pair, prompt: str, completion: str, temperature: float = 1.0, to
     tokens = ids[start:]
     idx = torch.arange(len(tokens))
     t = torch.tensor(tokens)
-    beta = torch.minimum(p, q).sum(-1).clamp(max=1.0)
-    return tokens, beta.tolist(), p[idx, t].tolist(), q[idx, t].tolist()
+    beta = np.minimum(theory.beta(p.numpy(), q.numpy()), 1.0)  # float32 sums can exceed 1 by an ulp
+    return tokens, np.atleast_1d(beta).tolist(), p[idx, t].tolist(), q[idx, t].tolist()
 
 
 def store_replay(store: Store, pair: Pair, transcripts: list[dict], *, run: str, template: str | None,
                  temperature: float, meta: str, name: str, progress=None) -> int:
     """Score every transcript and store its positions as a replay run. Returns positions stored."""
     rows = []
-    now = datetime.now(timezone.utc).replace(tzinfo=None)
+    now = times.utc_now()
     for i, tr in enumerate(transcripts):
         tokens, beta, p_tok, q_tok = score(pair, tr["prompt"], tr["completion"], temperature)
-        ts = datetime.fromisoformat(tr["ts"].replace("Z", "+00:00")).astimezone(timezone.utc).replace(tzinfo=None) \
-            if isinstance(tr.get("ts"), str) else now
+        ts = tr.get("ts") or now
         label = tr.get("template") or template or ""
         rows += [(f"t{i:05d}", label, ts, j + 1, tok, b, pp, qq)
-                 for j, (tok, b, pp, qq) in enumerate(zip(tokens, beta, p_tok, q_tok))]
+                 for j, (tok, b, pp, qq) in enumerate(zip(tokens, beta, p_tok, q_tok, strict=True))]
         if progress:
             progress(i + 1, len(transcripts))
     with store.transaction() as cur:

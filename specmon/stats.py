@@ -138,7 +138,13 @@ def randomized_pit(probs: np.ndarray, tokens: np.ndarray, rng: np.random.Generat
         raise ValueError(f"probs must be (n, vocab) with one row per token, got {probs.shape} for {tokens.shape}")
     rows = np.arange(len(tokens))
     below = np.cumsum(probs, axis=1)[rows, tokens] - probs[rows, tokens]
-    return np.clip(below + rng.random(len(tokens)) * probs[rows, tokens], 0.0, 1.0)
+    return randomized_pit_of(below, probs[rows, tokens], rng)
+
+
+def randomized_pit_of(below: np.ndarray, mass: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """randomized_pit from each token's F_t(x_t - 1) (below) and p_t(x_t) (mass), as step logs store them."""
+    below = np.asarray(below, dtype=float)
+    return np.clip(below + rng.random(len(below)) * np.asarray(mass, dtype=float), 0.0, 1.0)
 
 
 def uniformity_ks(u: np.ndarray) -> TestResult:

@@ -171,7 +171,7 @@ def _topk_rows(obj: dict, field: str, rows_allowed: tuple[int, ...], tol: float)
     out = []
     start = 0
     for i, d in enumerate(v):
-        row = dict(zip(d, probs[start:start + len(d)]))
+        row = dict(zip(d, probs[start:start + len(d)], strict=True))
         start += len(d)
         mass = sum(row.values())
         if mass > 1.0 + tol:

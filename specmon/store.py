@@ -596,9 +596,6 @@ class Store:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def has_user_data(self) -> bool:
-        return bool(self.query("SELECT count(*) FROM runs WHERE NOT demo")[0][0])
-
     def is_empty(self) -> bool:
         return not self.query("SELECT count(*) FROM runs")[0][0]
 

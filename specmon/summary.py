@@ -13,13 +13,12 @@ from datetime import datetime
 
 import pandas as pd
 
-from specmon import engine_summary, predicted, stats, theory
-from specmon.segments import BUCKETS, CONFIDENCE, segment_status
+from specmon import engine_summary, predicted, stats
+from specmon.segments import Estimate, PositionSummary, SegmentSummary, economics, finite, point_beta, position_summary
+from specmon.settings import BUCKETS, CONFIDENCE, GAP_Z_LIMIT
 from specmon.store import _HOUR_OF_STEP, ROLLUP_EXACT, ROLLUP_POSITIONS_SELECT, ROLLUP_REQUESTS_SELECT, Store
 
 GROUPINGS = ("run", "template", "day")
-# |z| above this says observed and predicted acceptance differ beyond sampling noise (two-sided p ~ 0.003).
-GAP_Z_LIMIT = 3.0
 
 _NO_BUCKET = "NULL::TIMESTAMP"
 # Floating-point sums in DuckDB run in parallel in no fixed order, so their last digits moved between runs of
@@ -115,10 +114,6 @@ GROUP BY ALL ORDER BY 1, 2, 3, 4
 """
 
 
-def _finite(x: float | None) -> float | None:
-    return None if x is None or not math.isfinite(x) else float(x)
-
-
 def _sums(row: dict, tokens: bool = False) -> stats.ClusterSums:
     """The per-request sums of a segment row: accepted over checked (alpha), or accepted over steps (L)."""
     if tokens:
@@ -147,17 +142,26 @@ def _gap(row: dict) -> tuple[float | None, str | None]:
     z = z_lo if z_lo < 0 else (z_hi if z_hi > 0 else 0.0)
     if math.isnan(z):
         return None, None
-    return _finite(z), "agrees" if abs(z) <= GAP_Z_LIMIT else "differs"
+    return finite(z), "agrees" if abs(z) <= GAP_Z_LIMIT else "differs"
 
 
 def demo_only(store: Store) -> bool:
-    """Summaries show demo data only while the user has stored nothing of their own."""
-    return not store.has_user_data()
+    """Whether the runs shown are the demo's: the shown_runs view (schema) shows demo data only while the user has
+    stored nothing of their own."""
+    return bool(store.query("SELECT coalesce(bool_and(demo), true) FROM shown_runs")[0][0])
 
 
 def summarize(store: Store, by: str = "template", c: float | None = None, *, run: str | None = None,
               bucket: str | None = None, per_position: bool = True, since: datetime | None = None) -> list[dict]:
-    """One dict per segment with the keys documented in the README (`specmon summary --json`).
+    """segments() as the dicts of `specmon summary --json` (keys in the README)."""
+    return [s.to_dict() for s in segments(store, by, c, run=run, bucket=bucket, per_position=per_position,
+                                          since=since)]
+
+
+def segments(store: Store, by: str = "template", c: float | None = None, *, run: str | None = None,
+             bucket: str | None = None, per_position: bool = True, since: datetime | None = None
+             ) -> list[SegmentSummary]:
+    """One summary per segment, from every source: step logs, then engine windows, then replays.
 
     by: "run", "template" (run and template) or "day" (run, template and UTC day). bucket (a key of BUCKETS)
     splits each run/template segment into time buckets instead, for timelines; run restricts to one run.
@@ -192,7 +196,7 @@ def summarize(store: Store, by: str = "template", c: float | None = None, *, run
             for rec in map(_clean, pos_df.to_dict("records")):
                 positions.setdefault((rec["run"], rec["template"], rec["bucket"]), []).append(rec)
     declared = declared_costs(store)
-    rows = []
+    rows: list[SegmentSummary] = []
     for row in map(_clean, step_rows):
         key = (row["run"], row["template"], row["bucket"])
         row["draft_step_ms"], row["target_ms"] = timings.get(key, (None, None))
@@ -223,121 +227,77 @@ def _clean(row: dict) -> dict:
     return out
 
 
+def _cost(row: dict, c_given: float | None, c_declared: float | None) -> tuple[float | None, str | None]:
+    """The draft cost c and where it came from: given (--c), else measured by a live run's decode steps, else
+    measured from the log's timings, else declared for the run where it is watched."""
+    if c_given is not None:
+        return c_given, "given"
+    costs = _live_costs(row)
+    if costs:
+        return costs["c"], "measured decode steps"
+    if row["draft_step_ms"] is not None and row["target_ms"]:
+        return row["draft_step_ms"] / row["target_ms"], "measured"
+    if c_declared is not None:
+        return c_declared, "declared"
+    return None, None
+
+
+def _live_costs(row: dict) -> dict | None:
+    """The decode-step costs a live run measured and stored in its meta, if any."""
+    return json.loads(row["meta"]).get("costs") if row["meta"] else None
+
+
+def _beta(row: dict) -> Estimate:
+    """Predicted beta over the positions that logged it: a point for dense distributions, else only bounds."""
+    b_checked = row["b_checked"] or 0
+    if not b_checked:
+        return Estimate()
+    lo, hi = row["b_lo"] / b_checked, row["b_hi"] / b_checked
+    return Estimate(point_beta(lo, hi), finite(lo), finite(hi))
+
+
+def _tokens(row: dict, dof: float) -> Estimate:
+    """Tokens per step L = 1 + accepted / steps, with its interval (tokens_interval)."""
+    steps, accepted = int(row["steps"]), int(row["accepted"])
+    lo, hi = tokens_interval(row, dof)
+    return Estimate(1.0 + accepted / steps if steps else None, lo, hi)
+
+
+def _positions(positions: list[dict], steps: int, interval: stats.Interval) -> tuple[PositionSummary, ...]:
+    """The per-position rows (_POSITIONS_SQL) of one segment, widened by its alpha interval's design effect."""
+    return tuple(position_summary(int(p["position"]), int(p["checked"]), int(p["accepted"]), steps, interval,
+                                  p["beta_lo"], p["beta_hi"]) for p in positions)
+
+
 def _segment(row: dict, positions: list[dict], c_given: float | None, by: str, day_output: bool,
-             c_declared: float | None = None) -> dict:
+             c_declared: float | None = None) -> SegmentSummary:
+    """One step-log segment from its aggregated row (_STEPS_SQL) and its per-position rows (_POSITIONS_SQL)."""
     steps = int(row["steps"])
-    checked = int(row["checked"])
-    accepted = int(row["accepted"])
     k = int(row["k"]) if row["k"] else None
     interval = stats.cluster_interval(_sums(row), CONFIDENCE)
-    alpha = _finite(interval.estimate)
-    alpha_lo, alpha_hi = _finite(interval.lo), _finite(interval.hi)
-
-    b_checked = row["b_checked"] or 0
-    beta_lo = row["b_lo"] / b_checked if b_checked else None
-    beta_hi = row["b_hi"] / b_checked if b_checked else None
-    beta = beta_lo if beta_lo is not None and abs(beta_hi - beta_lo) < 1e-9 else None
+    alpha = Estimate(finite(interval.estimate), finite(interval.lo), finite(interval.hi))
+    tokens = _tokens(row, interval.dof)
     gap_z, agreement = _gap(row)
-
-    measured_c, c_source = None, None
-    costs = json.loads(row["meta"]).get("costs") if row["meta"] else None
-    if costs:  # a live run measured its decode steps directly
-        measured_c, c_source = costs["c"], "measured decode steps"
-    elif row["draft_step_ms"] is not None and row["target_ms"]:
-        measured_c, c_source = row["draft_step_ms"] / row["target_ms"], "measured"
-    elif c_declared is not None:
-        measured_c, c_source = c_declared, "declared"
-    c = c_given if c_given is not None else measured_c
-    c_source = "given" if c_given is not None else c_source
-    be_alpha = be_tokens = s_iid = s_measured = None
-    status = "unknown"
-    if c is not None and k:
-        be_alpha_raw = theory.break_even_alpha(k, c)
-        be_alpha = _finite(be_alpha_raw)
-        if alpha_lo is not None and alpha_hi is not None:
-            status = segment_status(alpha_lo, alpha_hi, be_alpha_raw)
-        be_tokens = float(theory.break_even_tokens(k, c))
-        if alpha is not None:
-            s_iid = float(theory.speedup(alpha, k, c))
-    tokens_per_step = 1.0 + accepted / steps if steps else None
-    tokens_lo, tokens_hi = tokens_interval(row, interval.dof)
-    status_model_free = "unknown"
-    if be_tokens is not None and tokens_lo is not None and tokens_hi is not None:
-        # L against 1 + k c, the break-even that assumes nothing about how acceptance varies (docs/math.md)
-        status_model_free = segment_status(tokens_lo, tokens_hi, be_tokens)
-    if c is not None and tokens_per_step is not None:
-        # Model-free: measured tokens per step over the cost of the drafts actually made.
-        s_measured = tokens_per_step / (1.0 + row["mean_g"] * c)
-
-    deff = interval.design_effect if math.isfinite(interval.design_effect) else 1.0
-    pos_out = []
-    for p in positions:
-        cond_lo = cond_hi = None
-        if p["checked"]:
-            # Wilson at the segment's effective sample size and degrees of freedom: the per-request correlation
-            # widens every position.
-            n_eff = p["checked"] / deff
-            cond_lo, cond_hi = stats.wilson_interval(p["accepted"] / p["checked"] * n_eff, n_eff, CONFIDENCE,
-                                                     interval.dof)
-        p_lo, p_hi = p["beta_lo"], p["beta_hi"]
-        pos_out.append({
-            "position": int(p["position"]),
-            "checked": int(p["checked"]),
-            "accepted": int(p["accepted"]),
-            "conditional": p["accepted"] / p["checked"] if p["checked"] else None,
-            "conditional_lo": _finite(cond_lo),
-            "conditional_hi": _finite(cond_hi),
-            "cumulative": p["accepted"] / steps if steps else None,
-            "beta": _finite(p_lo) if p_lo is not None and p_hi is not None and abs(p_hi - p_lo) < 1e-9 else None,
-            "beta_lo": _finite(p_lo),
-            "beta_hi": _finite(p_hi),
-        })
-    return {
-        "run": row["run"],
-        "template": (row["template"] or None) if by != "run" else None,
-        "day": pd.Timestamp(row["bucket"]).date().isoformat() if day_output else None,
-        "bucket_start": pd.Timestamp(row["bucket"]).isoformat() if row["bucket"] is not None else None,
-        "demo": bool(row["demo"]),
-        "k": k,
-        "steps": steps,
-        "requests": int(row["requests"]),
-        "drafted": int(row["drafted"]),
-        "checked": checked,
-        "accepted": accepted,
-        "alpha": alpha,
-        "alpha_lo": alpha_lo,
-        "alpha_hi": alpha_hi,
-        "design_effect": _finite(interval.design_effect),
-        "interval_dof": _finite(interval.dof),
-        "beta": _finite(beta),
-        "beta_lo": _finite(beta_lo),
-        "beta_hi": _finite(beta_hi),
-        "gap_z": gap_z,
-        "agreement": agreement,
-        "tokens_per_step": tokens_per_step,
-        "tokens_per_step_lo": tokens_lo,
-        "tokens_per_step_hi": tokens_hi,
-        "mean_draft_len": _finite(row["mean_g"]),
-        "c": _finite(c),
-        "c_source": c_source,
-        "break_even_alpha": be_alpha,
-        "break_even_tokens": be_tokens,
-        "speedup_iid": s_iid,
-        "speedup_measured": _finite(s_measured),
-        "status": status,
-        "status_model_free": status_model_free,
-        "first_ts": row["first_ts"].isoformat() if row["first_ts"] is not None else None,
-        "last_ts": row["last_ts"].isoformat() if row["last_ts"] is not None else None,
-        "source": "steplog",
-        "costs": costs,
-        "ts_inferred_steps": int(row["ts_inferred"]),
-        "last_ingest": row["last_ingest"].isoformat(),
-        "per_position": pos_out,
-    }
+    c, c_source = _cost(row, c_given, c_declared)
+    return SegmentSummary(
+        run=row["run"],
+        template=(row["template"] or None) if by != "run" else None,
+        day=pd.Timestamp(row["bucket"]).date().isoformat() if day_output else None,
+        bucket_start=pd.Timestamp(row["bucket"]).isoformat() if row["bucket"] is not None else None,
+        demo=bool(row["demo"]), k=k, steps=steps, requests=int(row["requests"]), drafted=int(row["drafted"]),
+        checked=int(row["checked"]), accepted=int(row["accepted"]), alpha=alpha,
+        design_effect=finite(interval.design_effect), interval_dof=finite(interval.dof), beta=_beta(row),
+        gap_z=gap_z, agreement=agreement, tokens_per_step=tokens, mean_draft_len=finite(row["mean_g"]),
+        economics=economics(k, c, c_source, alpha, tokens, finite(row["mean_g"])),
+        first_ts=row["first_ts"].isoformat() if row["first_ts"] is not None else None,
+        last_ts=row["last_ts"].isoformat() if row["last_ts"] is not None else None,
+        source="steplog", costs=_live_costs(row), ts_inferred_steps=int(row["ts_inferred"]),
+        last_ingest=row["last_ingest"].isoformat(), per_position=_positions(positions, steps, interval),
+    )
 
 
 def template_changes(store: Store, run: str | None = None):
-    """When each template first appears in each run (a template change is an event on the timeline)."""
+    """When each template first appears in each run shown (a template change is an event on the timeline)."""
     return store.query_df(
         "SELECT ss.run, ss.template, min(rq.first_ts) AS first_ts FROM rollup_requests rq "
         "JOIN shown_segments ss USING (segment_id) WHERE ? IS NULL OR ss.run = ? GROUP BY 1, 2 ORDER BY 1, 3",

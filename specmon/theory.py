@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from scipy.optimize import brentq
 
+from specmon.settings import THEORY_K_MAX
+
 ArrayLike = float | np.ndarray
 
 # Rows of a dense distribution are summed in blocks of this many rows, so the elementwise minimum never
@@ -36,7 +38,7 @@ def speedup(alpha: ArrayLike, k: ArrayLike, c: ArrayLike) -> ArrayLike:
     return s.item() if s.ndim == 0 else s
 
 
-def best_k(alpha: float, c: float, k_max: int = 8) -> tuple[int, float]:
+def best_k(alpha: float, c: float, k_max: int = THEORY_K_MAX) -> tuple[int, float]:
     """The draft length in 1..k_max with the highest speedup, and that speedup (which may be below 1)."""
     if k_max < 1:
         raise ValueError(f"k_max must be at least 1, got {k_max}")
@@ -132,7 +134,7 @@ def beta_bounds_topk(
         return beta_bounds_from_topk_probs(_probs(p_top), _probs(q_top))
     if len(p_top) != len(q_top):
         raise ValueError(f"p_top and q_top must have the same length, got {len(p_top)} and {len(q_top)}")
-    pairs = [beta_bounds_from_topk_probs(_probs(a), _probs(b)) for a, b in zip(p_top, q_top)]
+    pairs = [beta_bounds_from_topk_probs(_probs(a), _probs(b)) for a, b in zip(p_top, q_top, strict=True)]
     arr = np.array(pairs, dtype=float).reshape(-1, 2)
     return arr[:, 0], arr[:, 1]
 

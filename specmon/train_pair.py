@@ -75,7 +75,7 @@ def copy_windows(text: str, tokenizer: PreTrainedTokenizerFast, count: int, seq:
     starts = torch.randint(0, len(lines) - 10, (count,), generator=gen).tolist()
     sizes = torch.randint(2, 11, (count,), generator=gen).tolist()
     texts = []
-    for start, size in zip(starts, sizes):
+    for start, size in zip(starts, sizes, strict=True):
         block = "".join(lines[start:start + size]) + COPY_SEPARATOR
         texts.append(block * (seq // max(1, len(block) // 8) + 2))  # seq tokens at up to 8 characters a token
     ids = tokenizer(texts, truncation=True, max_length=seq)["input_ids"]

@@ -1,5 +1,6 @@
 """Every dashboard page through Streamlit's AppTest: it renders on the demo data and on an empty database, and the
 numbers it shows are the ones `specmon summary --json` gives for the same database."""
+import json
 import os
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from specmon import lossless, summary, theory
+from specmon.settings import LIVE_DEFAULTS, PROPOSER_LABELS
 from specmon.store import Store
 
 APP = Path(__file__).resolve().parent.parent / "app.py"
@@ -141,9 +143,23 @@ def test_live_page_runs_the_shipped_pair_and_lands_on_its_acceptance(app_db):
         rows = [r for r in summary.summarize(store) if r["run"] == "ui-live"]
     assert len(rows) == 1 and rows[0]["template"] == "copy" and rows[0]["steps"] > 0
     assert rows[0]["c_source"] == "measured decode steps" and rows[0]["c"] == rows[0]["costs"]["c"]
+    with Store(app_db) as store:
+        meta = json.loads(store.query("SELECT meta FROM runs WHERE name = 'ui-live'")[0][0])
+    # the run's meta is the CLI's: the same proposer name and every setting, seed and top-p included
+    assert {k: meta[k] for k in ("proposer", "k", "temperature", "max_new_tokens", "seed", "top_p")} == {
+        "proposer": "ngram", "k": 2, "temperature": 0.0, "max_new_tokens": 8, "seed": LIVE_DEFAULTS.seed,
+        "top_p": None}
     at = open_page("economics_page")
     at.selectbox[0].select("ui-live / copy").run()
     assert any("Measured on this machine (live run)" in m.value for m in at.markdown)
+
+
+def test_live_page_offers_the_cli_defaults(app_db):
+    """The page's form starts at `specmon live`'s defaults (settings.LIVE_DEFAULTS), seed and top-p included."""
+    at = open_page("live_page")
+    assert at.radio[0].value == PROPOSER_LABELS[LIVE_DEFAULTS.proposer]
+    assert [s.value for s in at.slider] == [LIVE_DEFAULTS.k, LIVE_DEFAULTS.temperature, LIVE_DEFAULTS.max_new_tokens]
+    assert [n.value for n in at.number_input] == [LIVE_DEFAULTS.top_p or 1.0, LIVE_DEFAULTS.seed]
 
 
 def test_live_page_cancels_a_run_and_stores_nothing(app_db):

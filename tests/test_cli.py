@@ -1,12 +1,14 @@
 """The CLI as a user meets it: separate processes, exit codes, messages on stderr."""
 import json
 import subprocess
+from dataclasses import replace
 
 import jsonschema
 import orjson
 import pytest
 
-from specmon import demo, resources
+from specmon import cli, demo, resources
+from specmon.settings import LIVE_DEFAULTS
 
 SUMMARY_KEYS = {"run", "template", "k", "steps", "drafted", "checked", "accepted", "alpha", "alpha_lo", "alpha_hi",
                 "beta", "beta_lo", "beta_hi", "tokens_per_step", "c", "break_even_alpha", "break_even_tokens",
@@ -202,3 +204,12 @@ def test_ingest_of_an_empty_file_says_so_and_changes_nothing(tmp_path, specmon_c
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "empty, nothing to ingest; nothing changed" in done.stdout
+
+
+def test_live_defaults_are_the_shared_settings():
+    """`specmon live` starts from settings.LIVE_DEFAULTS, as the Live run page does (tests/test_app.py)."""
+    args = cli.build_parser().parse_args(["live"])
+    assert cli._live_settings(args) == LIVE_DEFAULTS
+    args = cli.build_parser().parse_args(["live", "--ngram", "--k", "3", "--top-p", "0.9", "--seed", "7"])
+    assert cli._live_settings(args) == replace(LIVE_DEFAULTS, ngram=True, k=3, top_p=0.9, seed=7)
+    assert cli._live_settings(args).proposer == "ngram"

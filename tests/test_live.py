@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,10 +19,12 @@ except ImportError:
     pytest.skip("the live-run stack is not installed (pip install -e '.[live]')", allow_module_level=True)
 from specmon import live, resources, stats  # noqa: E402
 from specmon.faults import SpecmonError  # noqa: E402
+from specmon.settings import LiveSettings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET, DRAFT = str(resources.TARGET_MODEL), str(resources.DRAFT_MODEL)
 PROMPTS = [str(resources.PROMPTS / "copy.jsonl"), str(resources.PROMPTS / "open.jsonl")]
+GREEDY = LiveSettings(k=4, max_new_tokens=48, temperature=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -62,19 +65,17 @@ def test_greedy_speculative_decoding_equals_the_target_alone(pair, proposer):
     use = pair if proposer == "draft" else live.Pair(pair.target, None, pair.tokenizer, "ngram")
     for path in PROMPTS:
         for prompt in live.read_prompts(path):
-            spec = [t for r in live.generate(use, prompt, k=4, max_new_tokens=48, temperature=0,
-                                             ngram=live.NgramProposer() if proposer == "ngram" else None)
-                    for t in r["emitted_tokens"]]
+            spec = [t for step in live.generate(use, prompt, GREEDY) for t in step.record["emitted_tokens"]]
             assert spec == live.target_decode(pair, prompt, 48), prompt
 
 
 def test_sampled_tokens_follow_the_target(pair):
     pit = []
     for i, prompt in enumerate(live.read_prompts(PROMPTS[0]) + live.read_prompts(PROMPTS[1])):
-        for _ in live.generate(pair, prompt, k=4, max_new_tokens=48, temperature=1.0, seed=i, pit=pit):
-            pass
-    below, mass = (np.array(x) for x in zip(*pit))
-    u = np.clip(below + np.random.default_rng(0).random(len(below)) * mass, 0, 1)
+        for step in live.generate(pair, prompt, replace(GREEDY, temperature=1.0, seed=i)):
+            pit += step.pit
+    below, mass = np.array(pit).T
+    u = stats.randomized_pit_of(below, mass, np.random.default_rng(0))
     assert len(u) > 500 and stats.uniformity_ks(u).pvalue > 0.001
     # the test has power: the draft's distribution is not the target's
     assert stats.uniformity_ks(np.random.default_rng(1).random(len(u)) ** 1.3).pvalue < 0.001

@@ -18,7 +18,7 @@ import pytest
 from specmon import demo, lossless, resources, summary, watch
 from specmon import store as store_mod
 from specmon.ingest import ingest_file
-from specmon.segments import BUCKETS
+from specmon.settings import BUCKETS
 from specmon.store import Store
 
 _EXACT = "DECIMAL(38, 12)"
@@ -99,7 +99,7 @@ def oracle(store: Store, by: str = "template", *, run: str | None = None, bucket
         positions.setdefault((rec["run"], rec["template"], rec["bucket"]), []).append(rec)
     declared = summary.declared_costs(store)
     return [summary._segment(row, positions.get((row["run"], row["template"], row["bucket"]), []), None, by,
-                             day_output, declared.get(row["run"]))
+                             day_output, declared.get(row["run"])).to_dict()
             for row in map(summary._clean, step_rows)]
 
 
@@ -111,7 +111,7 @@ def assert_same(got, want, where: str = "") -> None:
             assert_same(got[key], want[key], f"{where}.{key}")
     elif isinstance(want, list):
         assert isinstance(got, list) and len(got) == len(want), f"{where}: {len(got)} rows, want {len(want)}"
-        for i, (g, w) in enumerate(zip(got, want)):
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
             assert_same(g, w, f"{where}[{i}]")
     elif isinstance(want, float) and isinstance(got, float):
         assert math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12), f"{where}: {got!r} != {want!r}"

@@ -393,14 +393,15 @@ class EngineLogReader:
         if calls is None or len(found) < len(searched):
             return True  # an older statistics line without the request count: nothing to learn from it
         begins = count("#calls(b,g,a)", calls.group(1))
-        totals = [count(key, f.group(1)) for key, f in zip(("#gen drafts", "#gen tokens", "#acc tokens"), found)]
+        totals = [count(key, f.group(1))
+                  for key, f in zip(("#gen drafts", "#gen tokens", "#acc tokens"), found, strict=True)]
         key = f"{self._slot}/{m.group(1)}"
         prev = self._stats.get(key)
         self._stats[key] = [begins] + totals
         if begins == 1:
             increment = totals
-        elif prev is not None and begins == prev[0] + 1 and all(t >= p for t, p in zip(totals, prev[1:])):
-            increment = [t - p for t, p in zip(totals, prev[1:])]
+        elif prev is not None and begins == prev[0] + 1 and all(t >= p for t, p in zip(totals, prev[1:], strict=True)):
+            increment = [t - p for t, p in zip(totals, prev[1:], strict=True)]
         else:
             increment = None  # requests of this drafter were not all in this log
         if self._pending is not None:

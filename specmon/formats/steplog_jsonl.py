@@ -73,7 +73,7 @@ class _StepBatch:
             local_step, template, s.request_id, ts, inferred, s.k, g, s.accepted, checked,
             s.temperature, s.target_ms, s.draft_ms, lo_sum, hi_sum, s.emitted_tokens, s.pit_below, s.pit_mass,
             s.extra,
-        )):
+        ), strict=True):
             self.steps[col].append(value)
         if not g:
             return

@@ -5,8 +5,8 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from specmon.segments import BUCKETS
-from specmon.summary import GAP_Z_LIMIT
+from specmon import display
+from specmon.settings import BUCKETS, GAP_Z_LIMIT
 from specmon.ui import data
 from specmon.ui.widgets import EMPTY, demo_banner, fmt, guarded, md_text, pick_segment
 
@@ -96,9 +96,8 @@ def render() -> None:
     seg = pick_segment(rows, key="acceptance_segment")
     c1, c2, c3, c4 = st.columns(4)
     c1.metric("alpha (per token)", fmt(seg["alpha"]), help="accepted / checked draft positions")
-    c1.caption(f"95% CI {fmt(seg['alpha_lo'])} – {fmt(seg['alpha_hi'])}")
-    beta = fmt(seg["beta"]) if seg["beta"] is not None else (
-        f"{fmt(seg['beta_lo'])} – {fmt(seg['beta_hi'])}" if seg["beta_lo"] is not None else "not logged")
+    c1.caption(f"95% CI {display.interval(seg['alpha_lo'], seg['alpha_hi'], style=display.PAGE)}")
+    beta = display.beta(seg["beta"], seg["beta_lo"], seg["beta_hi"], display.PAGE, missing="not logged")
     c2.metric("predicted beta", beta, help="mean of Σ min(p, q) over checked positions; an interval for top-k logs")
     c3.metric("tokens per step L", fmt(seg["tokens_per_step"], ".2f"), help="1 + mean accepted prefix")
     c4.metric("steps", f"{seg['steps']:,}",

@@ -5,7 +5,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from specmon.segments import BUCKETS
+from specmon.settings import BUCKETS
 from specmon.ui import data
 from specmon.ui.widgets import EMPTY, STATUS_BADGE, STATUS_COLOURS, demo_banner, guarded, md_text
 
@@ -103,7 +103,7 @@ def render() -> None:
         st.success("No drift alarm in this run.")
     for ch in result.changes:
         label = "Annotated rollout" if ch.source == "annotation" else "Template change"
-        (st.error if ch.comparison.verdict == "hurt" or ch.below_break_even else st.info)(
+        (st.error if ch.hurt else st.info)(
             f"**{label}.** {md_text(ch.describe())}")
     marks = pd.DataFrame([{"change_ts": a.change_ts, "change_lo_ts": a.change_lo_ts, "change_hi_ts": a.change_hi_ts,
                            "alarm_ts": a.alarm_ts, "alarms": a.alarms} for a in result.alarms],

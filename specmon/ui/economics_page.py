@@ -6,6 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from specmon import economics
+from specmon.settings import DEFAULT_K, EXAMPLE_C, REFERENCE_KS, SURFACE_K_MAX
 from specmon.ui import data
 from specmon.ui.widgets import demo_banner, fmt, guarded, pick_segment
 
@@ -60,12 +61,12 @@ def render() -> None:
     if rows:
         demo_banner(rows)
         seg = pick_segment(rows, key="economics_segment")
-    seg_c = seg["c"] if seg and seg["c"] is not None else 0.10
-    seg_k = seg["k"] if seg and seg["k"] else 4
+    seg_c = seg["c"] if seg and seg["c"] is not None else EXAMPLE_C
+    seg_k = seg["k"] if seg and seg["k"] else DEFAULT_K
     left, right = st.columns(2)
     c = left.slider("draft cost c", 0.0, 1.0, float(round(seg_c, 2)), 0.01, key="economics_c",
                     help="defaults to the segment's measured c")
-    k = right.slider("draft length k", 1, 12, int(min(seg_k, 12)), key="economics_k")
+    k = right.slider("draft length k", 1, SURFACE_K_MAX, int(min(seg_k, SURFACE_K_MAX)), key="economics_k")
 
     a, b = st.columns(2)
     a.markdown(f"**Speedup over (alpha, k) at c = {c:.2f}**")
@@ -74,7 +75,7 @@ def render() -> None:
     b.altair_chart(_heatmap(economics.surface_alpha_c(k), "c", "draft cost c"), width="stretch")
 
     st.markdown("**Break-even alpha\\*(c)**: above its curve, a draft length pays for itself")
-    ks = tuple(sorted(set(economics.REFERENCE_KS) | {k}))
+    ks = tuple(sorted(set(REFERENCE_KS) | {k}))
     point = (pd.DataFrame([{"c": c, "alpha": seg["alpha"], "label": "your segment"}])
              if seg is not None and seg["alpha"] is not None else None)
     st.altair_chart(_break_even_chart(economics.break_even_curves(ks), point), width="stretch")

@@ -8,14 +8,14 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import streamlit as st
 
 from specmon.faults import SpecmonError
 from specmon.resources import DRAFT_MODEL, PROMPT_SETS, PROMPTS, TARGET_MODEL, UI
+from specmon.settings import LIVE_DEFAULTS, PROPOSER_LABELS, PROPOSER_NGRAM, LiveSettings
 from specmon.store import Store
 from specmon.ui import data
 from specmon.ui.widgets import guarded, md_text, segment_label
@@ -31,11 +31,14 @@ class _Cancelled(Exception):
 @dataclass
 class _Job:
     """One live run and what the page shows of it. Only the run's thread writes the fields; the page reads them."""
-    settings: dict[str, Any]
+    settings: LiveSettings
+    target: str
+    draft: str
+    prompt_set: str
+    run: str | None = None  # the name asked for (empty: the default), then the name stored
     stage: str = "loading the models"
     done: int = 0
     total: int = 0
-    run: str | None = None
     template: str | None = None
     summary: str | None = None  # set when the run is stored
     error: str | None = None
@@ -55,14 +58,14 @@ def _pair(target: str, draft: str | None):
 
 
 def _work(job: _Job, store: Store) -> None:
-    s = job.settings
+    settings = job.settings
     try:
         from specmon import live
 
-        pair = _pair(s["target"], None if s["ngram"] else s["draft"])
-        prompts = live.read_prompts(str(PROMPTS / s["prompt_set"]))
-        job.template = Path(s["prompt_set"]).stem
-        job.run = s["run_name"] or f"live {pair.name} k={s['k']} T={s['temperature']:g}"
+        pair = _pair(job.target, None if settings.ngram else job.draft)
+        prompts = live.read_prompts(str(PROMPTS / job.prompt_set))
+        job.template = Path(job.prompt_set).stem
+        job.run = job.run or live.run_name(pair, settings)
         job.stage, job.total = "running", len(prompts)
 
         def progress(n: int, total: int) -> None:
@@ -70,12 +73,9 @@ def _work(job: _Job, store: Store) -> None:
             if job.cancel.is_set():
                 raise _Cancelled
 
-        meta = {"target": s["target"], "draft": None if s["ngram"] else s["draft"], "proposer": s["proposer"],
-                "k": s["k"], "temperature": s["temperature"], "prompts": s["prompt_set"],
-                "max_new_tokens": s["max_new"]}
-        done = live.record_run(store, pair, prompts, run=job.run, template=job.template, meta=meta,
-                               progress=progress, k=s["k"], max_new_tokens=s["max_new"],
-                               temperature=s["temperature"], ngram=live.NgramProposer() if s["ngram"] else None)
+        done = live.record_run(store, pair, prompts, settings, run=job.run, template=job.template,
+                               meta=live.run_meta(settings, job.target, job.draft, job.prompt_set),
+                               progress=progress)
         job.summary = (f"Stored run **{md_text(job.run)}**: {done.steps} steps, {done.tokens} tokens in "
                        f"{done.seconds:.1f} s.")
     except _Cancelled:
@@ -87,8 +87,7 @@ def _work(job: _Job, store: Store) -> None:
         job.error = "The run failed. The server log has the details; nothing was stored."
 
 
-def _start(settings: dict[str, Any]) -> None:
-    job = _Job(settings)
+def _start(job: _Job) -> None:
     job.thread = threading.Thread(target=_work, args=(job, data.get_store()), name="specmon-live", daemon=True)
     st.session_state[_JOB] = job
     job.thread.start()
@@ -131,20 +130,27 @@ def render() -> None:
     with st.form("live"):
         c1, c2 = st.columns(2)
         target = c1.text_input("Target model", value=str(TARGET_MODEL), help="a local directory or a hub name")
-        proposer = c2.radio("Proposer", ["draft model", "n-gram prompt lookup"], horizontal=True)
+        labels = list(PROPOSER_LABELS.values())
+        proposer = c2.radio("Proposer", labels, index=labels.index(PROPOSER_LABELS[LIVE_DEFAULTS.proposer]),
+                            horizontal=True)
         draft = c2.text_input("Draft model", value=str(DRAFT_MODEL), help="ignored for n-gram lookup")
         prompt_files = [f"{name}.jsonl" for name in PROMPT_SETS]
         prompt_set = c1.selectbox("Prompt set", prompt_files, help="copy.jsonl: repeat or edit a given text; "
                                                                     "open.jsonl: open-ended code")
-        k = st.slider("draft length k", 1, 8, 4)
-        temperature = st.slider("temperature (0 = greedy)", 0.0, 1.5, 0.7, 0.05)
-        max_new = st.slider("new tokens per prompt", 8, 128, 48, 8)
+        k = st.slider("draft length k", 1, 8, LIVE_DEFAULTS.k)
+        temperature = st.slider("temperature (0 = greedy)", 0.0, 1.5, LIVE_DEFAULTS.temperature, 0.05)
+        max_new = st.slider("new tokens per prompt", 8, 128, LIVE_DEFAULTS.max_new_tokens, 8)
+        c3, c4 = st.columns(2)
+        top_p = c3.number_input("top-p (nucleus sampling on both sides; 1 = off)", 0.05, 1.0,
+                                LIVE_DEFAULTS.top_p or 1.0, 0.05)
+        seed = c4.number_input("seed", 0, 2**31 - 1, LIVE_DEFAULTS.seed)
         run_name = st.text_input("Run name", placeholder="default: from the pair, k and temperature")
         submitted = st.form_submit_button("Run", type="primary")
     if submitted:
-        _start({"target": target, "draft": draft, "proposer": proposer, "ngram": proposer != "draft model",
-                "prompt_set": prompt_set, "k": k, "temperature": temperature, "max_new": max_new,
-                "run_name": run_name})
+        ngram = proposer == PROPOSER_LABELS[PROPOSER_NGRAM]
+        settings = replace(LIVE_DEFAULTS, k=k, temperature=temperature, max_new_tokens=max_new,
+                           top_p=None if top_p >= 1 else top_p, seed=int(seed), ngram=ngram)
+        _start(_Job(settings, target, draft, prompt_set, run_name or None))
         st.rerun()
 
 

@@ -6,6 +6,8 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from specmon import lossless
+from specmon.settings import KS_LEVEL
 from specmon.summary import demo_only
 from specmon.ui import data
 from specmon.ui.widgets import DEMO_NOTICE, guarded
@@ -44,12 +46,14 @@ def render() -> None:
     run, template, _ = segments[labels.index(st.selectbox("Segment", labels, key="lossless_segment"))]
     pit, fixed = data.lossless_checks(run, template)
     st.subheader("Randomized PIT")
-    verdict = "consistent with lossless" if pit.ks.pvalue >= 0.01 else "NOT consistent with lossless: check the sampler"
+    verdict = ("consistent with lossless" if lossless.consistent(pit.ks)
+               else "NOT consistent with lossless: check the sampler")
     c1, c2, c3 = st.columns(3)
     c1.metric("tokens tested", f"{pit.tokens:,}")
     c2.metric("KS statistic", f"{pit.ks.statistic:.4f}")
-    c3.metric("KS p-value", f"{pit.ks.pvalue:.3g}", help="below 0.01: the emitted tokens do not follow the logged p")
-    st.markdown(f"**Verdict:** {verdict} (KS test against U(0, 1), 1% level).")
+    c3.metric("KS p-value", f"{pit.ks.pvalue:.3g}",
+              help=f"below {KS_LEVEL:g}: the emitted tokens do not follow the logged p")
+    st.markdown(f"**Verdict:** {verdict} (KS test against U(0, 1), {KS_LEVEL:.0%} level).")
     st.altair_chart(pit_histogram(pit.u), width="stretch")
     st.caption(f"{PIT_BINS} bins; dashed line: the count every bin expects under losslessness.")
     st.subheader("Fixed target distribution")

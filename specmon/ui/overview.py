@@ -5,6 +5,8 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
+from specmon import display
+from specmon.segments import is_problem
 from specmon.ui import data
 from specmon.ui.widgets import EMPTY, STATUS_BADGE, STATUS_COLOURS, demo_banner, fmt, guarded, md_text, segment_label
 
@@ -16,9 +18,8 @@ def segments_frame(rows: list[dict]) -> pd.DataFrame:
         "template": r["template"] or "(no template)",
         "status": STATUS_BADGE[r["status"]],
         "alpha": r["alpha"],
-        "alpha 95% CI": f"{r['alpha_lo']:.3f} – {r['alpha_hi']:.3f}" if r["alpha_lo"] is not None else "",
-        "predicted beta": (f"{r['beta']:.3f}" if r["beta"] is not None else
-                           f"{r['beta_lo']:.3f} – {r['beta_hi']:.3f}" if r["beta_lo"] is not None else "not logged"),
+        "alpha 95% CI": display.interval(r["alpha_lo"], r["alpha_hi"], style=display.PAGE, missing=""),
+        "predicted beta": display.beta(r["beta"], r["beta_lo"], r["beta_hi"], display.PAGE, missing="not logged"),
         "tokens/step L": r["tokens_per_step"],
         "k": r["k"],
         "c": r["c"],
@@ -57,7 +58,7 @@ def render() -> None:
         st.info(EMPTY)
         return
     demo_banner(rows)
-    losing = [r for r in rows if r["status"] in ("losing", "at risk")]
+    losing = [r for r in rows if is_problem(r["status"])]
     cols = st.columns(3)
     cols[0].metric("segments", len(rows))
     cols[1].metric("losing or at risk", len(losing))

@@ -6,9 +6,11 @@ import tempfile
 
 import pandas as pd
 import streamlit as st
+from streamlit.runtime.uploaded_file_manager import UploadedFile
 
 from specmon.faults import SpecmonError
 from specmon.ingest import ingest_stream
+from specmon.store import Store
 from specmon.ui import data
 from specmon.ui.widgets import guarded, md_text
 
@@ -28,6 +30,39 @@ def result_message(result) -> tuple[str, str]:
     if result.rejected:
         text += f" {result.rejected:,} rows were rejected (listed below)."
     return "success", text
+
+
+def _ingest_upload(store: Store, upload: UploadedFile, run: str | None, template: str | None,
+                   skip_bad: bool) -> None:
+    """One uploaded file through the ingest, with its progress bar, its verdict, and its rejected rows."""
+    label = md_text(upload.name)
+    bar = st.progress(0.0, text=f"{label}: reading")
+
+    def progress(done: int, total: int) -> None:
+        bar.progress(min(done / total, 1.0) if total else 1.0, text=f"{label}: {done / 2**20:.1f} MB")
+
+    with tempfile.TemporaryDirectory(prefix="specmon-report-") as tmp:
+        report_path = os.path.join(tmp, "rejected.jsonl")
+        try:
+            result = ingest_stream(store, upload, upload.name, run=run, template=template, skip_bad=skip_bad,
+                                   report_path=report_path, progress=progress)
+        except SpecmonError as exc:  # e.g. a run name that belongs to the demo: said as the CLI says it
+            bar.progress(1.0, text=f"{label}: not stored")
+            st.error(md_text(str(exc)))
+            return
+        report = open(report_path, "rb").read() if result.report_path else None
+    bar.progress(1.0, text=f"{label}: done")
+    level, text = result_message(result)
+    getattr(st, level)(text)
+    for note in result.notes:
+        st.caption(f"{label}: {md_text(note)}")
+    if result.faults:
+        st.dataframe(pd.DataFrame([f.as_dict() for f in result.faults]), hide_index=True, width="stretch")
+        if result.fault_count > len(result.faults):
+            st.caption(f"… and {result.fault_count - len(result.faults)} more.")
+    if report:
+        st.download_button(f"Rejected rows of {label} (JSON Lines)", report,
+                           file_name=f"{upload.name}.rejected.jsonl", key=f"report-{upload.name}")
 
 
 @guarded
@@ -52,34 +87,7 @@ def render() -> None:
     if submitted and files:
         store = data.get_store()
         for upload in files:
-            label = md_text(upload.name)
-            bar = st.progress(0.0, text=f"{label}: reading")
-
-            def progress(done: int, total: int, bar=bar, name=label) -> None:
-                bar.progress(min(done / total, 1.0) if total else 1.0, text=f"{name}: {done / 2**20:.1f} MB")
-
-            with tempfile.TemporaryDirectory(prefix="specmon-report-") as tmp:
-                report_path = os.path.join(tmp, "rejected.jsonl")
-                try:
-                    result = ingest_stream(store, upload, upload.name, run=run or None, template=template or None,
-                                           skip_bad=skip_bad, report_path=report_path, progress=progress)
-                except SpecmonError as exc:  # e.g. a run name that belongs to the demo: said as the CLI says it
-                    bar.progress(1.0, text=f"{label}: not stored")
-                    st.error(md_text(str(exc)))
-                    continue
-                report = open(report_path, "rb").read() if result.report_path else None
-            bar.progress(1.0, text=f"{label}: done")
-            level, text = result_message(result)
-            getattr(st, level)(text)
-            for note in result.notes:
-                st.caption(f"{label}: {md_text(note)}")
-            if result.faults:
-                st.dataframe(pd.DataFrame([f.as_dict() for f in result.faults]), hide_index=True, width="stretch")
-                if result.fault_count > len(result.faults):
-                    st.caption(f"… and {result.fault_count - len(result.faults)} more.")
-            if report:
-                st.download_button(f"Rejected rows of {label} (JSON Lines)", report,
-                                   file_name=f"{upload.name}.rejected.jsonl", key=f"report-{upload.name}")
+            _ingest_upload(store, upload, run or None, template or None, skip_bad)
     st.subheader("Past ingests")
     history = data.ingest_history()
     if history.empty:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import streamlit as st
 
+from specmon import display
 from specmon.text import markdown_literal
 
 log = logging.getLogger("specmon.ui")
@@ -62,5 +63,5 @@ def pick_segment(rows: list[dict], key: str) -> dict:
     return rows[labels.index(choice)]
 
 
-def fmt(x: float | None, spec: str = ".3f", none: str = "—") -> str:
-    return none if x is None else format(x, spec)
+def fmt(x: float | None, spec: str = ".3f") -> str:
+    return display.number(x, spec, display.PAGE)

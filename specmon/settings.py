@@ -1,0 +1,51 @@
+"""Statistical levels and defaults, defined once; the CLI, the pages and the summaries import them from here.
+
+Pure constants and one settings dataclass: no I/O, nothing imported from the rest of specmon. drift.py keeps its
+detector's own tuning (false-alarm rate, reference sizes, change-verdict level) beside the detector.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Every interval specmon reports (alpha, beta, L, per-position rates) is a two-sided 95% interval.
+CONFIDENCE = 0.95
+# |z| above this says observed and predicted acceptance differ beyond sampling noise (two-sided p ~ 0.003).
+GAP_Z_LIMIT = 3.0
+# The level of the losslessness KS tests (`specmon verify`, the Losslessness page): p below it fails.
+KS_LEVEL = 0.01
+# Time buckets for timelines: name -> interval (a fixed list, so no user text reaches the SQL).
+BUCKETS = {"hour": "1 hour", "6 hours": "6 hours", "day": "1 day", "week": "7 days"}
+# Largest draft length `specmon theory` tabulates and a live run's cost measurement times (verification passes of
+# up to k + 1 tokens); the Economics page's surfaces and its best k reach further, as its k slider does.
+THEORY_K_MAX = 8
+SURFACE_K_MAX = 12
+# Draft lengths the break-even curves always show beside the segment's own.
+REFERENCE_KS = (2, 4, 8)
+# Where a segment has no k or no c of its own, the Economics page starts from these.
+DEFAULT_K = 4
+EXAMPLE_C = 0.10
+
+
+@dataclass(frozen=True)
+class LiveSettings:
+    """How a live run decodes: one set of defaults for `specmon live` and the Live run page."""
+    k: int = DEFAULT_K
+    max_new_tokens: int = 64
+    temperature: float = 0.7
+    top_p: float | None = None
+    seed: int = 0
+    ngram: bool = False  # propose by n-gram prompt lookup instead of a draft model
+    ngram_min: int = 1
+    ngram_max: int = 3
+
+    @property
+    def proposer(self) -> str:
+        """The proposer's name as stored in a run's meta and shown on the pages."""
+        return PROPOSER_NGRAM if self.ngram else PROPOSER_DRAFT
+
+
+PROPOSER_DRAFT = "draft model"
+PROPOSER_NGRAM = "ngram"
+# How the pages and help texts call the proposers.
+PROPOSER_LABELS = {PROPOSER_DRAFT: "draft model", PROPOSER_NGRAM: "n-gram prompt lookup"}
+LIVE_DEFAULTS = LiveSettings()
