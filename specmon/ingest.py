@@ -153,19 +153,25 @@ def _publish(store: Store, reader, job: Job, result: IngestResult, sha: str, *, 
                                source_format=job.fmt, run_id=run_id)
         reader.publish(cur, run_id, ingest_id)
         refresh_rollups(cur, ingest_id)
-        _fill(result, job)
-        if job.no_time:
-            what = "steps had no ts" if module.SOURCE == "steplog" else "windows had no time of their own"
-            result.notes.append(f"{job.no_time} {what}; the ingest time {job.ingest_time:%Y-%m-%d %H:%M:%S} UTC "
-                                "was used")
-        cur.execute(
-            "UPDATE ingests SET rows_read = ?, steps = ?, positions = ?, rejected = ?, notes = ? WHERE ingest_id = ?",
-            [result.rows_read, result.steps, result.positions, result.rejected, "; ".join(result.notes) or None,
-             ingest_id],
-        )
+        _record_counts(cur, result, job, ingest_id, module.SOURCE)
         if in_transaction:
             in_transaction(cur, result)
     return result
+
+
+def _record_counts(cur: duckdb.DuckDBPyConnection, result: IngestResult, job: Job, ingest_id: int,
+                   source: str) -> None:
+    """Copy the reader's counts and notes into the result and onto the ingest's row."""
+    _fill(result, job)
+    if job.no_time:
+        what = "steps had no ts" if source == "steplog" else "windows had no time of their own"
+        result.notes.append(f"{job.no_time} {what}; the ingest time {job.ingest_time:%Y-%m-%d %H:%M:%S} UTC "
+                            "was used")
+    cur.execute(
+        "UPDATE ingests SET rows_read = ?, steps = ?, positions = ?, rejected = ?, notes = ? WHERE ingest_id = ?",
+        [result.rows_read, result.steps, result.positions, result.rejected, "; ".join(result.notes) or None,
+         ingest_id],
+    )
 
 
 def _fill(result: IngestResult, job: Job) -> None:
