@@ -194,6 +194,19 @@ def parse_query_range(body: bytes, where: str, metric: str) -> list[Sample]:
     """The samples of a query_range answer, every part of its shape checked: a status of success, data with
     resultType matrix, and per series a metric object of strings and values as [time, "number"] pairs. Counter
     values must be finite and not negative. Anything else is a SpecmonError naming the part that is wrong."""
+    counter = metric not in GAUGES
+    samples = []
+    for i, series in enumerate(_matrix(body, where)):
+        at = f"data.result[{i}]"
+        labels, values = _series(series, where, at)
+        for j, pair in enumerate(values):
+            when, value = _sample(pair, where, f"{at}.values[{j}]", counter)
+            samples.append(Sample(metric, labels, when, value))
+    return samples
+
+
+def _matrix(body: bytes, where: str) -> list:
+    """data.result of a successful query_range answer whose resultType is matrix."""
     try:
         reply = json.loads(body)
     except ValueError as exc:
@@ -211,40 +224,42 @@ def parse_query_range(body: bytes, where: str, metric: str) -> list[Sample]:
     result = data.get("result")
     if not isinstance(result, list):
         raise _shape_error(where, "data.result is not a list")
-    counter = metric not in GAUGES
-    samples = []
-    for i, series in enumerate(result):
-        at = f"data.result[{i}]"
-        if not isinstance(series, dict):
-            raise _shape_error(where, f"{at} is not an object")
-        labels = series.get("metric", {})
-        if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
-            raise _shape_error(where, f"{at}.metric is not an object of strings")
-        values = series.get("values")
-        if not isinstance(values, list):
-            raise _shape_error(where, f"{at} has no 'values' list")
-        labels = {k: v for k, v in labels.items() if k != "__name__"}
-        for j, pair in enumerate(values):
-            here = f"{at}.values[{j}]"
-            if not (isinstance(pair, list) and len(pair) == 2):
-                raise _shape_error(where, f"{here} is not a [time, value] pair")
-            ts, text = pair
-            if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
-                raise _shape_error(where, f"{here}: time {ts!r} is not a number")
-            try:
-                when = datetime.fromtimestamp(ts, tz=timezone.utc).replace(tzinfo=None)
-            except (OverflowError, OSError, ValueError):
-                raise _shape_error(where, f"{here}: time {ts!r} is out of range") from None
-            try:
-                value = float(text) if isinstance(text, str) else None
-            except ValueError:
-                value = None
-            if value is None or not math.isfinite(value):
-                raise _shape_error(where, f"{here}: value {text!r} is not a finite number in a string")
-            if counter and value < 0:
-                raise _shape_error(where, f"{here}: counter value {text} is negative; a counter only counts up")
-            samples.append(Sample(metric, labels, when, value))
-    return samples
+    return result
+
+
+def _series(series: object, where: str, at: str) -> tuple[dict[str, str], list]:
+    """A series' labels (without __name__) and its values list."""
+    if not isinstance(series, dict):
+        raise _shape_error(where, f"{at} is not an object")
+    labels = series.get("metric", {})
+    if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+        raise _shape_error(where, f"{at}.metric is not an object of strings")
+    values = series.get("values")
+    if not isinstance(values, list):
+        raise _shape_error(where, f"{at} has no 'values' list")
+    return {k: v for k, v in labels.items() if k != "__name__"}, values
+
+
+def _sample(pair: object, where: str, here: str, counter: bool) -> tuple[datetime, float]:
+    """One [time, "number"] pair as a naive UTC time and a finite value (not negative for a counter)."""
+    if not (isinstance(pair, list) and len(pair) == 2):
+        raise _shape_error(where, f"{here} is not a [time, value] pair")
+    ts, text = pair
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
+        raise _shape_error(where, f"{here}: time {ts!r} is not a number")
+    try:
+        when = datetime.fromtimestamp(ts, tz=timezone.utc).replace(tzinfo=None)
+    except (OverflowError, OSError, ValueError):
+        raise _shape_error(where, f"{here}: time {ts!r} is out of range") from None
+    try:
+        value = float(text) if isinstance(text, str) else None
+    except ValueError:
+        value = None
+    if value is None or not math.isfinite(value):
+        raise _shape_error(where, f"{here}: value {text!r} is not a finite number in a string")
+    if counter and value < 0:
+        raise _shape_error(where, f"{here}: counter value {text} is negative; a counter only counts up")
+    return when, value
 
 
 def query_range(url: str, metric: str, start: datetime, end: datetime, step_s: float,
