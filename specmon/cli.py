@@ -791,7 +791,8 @@ def _on_signal(signum: int, frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, _on_signal)
+        if signal.getsignal(signum) is not signal.SIG_IGN:  # a background job of a script ignores SIGINT: keep that
+            signal.signal(signum, _on_signal)
     try:
         return args.func(args)
     except SpecmonError as exc:

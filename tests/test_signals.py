@@ -23,6 +23,12 @@ LINE = b'{"request_id": "a", "draft_tokens": [1, 2], "accepted": 1}\n'
 
 
 
+def as_from_a_terminal() -> None:
+    """Run in the child before exec: SIGINT as a terminal's Ctrl-C delivers it, even when the test run itself was
+    started in the background (which makes its children ignore SIGINT)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def spools(folder: Path) -> list[Path]:
     return sorted(folder.glob(f"{ingest.SPOOL_PREFIX}*"))
 
@@ -33,7 +39,7 @@ def start_ingest(specmon_cmd, tmp_path):
     folder.mkdir(exist_ok=True)
     proc = subprocess.Popen([*specmon_cmd, "ingest", "--db", str(tmp_path / "s.duckdb"), "-"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "TMPDIR": str(folder)})
+                            env={**os.environ, "TMPDIR": str(folder)}, preexec_fn=as_from_a_terminal)
     proc.stdin.write(LINE * 1000)
     proc.stdin.flush()
     until(lambda: spools(folder), what="the spooled copy")
@@ -113,7 +119,7 @@ def port_free(port: int) -> bool:
 def start_serve(specmon_cmd, tmp_path):
     port = free_port()
     proc = subprocess.Popen([*specmon_cmd, "serve", "--db", str(tmp_path / "serve.duckdb"), "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=as_from_a_terminal)
 
     def healthy():
         try:
@@ -158,7 +164,8 @@ def test_a_signal_during_a_duckdb_query_ends_cleanly(specmon_cmd, tmp_path, sig,
         f"COPY (SELECT 'r' || (i // 200) AS request_id, i // 4 AS step, (i % 4) + 1 AS position, i % 997 AS draft_token,"
         f" (i % 4) < 2 AS accepted FROM range(6000000) t(i)) TO '{big}' (HEADER)")
     db = tmp_path / "s.duckdb"
-    proc = subprocess.Popen([*specmon_cmd, "ingest", "--db", str(db), str(big)], stderr=subprocess.PIPE)
+    proc = subprocess.Popen([*specmon_cmd, "ingest", "--db", str(db), str(big)], stderr=subprocess.PIPE,
+                            preexec_fn=as_from_a_terminal)
     until(lambda: db.exists(), what="the database")
     time.sleep(1.5)  # the load is under way in DuckDB by now
     assert proc.poll() is None, "the load ended before the signal; make the file larger"
