@@ -181,9 +181,28 @@ def _topk_rows(obj: dict, field: str, rows_allowed: tuple[int, ...], tol: float)
 
 
 def parse_step(obj: object, sum_tol: float = DEFAULT_SUM_TOLERANCE) -> Step:
-    """Validate one decoded step-log object. Raises RowFault(field, reason) at the first fault."""
+    """Validate one decoded step-log object. Raises RowFault(field, reason) at the first fault.
+
+    The fields are checked in a fixed order (the required ones, the step's metadata, the dense distributions, the
+    beta field, the top-k logprobs, the emitted tokens, the unknown fields), so a line with several faults always
+    reports the same one."""
     if type(obj) is not dict:
         raise RowFault("", f"expected a JSON object per line, got {_type_name(obj)}")
+    step = _required(obj)
+    _read_metadata(obj, step)
+    p_dense, q_dense = _dense_pair(obj, step.draft_tokens, sum_tol)
+    _apply_dense(step, p_dense, q_dense)
+    if step.beta_lo is None:
+        _read_beta_field(obj, step)
+    _apply_topk(obj, step, sum_tol)
+    if obj.get("emitted_tokens") is not None:
+        _read_emitted(obj, step, p_dense)
+    step.extra = _unknown_fields(obj)
+    return step
+
+
+def _required(obj: dict) -> Step:
+    """The three fields every step has: request_id, draft_tokens and accepted (0..g)."""
     for field in ("request_id", "draft_tokens", "accepted"):
         if field not in obj:
             raise RowFault(field, "required field is missing")
@@ -197,8 +216,11 @@ def parse_step(obj: object, sum_tol: float = DEFAULT_SUM_TOLERANCE) -> Step:
         raise RowFault("accepted", f"expected an integer, got {_type_name(accepted)} {accepted!r}")
     if not 0 <= accepted <= g:
         raise RowFault("accepted", f"{accepted} is outside 0..g (g = {g}, the length of draft_tokens)")
-    step = Step(request_id, draft, accepted)
+    return Step(request_id, draft, accepted)
 
+
+def _read_metadata(obj: dict, step: Step) -> None:
+    """ts, template, k and the sampling temperature and timings, each optional."""
     if obj.get("ts") is not None:
         step.ts = parse_ts(obj["ts"])
     template = obj.get("template")
@@ -210,52 +232,75 @@ def parse_step(obj: object, sum_tol: float = DEFAULT_SUM_TOLERANCE) -> Step:
     if k is not None:
         if not _is_int(k) or not 1 <= k <= MAX_DRAFT_LEN:
             raise RowFault("k", f"expected an integer from 1 to {MAX_DRAFT_LEN}, got {str(k)[:40]}")
-        if g > k:
-            raise RowFault("k", f"k = {k} but {g} tokens were drafted")
+        if step.g > k:
+            raise RowFault("k", f"k = {k} but {step.g} tokens were drafted")
         step.k = k
     step.temperature = _number(obj, "temperature")
     step.target_ms = _number(obj, "target_ms")
+    step.draft_ms = _draft_ms(obj)
+
+
+def _draft_ms(obj: dict) -> float | None:
+    """draft_ms as one number, or a list of per-token times that is summed."""
     draft_ms = obj.get("draft_ms")
     if type(draft_ms) is list:
         if not all(_is_number(x) and x >= 0 for x in draft_ms):
             raise RowFault("draft_ms", "expected a number or a list of numbers >= 0")
-        step.draft_ms = float(sum(draft_ms))
-    else:
-        step.draft_ms = _number(obj, "draft_ms")
+        return float(sum(draft_ms))
+    return _number(obj, "draft_ms")
 
+
+def _dense_pair(obj: dict, draft: list[int], tol: float) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """target_probs (g or g + 1 rows) and draft_probs (g rows) where logged, checked against the drafted tokens
+    and against each other's vocabulary."""
+    g = len(draft)
     p_dense = q_dense = None
     if obj.get("target_probs") is not None:
-        p_dense = _dense_rows(obj, "target_probs", (g, g + 1), sum_tol)
+        p_dense = _dense_rows(obj, "target_probs", (g, g + 1), tol)
     if obj.get("draft_probs") is not None:
-        q_dense = _dense_rows(obj, "draft_probs", (g,), sum_tol)
+        q_dense = _dense_rows(obj, "draft_probs", (g,), tol)
     for name, rows in (("target_probs", p_dense), ("draft_probs", q_dense)):
         if rows is not None and g and rows.shape[1] <= max(draft):
             raise RowFault(name, f"vocabulary of {rows.shape[1]} tokens, but draft token {max(draft)} was drafted")
     if p_dense is not None and q_dense is not None and g and p_dense.shape[1] != q_dense.shape[1]:
         raise RowFault("draft_probs", f"vocabulary of {q_dense.shape[1]}, target_probs has {p_dense.shape[1]}")
+    return p_dense, q_dense
 
+
+def _apply_dense(step: Step, p_dense: np.ndarray | None, q_dense: np.ndarray | None) -> None:
+    """p_i(x_i) and q_i(x_i) from the dense rows; beta exactly where both distributions are logged."""
+    g, draft = step.g, step.draft_tokens
     idx = np.arange(g)
     if p_dense is not None and g:
         step.p_token = p_dense[idx, draft].tolist()
     if q_dense is not None and g:
         step.q_token = q_dense[idx, draft].tolist()
-
     if p_dense is not None and q_dense is not None:
         b = np.asarray(theory.beta(p_dense[:g], q_dense)).tolist() if g else []
         step.beta_lo = step.beta_hi = b
-    elif obj.get("beta") is not None:
-        b = obj["beta"]
-        if type(b) is not list or len(b) != g:
-            raise RowFault("beta", f"expected a list of {g} numbers (one per drafted token)")
-        if not all(_is_number(x) and 0.0 <= x <= 1.0 for x in b):
-            raise RowFault("beta", "every value must be a number in [0, 1]")
-        step.beta_lo = step.beta_hi = [float(x) for x in b]
 
+
+def _read_beta_field(obj: dict, step: Step) -> None:
+    """A logged per-position beta (used where the dense pair does not give it)."""
+    b = obj.get("beta")
+    if b is None:
+        return
+    if type(b) is not list or len(b) != step.g:
+        raise RowFault("beta", f"expected a list of {step.g} numbers (one per drafted token)")
+    if not all(_is_number(x) and 0.0 <= x <= 1.0 for x in b):
+        raise RowFault("beta", "every value must be a number in [0, 1]")
+    step.beta_lo = step.beta_hi = [float(x) for x in b]
+
+
+def _apply_topk(obj: dict, step: Step, tol: float) -> None:
+    """Top-k logprobs: p_i(x_i) and q_i(x_i) where the dense rows did not give them, and beta's sharp bounds
+    where nothing gave beta."""
+    g, draft = step.g, step.draft_tokens
     p_top = q_top = None
     if obj.get("target_logprobs") is not None:
-        p_top = _topk_rows(obj, "target_logprobs", (g, g + 1), sum_tol)
+        p_top = _topk_rows(obj, "target_logprobs", (g, g + 1), tol)
     if obj.get("draft_logprobs") is not None:
-        q_top = _topk_rows(obj, "draft_logprobs", (g,), sum_tol)
+        q_top = _topk_rows(obj, "draft_logprobs", (g,), tol)
     if p_top is not None and step.p_token is None:
         step.p_token = [p_top[i].get(str(t)) for i, t in enumerate(draft)]
     if q_top is not None and step.q_token is None:
@@ -265,30 +310,42 @@ def parse_step(obj: object, sum_tol: float = DEFAULT_SUM_TOLERANCE) -> Step:
         step.beta_lo = [b[0] for b in bounds]
         step.beta_hi = [b[1] for b in bounds]
 
-    if obj.get("emitted_tokens") is not None:
-        emitted = _int_list(obj, "emitted_tokens")
-        if len(emitted) > accepted + 1:
-            raise RowFault("emitted_tokens",
-                           f"{len(emitted)} tokens, but a step emits at most accepted + 1 = {accepted + 1}")
-        if emitted[:accepted] != draft[: min(accepted, len(emitted))]:
-            raise RowFault("emitted_tokens", "must begin with the accepted draft tokens")
-        step.emitted_tokens = emitted
-        # The emitted token at index j was drawn from target row j (accepted draft, correction or bonus).
-        emitted = emitted[: 0 if p_dense is None else p_dense.shape[0]]
-        if emitted and p_dense is not None:
-            rows = p_dense[: len(emitted)]
-            if max(emitted) >= p_dense.shape[1]:
-                raise RowFault("emitted_tokens",
-                               f"token {max(emitted)} is outside the vocabulary of {p_dense.shape[1]}")
-            j = np.arange(len(emitted))
-            mass = rows[j, emitted]
-            step.pit_below = (np.cumsum(rows, axis=1)[j, emitted] - mass).tolist()
-            step.pit_mass = mass.tolist()
 
+def _read_emitted(obj: dict, step: Step, p_dense: np.ndarray | None) -> None:
+    """The tokens the step emitted: the accepted draft tokens, then at most one correction or bonus token."""
+    emitted = _int_list(obj, "emitted_tokens")
+    accepted = step.accepted
+    if len(emitted) > accepted + 1:
+        raise RowFault("emitted_tokens",
+                       f"{len(emitted)} tokens, but a step emits at most accepted + 1 = {accepted + 1}")
+    if emitted[:accepted] != step.draft_tokens[: min(accepted, len(emitted))]:
+        raise RowFault("emitted_tokens", "must begin with the accepted draft tokens")
+    step.emitted_tokens = emitted
+    if p_dense is not None:
+        _pit_terms(step, emitted, p_dense)
+
+
+def _pit_terms(step: Step, emitted: list[int], p_dense: np.ndarray) -> None:
+    """F_t(x_t - 1) and p_t(x_t) of each emitted token under its target row, for the PIT."""
+    # The emitted token at index j was drawn from target row j (accepted draft, correction or bonus).
+    emitted = emitted[: p_dense.shape[0]]
+    if not emitted:
+        return
+    if max(emitted) >= p_dense.shape[1]:
+        raise RowFault("emitted_tokens", f"token {max(emitted)} is outside the vocabulary of {p_dense.shape[1]}")
+    rows = p_dense[: len(emitted)]
+    j = np.arange(len(emitted))
+    mass = rows[j, emitted]
+    step.pit_below = (np.cumsum(rows, axis=1)[j, emitted] - mass).tolist()
+    step.pit_mass = mass.tolist()
+
+
+def _unknown_fields(obj: dict) -> str | None:
+    """Fields the contract does not name, kept as one JSON object with sorted keys."""
     unknown = obj.keys() - KNOWN_FIELDS
-    if unknown:
-        try:
-            step.extra = orjson.dumps({key: obj[key] for key in sorted(unknown)}).decode()
-        except orjson.JSONEncodeError:  # orjson stops at 254 levels
-            raise RowFault(sorted(unknown)[0], "unknown fields nested too deep to keep (over 250 levels)") from None
-    return step
+    if not unknown:
+        return None
+    try:
+        return orjson.dumps({key: obj[key] for key in sorted(unknown)}).decode()
+    except orjson.JSONEncodeError:  # orjson stops at 254 levels
+        raise RowFault(sorted(unknown)[0], "unknown fields nested too deep to keep (over 250 levels)") from None
