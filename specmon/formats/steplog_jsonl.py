@@ -6,6 +6,7 @@ database is not locked while a large file is read; the publishing transaction mo
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import duckdb
 import orjson
@@ -22,6 +23,25 @@ FORMATS = ("steplog-jsonl",)
 SOURCE = "steplog"
 SNIFF_ORDER = 40
 _BATCH_STEPS = 16384
+# Lines parsed together: enough for parse_steps' numpy passes to pay off, few enough to keep memory small.
+_PARSE_LINES = 2048
+
+
+def _chunks(lines: Iterator[tuple[int, bytes, bool]]) -> Iterator[list[tuple[int, bytes, bool]]]:
+    """The lines in lists of _PARSE_LINES; where the file turns unreadable, the lines before it come first."""
+    chunk: list[tuple[int, bytes, bool]] = []
+    try:
+        for line in lines:
+            chunk.append(line)
+            if len(chunk) == _PARSE_LINES:
+                yield chunk
+                chunk = []
+    except textio.Unreadable:
+        if chunk:
+            yield chunk
+        raise
+    if chunk:
+        yield chunk
 
 
 def sniff(head: bytes) -> str | None:
@@ -106,14 +126,6 @@ class _StepBatch:
         return n
 
 
-def _step(raw: bytes, sum_tol: float) -> steplog.Step:
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise RowFault("", f"invalid JSON ({exc})") from None
-    return steplog.parse_step(obj, sum_tol)
-
-
 class Reader:
     """Validates every line and stages the good steps; publish moves them into steps and positions."""
 
@@ -121,49 +133,64 @@ class Reader:
         self.job = job
         self.store: Store | None = None
         self.staging_path: str | None = None
+        self.local_step = 0
 
     def prepare(self, store: Store) -> None:
         job = self.job
         self.store = store
         total = os.path.getsize(job.path)
         batch = _StepBatch()
-        done = local_step = 0
+        done = 0
         with store.staging() as (self.staging_path, cur):
             try:
-                for no, raw, too_long in textio.lines(job.path, MAX_JSON_LINE_BYTES):
-                    line_no = no + job.first_line - 1
-                    done += len(raw)
-                    if not raw.strip() and not too_long:
-                        continue
-                    job.rows_read += 1
-                    try:
-                        if too_long:
-                            raise RowFault("", f"line longer than {MAX_JSON_LINE_BYTES} bytes (dense distributions "
-                                               "belong in the flat form's Parquet)")
-                        step = _step(raw, job.sum_tol)
-                    except RowFault as row_fault:
-                        job.fault(Fault(job.name, line_no, row_fault.field, row_fault.reason),
-                                  raw[:4096].decode("utf-8", "replace").rstrip("\n"))
-                        continue
-                    if job.fault_count and not job.skip_bad:
-                        continue  # keep validating to report more faults, but store nothing
-                    template = step.template if step.template is not None else job.default_template
-                    job.no_time += step.ts is None
-                    batch.add(step, local_step, template, step.ts or job.ingest_time, step.ts is None)
-                    local_step += 1
+                for chunk in _chunks(textio.lines(job.path, MAX_JSON_LINE_BYTES)):
+                    done += sum(len(raw) for _, raw, _ in chunk)
+                    self._stage(chunk, batch)
                     if len(batch) >= _BATCH_STEPS:
-                        job.steps += len(batch)
-                        job.positions += batch.flush(cur)
+                        self._flush(batch, cur)
                         if job.progress:
                             job.progress(min(done, total), total)
                 if len(batch) and not (job.fault_count and not job.skip_bad):
-                    job.steps += len(batch)
-                    job.positions += batch.flush(cur)
+                    self._flush(batch, cur)
             except textio.Unreadable as exc:
                 job.fault(Fault(job.name, 0, "", str(exc)))
         if job.progress:
             job.progress(total, total)
         job.check()
+
+    def _stage(self, chunk: list[tuple[int, bytes, bool]], batch: _StepBatch) -> None:
+        """Parse a chunk of lines (steplog.parse_steps) and add its good steps to the batch, in file order."""
+        job = self.job
+        chunk = [line for line in chunk if line[1].strip() or line[2]]
+        job.rows_read += len(chunk)
+        decoded: list[object] = []
+        for _, raw, too_long in chunk:
+            if too_long:
+                decoded.append(RowFault("", f"line longer than {MAX_JSON_LINE_BYTES} bytes (dense distributions "
+                                            "belong in the flat form's Parquet)"))
+                continue
+            try:
+                decoded.append(orjson.loads(raw))
+            except orjson.JSONDecodeError as exc:
+                decoded.append(RowFault("", f"invalid JSON ({exc})"))
+        objs = [d for d in decoded if not isinstance(d, RowFault)]
+        parsed = iter(steplog.parse_steps(objs, job.sum_tol))
+        for (no, raw, _), item in zip(chunk, decoded):
+            step = item if isinstance(item, RowFault) else next(parsed)
+            if isinstance(step, RowFault):
+                job.fault(Fault(job.name, no + job.first_line - 1, step.field, step.reason),
+                          raw[:4096].decode("utf-8", "replace").rstrip("\n"))
+                continue
+            if job.fault_count and not job.skip_bad:
+                continue  # keep validating to report more faults, but store nothing
+            template = step.template if step.template is not None else job.default_template
+            job.no_time += step.ts is None
+            batch.add(step, self.local_step, template, step.ts or job.ingest_time, step.ts is None)
+            self.local_step += 1
+
+    def _flush(self, batch: _StepBatch, cur: duckdb.DuckDBPyConnection) -> None:
+        self.job.steps += len(batch)
+        self.job.positions += batch.flush(cur)
 
     def attach(self) -> dict | None:
         return {"stage": self.staging_path} if self.staging_path else None
