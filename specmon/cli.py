@@ -776,13 +776,20 @@ class _Terminated(BaseException):
     """SIGTERM, raised where the program is, so that cleanup (a spooled copy, a transaction) runs as on Ctrl-C."""
 
 
-def _terminated(signum: int, frame: object) -> None:
-    raise _Terminated
+_signals_received: list[int] = []
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    # Remembered because DuckDB turns an exception raised while one of its queries runs into
+    # RuntimeError("Query interrupted"): main must still know which signal ended the program.
+    _signals_received.append(signum)
+    raise KeyboardInterrupt if signum == signal.SIGINT else _Terminated
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminated)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _on_signal)
     try:
         return args.func(args)
     except SpecmonError as exc:
@@ -790,12 +797,13 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
     except BrokenPipeError:
         return EXIT_OK
-    except KeyboardInterrupt:
-        _err("interrupted (SIGINT); an ingest not yet reported as stored was rolled back")
-        return 128 + signal.SIGINT
-    except _Terminated:
-        _err("terminated (SIGTERM); an ingest not yet reported as stored was rolled back")
-        return 128 + signal.SIGTERM
+    except (KeyboardInterrupt, _Terminated, RuntimeError) as exc:
+        if isinstance(exc, RuntimeError) and not _signals_received:
+            raise
+        signum = _signals_received[-1] if _signals_received else signal.SIGINT
+        what = "interrupted (SIGINT)" if signum == signal.SIGINT else "terminated (SIGTERM)"
+        _err(f"{what}; an ingest not yet reported as stored was rolled back")
+        return 128 + signum
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ SGLang's spec_accept_length and spec_accept_rate are gauges: kept as samples, ne
 """
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import math
@@ -16,6 +17,7 @@ import socket
 import threading
 import time
 import urllib.parse
+import urllib.request
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -95,9 +97,8 @@ def _http_get(url: str, timeout_s: float, where: str) -> tuple[int, bytes]:
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise SpecmonError(f"{where}: not an http:// or https:// URL")
-    conn_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     try:
-        conn = conn_class(parts.hostname, parts.port, timeout=timeout_s)
+        conn, target, headers = _connection(parts, timeout_s)
     except ValueError as exc:  # a port that is not a number
         raise SpecmonError(f"{where}: not a usable URL ({exc})") from None
     expired = threading.Event()
@@ -119,8 +120,7 @@ def _http_get(url: str, timeout_s: float, where: str) -> tuple[int, bytes]:
         sock.append(conn.sock)
         if expired.is_set():  # the deadline passed while connecting, before there was a socket to cut
             raise TimeoutError
-        conn.request("GET", urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, "")),
-                     headers={"Accept": "application/json"})
+        conn.request("GET", target, headers=headers)
         resp = conn.getresponse()
         body = _read_at_most(resp, MAX_REPLY_BYTES + 1)
         if resp.length and len(body) <= MAX_REPLY_BYTES:  # http.client counts down the bytes a Content-Length promised
@@ -138,6 +138,30 @@ def _http_get(url: str, timeout_s: float, where: str) -> tuple[int, bytes]:
         raise SpecmonError(f"{where}: the answer is larger than {MAX_REPLY_BYTES:,} bytes; pull a shorter --since or "
                            "a longer --step")
     return resp.status, body
+
+
+def _connection(parts: urllib.parse.SplitResult, timeout_s: float) -> tuple[http.client.HTTPConnection, str, dict]:
+    """The connection, request target and headers for a GET of `parts`, through the proxy that the environment
+    names for its scheme (HTTP_PROXY / HTTPS_PROXY, unless NO_PROXY covers the host), as curl and pip do: plain
+    http is sent to the proxy with the absolute URL, https is tunnelled with CONNECT."""
+    path = urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, ""))
+    headers = {"Accept": "application/json"}
+    secure = parts.scheme == "https"
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    if not proxy or urllib.request.proxy_bypass(parts.hostname or ""):
+        conn_class = http.client.HTTPSConnection if secure else http.client.HTTPConnection
+        return conn_class(parts.hostname, parts.port, timeout=timeout_s), path, headers
+    via = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+    auth = {}
+    if via.username is not None:
+        token = f"{urllib.parse.unquote(via.username)}:{urllib.parse.unquote(via.password or '')}"
+        auth = {"Proxy-Authorization": "Basic " + base64.b64encode(token.encode()).decode()}
+    conn_class = http.client.HTTPSConnection if secure else http.client.HTTPConnection
+    conn = conn_class(via.hostname, via.port or 80, timeout=timeout_s)
+    if secure:
+        conn.set_tunnel(parts.hostname or "", parts.port or 443, headers=auth)
+        return conn, path, headers
+    return conn, urllib.parse.urlunsplit(parts._replace(fragment="")), {**headers, **auth}
 
 
 def _read_at_most(resp: http.client.HTTPResponse, limit: int) -> bytes:

@@ -20,3 +20,12 @@ def store(tmp_path: Path):
 def specmon_cmd():
     """The CLI as a user runs it: a separate process."""
     return [sys.executable, "-m", "specmon.cli"]
+
+
+@pytest.fixture(autouse=True)
+def no_proxy_from_the_environment(monkeypatch):
+    """Tests talk to servers on 127.0.0.1; a proxy set on the machine that runs them must not come between (the
+    proxy tests set their own)."""
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)

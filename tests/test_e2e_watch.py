@@ -21,6 +21,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
+from waiting import until
 
 from specmon.store import Store
 
@@ -98,12 +99,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.2)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -148,7 +143,7 @@ def test_dashboard_watcher_writers_and_other_processes_share_one_database(tmp_pa
     procs = [dashboard, watcher]
     try:
         url = f"http://127.0.0.1:{port}"
-        _until(lambda: _health(url), 90, "the dashboard")
+        until(lambda: _health(url), 90, "the dashboard")
         totals_file = tmp_path / "engine-totals.json"
         engine = subprocess.Popen([sys.executable, "-c", ENGINE_WRITER, str(log), "400", "250", "150", "0.05",
                                    str(totals_file)])
@@ -176,9 +171,9 @@ def test_dashboard_watcher_writers_and_other_processes_share_one_database(tmp_pa
             engine.wait(timeout=120)
             stepper.wait(timeout=120)
             want = json.loads(totals_file.read_text())
-            _until(lambda: _engine_totals(db) == (want["accepted"], want["drafted"]), 120,
+            until(lambda: _engine_totals(db) == (want["accepted"], want["drafted"]), 120,
                    f"the stored engine totals to equal the writer's {want}")
-            _until(lambda: _steps(db) == 6000, 120, "every step-log line")
+            until(lambda: _steps(db) == 6000, 120, "every step-log line")
             check = _cli("check", "--db", db, "--c", "0.3")
             assert check.returncode == 1, check.stdout + check.stderr
             assert "vllm-prod" in check.stdout
@@ -193,7 +188,7 @@ def test_dashboard_watcher_writers_and_other_processes_share_one_database(tmp_pa
             browser.close()
 
         for run in ("vllm-prod", "chat"):  # drift on engine counts and on step logs alike
-            _until(lambda: any(r["event"] == "alarm_opened" and r["run"] == run for r in _Receiver.received), 60,
+            until(lambda: any(r["event"] == "alarm_opened" and r["run"] == run for r in _Receiver.received), 60,
                    f"the alarm webhook for {run}")
         alarm = next(r for r in _Receiver.received if r["event"] == "alarm_opened" and r["run"] == "chat")
         assert alarm["link"].endswith("/drift?run=chat") and alarm["break_even"] is not None

@@ -1,11 +1,13 @@
 """`specmon pull` against real local HTTP servers that misbehave: every request has an overall deadline, the pull
 as a whole has one, every reply's shape is checked, and a refused query shows Prometheus' own error text. No case
 may end in a traceback."""
+import base64
 import json
 import socket
 import subprocess
 import threading
 import time
+import urllib.request
 from datetime import datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -121,8 +123,8 @@ def test_a_reply_of_the_wrong_shape_is_named(serve, body, expected):
 
 
 def test_a_refused_query_shows_prometheus_own_error_text(serve):
-    text = ('{"status":"error","errorType":"bad_data","error":"exceeded maximum resolution of 11,000 points per '
-            'timeseries. Try decreasing the query resolution (?step=XX)"}').encode()
+    text = (b'{"status":"error","errorType":"bad_data","error":"exceeded maximum resolution of 11,000 points per '
+            b'timeseries. Try decreasing the query resolution (?step=XX)"}')
     s = serve(reply(400, text))
     with pytest.raises(SpecmonError, match=r"HTTP 400: bad_data: exceeded maximum resolution of 11,000 points"):
         pull(s.url)
@@ -210,3 +212,63 @@ def test_a_closed_port_is_a_clear_error():
         port = sock.getsockname()[1]
     with pytest.raises(SpecmonError, match="Prometheus query failed"):
         pull(f"http://127.0.0.1:{port}")
+
+
+class ForwardingProxy:
+    """A real HTTP proxy on 127.0.0.1: it takes absolute-URL GETs, fetches them and relays the answer, counting
+    what passed through it and the credentials it was shown."""
+
+    def __init__(self):
+        self.seen: list[str] = []
+        self.auth: list[str | None] = []
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server's name)
+                proxy.seen.append(self.path)
+                proxy.auth.append(self.headers.get("Proxy-Authorization"))
+                with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(self.path) as resp:
+                    body = resp.read()
+                    self.send_response(resp.status)
+                    self.send_header("Content-Type", resp.headers.get("Content-Type", "application/json"))
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.address = f"127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def forwarding_proxy():
+    p = ForwardingProxy()
+    yield p
+    p.close()
+
+
+def test_a_pull_goes_through_the_proxy_the_environment_names(serve, forwarding_proxy, monkeypatch):
+    t = END.timestamp()
+    s = serve(reply(200, matrix([series([[t, "7"]])])))
+    monkeypatch.setenv("http_proxy", f"http://ops:s3cret@{forwarding_proxy.address}")
+    samples = pull(s.url)
+    assert len(samples) == s.requests and samples[0].value == 7.0
+    assert len(forwarding_proxy.seen) == s.requests
+    assert all(p.startswith(f"{s.url}/api/v1/query_range?") for p in forwarding_proxy.seen)
+    assert set(forwarding_proxy.auth) == {"Basic " + base64.b64encode(b"ops:s3cret").decode()}
+
+
+def test_no_proxy_keeps_a_host_off_the_proxy(serve, forwarding_proxy, monkeypatch):
+    s = serve(reply(200, matrix([])))
+    monkeypatch.setenv("http_proxy", f"http://{forwarding_proxy.address}")
+    monkeypatch.setenv("no_proxy", "127.0.0.1")
+    assert pull(s.url) == []
+    assert forwarding_proxy.seen == [] and s.requests > 0

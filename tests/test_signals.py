@@ -10,7 +10,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+import duckdb
 import pytest
+from waiting import until
 
 from specmon import ingest
 from specmon.store import Store
@@ -19,11 +21,6 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 LINE = b'{"request_id": "a", "draft_tokens": [1, 2], "accepted": 1}\n'
 
 
-def wait_for(condition, timeout=60.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 def spools(folder: Path) -> list[Path]:
@@ -39,7 +36,7 @@ def start_ingest(specmon_cmd, tmp_path):
                             env={**os.environ, "TMPDIR": str(folder)})
     proc.stdin.write(LINE * 1000)
     proc.stdin.flush()
-    wait_for(lambda: spools(folder), what="the spooled copy")
+    until(lambda: spools(folder), what="the spooled copy")
     return proc, folder
 
 
@@ -124,7 +121,7 @@ def start_serve(specmon_cmd, tmp_path):
         except OSError:
             return False
 
-    wait_for(healthy, what="the dashboard")
+    until(healthy, what="the dashboard")
     kids = children(proc.pid)
     assert len(kids) == 1
     return proc, kids[0], port
@@ -137,7 +134,7 @@ def test_serve_passes_a_signal_on_and_leaves_no_child(specmon_cmd, tmp_path, sig
     _, err = proc.communicate(timeout=60)
     assert b"Traceback" not in err, err
     assert not running(child)
-    wait_for(lambda: port_free(port), timeout=10, what="the port to be free")
+    until(lambda: port_free(port), timeout=10, what="the port to be free")
 
 
 def test_serve_killed_outright_takes_its_child_along(specmon_cmd, tmp_path):
@@ -145,8 +142,29 @@ def test_serve_killed_outright_takes_its_child_along(specmon_cmd, tmp_path):
     proc.kill()
     proc.communicate(timeout=60)
     try:
-        wait_for(lambda: not running(child), timeout=30, what="the orphaned child to end")
+        until(lambda: not running(child), timeout=30, what="the orphaned child to end")
     finally:
         if running(child):
             os.kill(child, signal.SIGKILL)
-    wait_for(lambda: port_free(port), timeout=10, what="the port to be free")
+    until(lambda: port_free(port), timeout=10, what="the port to be free")
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_during_a_duckdb_query_ends_cleanly(specmon_cmd, tmp_path, sig, code):
+    """A flat file is loaded by DuckDB itself, so the signal lands inside a query, where DuckDB turns the
+    handler's exception into its own error: the exit status, the message and the rollback must not change."""
+    big = tmp_path / "big.csv"
+    duckdb.connect().execute(
+        f"COPY (SELECT 'r' || (i // 200) AS request_id, i // 4 AS step, (i % 4) + 1 AS position, i % 997 AS draft_token,"
+        f" (i % 4) < 2 AS accepted FROM range(6000000) t(i)) TO '{big}' (HEADER)")
+    db = tmp_path / "s.duckdb"
+    proc = subprocess.Popen([*specmon_cmd, "ingest", "--db", str(db), str(big)], stderr=subprocess.PIPE)
+    until(lambda: db.exists(), what="the database")
+    time.sleep(1.5)  # the load is under way in DuckDB by now
+    assert proc.poll() is None, "the load ended before the signal; make the file larger"
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    assert b"rolled back" in err and b"Traceback" not in err
+    with Store(str(db)) as s:
+        assert s.query("SELECT count(*) FROM ingests")[0][0] == 0

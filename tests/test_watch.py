@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
+from waiting import until
 
 from specmon import watch
 from specmon.faults import SpecmonError
@@ -81,12 +82,6 @@ def _watch(db: str, *args: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _until(predicate, timeout: float = 60.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def test_a_watcher_killed_mid_stream_resumes_exactly_and_stops_cleanly_on_sigterm(tmp_path):
@@ -104,7 +99,7 @@ def test_a_watcher_killed_mid_stream_resumes_exactly_and_stops_cleanly_on_sigter
             watcher.wait()
             watcher = _watch(db, "--log", str(log), "--run", "prod")
         time.sleep(0.01)
-    _until(lambda: totals(Store(db)) == (want_acc, want_drafted), what="every line stored")
+    until(lambda: totals(Store(db)) == (want_acc, want_drafted), what="every line stored")
     watcher.send_signal(signal.SIGTERM)
     out, _ = watcher.communicate(timeout=60)
     assert watcher.returncode == 0, out
@@ -285,11 +280,11 @@ def test_serve_watch_runs_the_watcher_beside_the_dashboard_and_stops_with_it(tmp
                 return urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2).read() == b"ok"
             except OSError:
                 return False
-        _until(healthy, 90, "the dashboard")
+        until(healthy, 90, "the dashboard")
         line, acc, drafted = v1_line(0, 10, [5, 3, 1])
         with open(log, "a") as fh:
             fh.write(line)
-        _until(lambda: totals(Store(db)) == (acc, drafted), 60, "the watched line")
+        until(lambda: totals(Store(db)) == (acc, drafted), 60, "the watched line")
         serve.send_signal(signal.SIGTERM)
         out, _ = serve.communicate(timeout=60)
     finally:
