@@ -196,23 +196,24 @@ class Reader:
         return {"stage": self.staging_path} if self.staging_path else None
 
     def publish(self, cur: duckdb.DuckDBPyConnection, run_id: int, ingest_id: int) -> None:
-        """Move the staged rows (the staging file attached as `stage`) into steps and positions."""
+        """Move the staged rows (the staging file attached as `stage`) into steps and positions.
+
+        The rows are staged in file order and moved in that order by a plain scan (no join, no sort), so the
+        move streams: its memory does not grow with the file."""
         templates = [r[0] for r in cur.execute("SELECT DISTINCT template FROM stage.staging_steps").fetchall()]
-        cur.execute("CREATE OR REPLACE TEMP TABLE load_segments (template VARCHAR, segment_id INTEGER)")
-        for t in templates:
-            cur.execute("INSERT INTO load_segments VALUES (?, ?)", [t, get_or_create_segment(cur, run_id, t)])
+        segments = [get_or_create_segment(cur, run_id, t) for t in templates]
+        segment_of = "map(?::VARCHAR[], ?::INTEGER[])[template]"
         base = next_step_id(cur)
         cols = ("request_id, ts, ts_inferred, k, g, accepted, checked, temperature, target_ms, draft_ms, "
                 "beta_lo_sum, beta_hi_sum, emitted_tokens, pit_below, pit_mass, extra")
         cur.execute(
-            f"INSERT INTO steps (step_id, ingest_id, segment_id, {cols}) SELECT ? + s.local_step, ?, m.segment_id, "
-            f"{cols} FROM stage.staging_steps s JOIN load_segments m USING (template) ORDER BY s.local_step",
-            [base, ingest_id])
+            f"INSERT INTO steps (step_id, ingest_id, segment_id, {cols}) SELECT ? + local_step, ?, {segment_of}, "
+            f"{cols} FROM stage.staging_steps",
+            [base, ingest_id, templates, segments])
         cur.execute(
-            "INSERT INTO positions SELECT ? + p.local_step, m.segment_id, p.position, p.draft_token, p.checked, "
-            "p.accepted, p.beta_lo, p.beta_hi, p.p_token, p.q_token FROM stage.staging_positions p "
-            "JOIN load_segments m USING (template) ORDER BY p.local_step, p.position",
-            [base])
+            f"INSERT INTO positions SELECT ? + local_step, {segment_of}, position, draft_token, checked, accepted, "
+            "beta_lo, beta_hi, p_token, q_token FROM stage.staging_positions",
+            [base, templates, segments])
 
     def close(self) -> None:
         if self.staging_path and self.store is not None:
