@@ -83,7 +83,8 @@ def _csv_header(path: str) -> list[str]:
 
 
 def load(cur: duckdb.DuckDBPyConnection, path: str, fmt: str, name: str) -> tuple[FlatFile | None, list[Fault]]:
-    """Read the file into the temp table flat_raw(line, <columns>); report unreadable lines and missing columns."""
+    """Make flat_raw(line, <columns>) of the file (a temp table of CSV, a view of Parquet); report unreadable lines
+    and missing columns."""
     if fmt == "flat-csv":
         header = _csv_header(path)
         columns = {h: "VARCHAR" for h in header}
@@ -109,11 +110,9 @@ def load(cur: duckdb.DuckDBPyConnection, path: str, fmt: str, name: str) -> tupl
         described = cur.execute("DESCRIBE SELECT * FROM read_parquet(?)", [path]).fetchall()
         header = [row[0] for row in described]
         typed = frozenset(name for name, kind, *_ in described if name in TYPES and kind in _CASTS_TO[TYPES[name]])
-        cur.execute(
-            "CREATE OR REPLACE TEMP TABLE flat_raw AS SELECT file_row_number + 1 AS line, * EXCLUDE (file_row_number) "
-            "FROM read_parquet(?, file_row_number = true)",
-            [path],
-        )
+        # A view, not a copy: Parquet is read where it lies (its typed columns need no staging).
+        cur.read_parquet(path, file_row_number=True).project(
+            "file_row_number + 1 AS line, * EXCLUDE (file_row_number)").create_view("flat_raw", replace=True)
         faults = []
     missing = [c for c in REQUIRED if c not in header]
     if missing:
