@@ -48,9 +48,9 @@ def write_jsonl(path: str, positions: int) -> None:
 
 
 def _varying_topk(rng: np.random.Generator, rows: int) -> list[dict]:
-    """rows top-20 logprob objects over random tokens (a new set at every position), each summing below 1."""
+    """rows top-20 logprob objects over random tokens (a new set at every position), each summing below 0.6."""
     tokens = rng.integers(0, VOCAB, (rows, TOPK))
-    logprobs = np.sort(rng.normal(-4.0, 1.0, (rows, TOPK)), axis=1)[:, ::-1] - 1.5
+    logprobs = np.minimum(np.sort(rng.normal(-5.0, 1.0, (rows, TOPK)), axis=1)[:, ::-1], -3.5)
     return [dict(zip(map(str, t), lp)) for t, lp in zip(tokens.tolist(), logprobs.tolist())]
 
 
