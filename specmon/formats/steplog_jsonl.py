@@ -1,7 +1,13 @@
 """specmon's step log as JSON Lines (plain or gzip, with or without a BOM): one step per line (specmon.steplog).
 
+Lines are decoded by orjson and validated a chunk at a time by steplog.parse_steps (which vouches for the common
+case in numpy passes and leaves every fault to parse_step, so messages name the line and field exactly as before).
 Steps stream in batches into a staging file of their own, so memory stays bounded by the batch and the main
-database is not locked while a large file is read; the publishing transaction moves them in at once.
+database is not locked while a large file is read; the publishing transaction moves them in at once, by a plain
+scan in file order.
+
+DuckDB's own JSON reader is not used for the bulk: typed as MAP, top-k logprob objects read slower than orjson
+plus parse_steps handles them (bench/jsonl_readers.py; docs/benchmarks.md, "Ingest").
 """
 from __future__ import annotations
 
