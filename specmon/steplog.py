@@ -157,6 +157,8 @@ def _dense_rows(obj: dict, field: str, rows_allowed: tuple[int, ...], tol: float
 def _topk_objects(obj: dict, field: str, rows_allowed: tuple[int, ...]) -> list[dict]:
     """The field's per-position {token_id: logprob} objects, of a length draft_tokens allows (values unchecked)."""
     v = _per_position(obj, field, rows_allowed, "{token_id: logprob} objects")
+    if set(map(type, v)) <= {dict}:
+        return v  # the common case, checked without a loop in Python; the loop below names the bad position
     for i, d in enumerate(v):
         if type(d) is not dict:
             raise RowFault(field, f"position {i + 1} is {_type_name(d)}, expected a {{token_id: logprob}} object")
