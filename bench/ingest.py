@@ -1,20 +1,26 @@
 """Ingest throughput and peak memory, each beside DuckDB's own bare load of the same file, in one run.
 
-    python bench/ingest.py [--positions 1000000] [--workdir DIR]
+    nice python bench/ingest.py [--positions 1000000] [--repeat 3] [--workdir DIR] [--out results.json]
 
-1. JSONL step log with top-20 logprobs per position (vocabulary 32,000, k = 4) against
-   CREATE TABLE AS SELECT * FROM read_json(file).
-2. The flat form as Parquet against CREATE TABLE AS SELECT * FROM read_parquet(file).
-3. Peak memory of the JSONL ingest at two file sizes, to show it does not grow with the file.
+Each load runs in a fresh process, specmon and the bare load alternating, `--repeat` times; the figures are the
+median and the range. Files (k = 4, vocabulary 32,000):
+1. JSONL with top-20 logprobs per position, the same 20 tokens at every position (what `specmon simulate
+   --distributions topk` writes: one fixed pair), against CREATE TABLE AS SELECT * FROM read_json(file).
+2. JSONL with top-20 logprobs whose tokens change from position to position, as in real engine logs, against the
+   same bare read_json (DuckDB then infers a MAP per position instead of a STRUCT of 20 fixed fields).
+3. The flat form as Parquet against CREATE TABLE AS SELECT * FROM read_parquet(file).
+4. Peak memory of the JSONL ingest at a quarter of the size, to show it does not grow with the file.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import tempfile
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -23,6 +29,7 @@ from specmon import sampler
 
 K = 4
 VOCAB = 32000
+TOPK = 20
 
 
 def pair(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -37,7 +44,32 @@ def write_jsonl(path: str, positions: int) -> None:
     p, q = pair()
     with open(path, "wb") as out:
         sampler.write_step_log(sampler.simulate_fixed_pair(
-            p, q, K, positions // K, np.random.default_rng(1), distributions="topk", topk=20), out)
+            p, q, K, positions // K, np.random.default_rng(1), distributions="topk", topk=TOPK), out)
+
+
+def _varying_topk(rng: np.random.Generator, rows: int) -> list[dict]:
+    """rows top-20 logprob objects over random tokens (a new set at every position), each summing below 0.6."""
+    tokens = rng.integers(0, VOCAB, (rows, TOPK))
+    logprobs = np.minimum(np.sort(rng.normal(-5.0, 1.0, (rows, TOPK)), axis=1)[:, ::-1], -3.5)
+    return [dict(zip(map(str, t), lp)) for t, lp in zip(tokens.tolist(), logprobs.tolist())]
+
+
+def write_jsonl_varying(path: str, positions: int) -> None:
+    """Top-20 sets that differ per position; the draft's set shares half its tokens with the target's."""
+    rng = np.random.default_rng(3)
+    with open(path, "wb") as out:
+        for i in range(positions // K):
+            accepted = int(rng.binomial(K, 0.7))
+            draft = rng.integers(0, VOCAB, K).tolist()
+            target = _varying_topk(rng, K + 1)
+            own = _varying_topk(rng, K)
+            draft_lp = [dict(list(t.items())[:10] + list(o.items())[:10]) for t, o in zip(target, own)]
+            out.write(orjson.dumps({
+                "request_id": f"req-{i // 50}", "ts": 1.7e9 + i * 0.05, "k": K, "template": "real",
+                "draft_tokens": draft, "accepted": accepted,
+                "emitted_tokens": draft[:accepted] + [int(rng.integers(0, VOCAB))] if accepted < K else draft,
+                "target_logprobs": target, "draft_logprobs": draft_lp,
+            }, option=orjson.OPT_APPEND_NEWLINE))
 
 
 def write_parquet(path: str, positions: int) -> None:
@@ -74,27 +106,66 @@ print(json.dumps({{'seconds': dt, 'rows': c.execute('SELECT count(*) FROM t').fe
 """
 
 
+def _fresh(path: str) -> str:
+    for p in (path, path + ".wal"):
+        if os.path.exists(p):
+            os.remove(p)
+    return path
+
+
+def _spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def compare(workdir: str, name: str, path: str, reader: str, repeat: int) -> dict:
+    """specmon's ingest and the bare load of one file, alternating, each in a fresh process."""
+    ours, bare, ratios = [], [], []
+    for _ in range(repeat):
+        ing = run_child(INGEST.format(db=_fresh(os.path.join(workdir, f"{name}.duckdb")), path=path))
+        raw = run_child(BARE.format(db=_fresh(os.path.join(workdir, f"{name}-bare.duckdb")), path=path, reader=reader))
+        ours.append(ing)
+        bare.append(raw)
+        ratios.append(ing["seconds"] / raw["seconds"])
+    positions = ours[0]["positions"]
+    return {
+        "file_mb": os.path.getsize(path) / 2**20,
+        "specmon_s": _spread([r["seconds"] for r in ours]),
+        "positions_per_s": _spread([positions / r["seconds"] for r in ours]),
+        "bare_load_s": _spread([r["seconds"] for r in bare]),
+        "ratio_to_bare": _spread(ratios),
+        "specmon_peak_rss_mb": _spread([r["peak_rss_mb"] for r in ours]),
+        "bare_peak_rss_mb": _spread([r["peak_rss_mb"] for r in bare]),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--positions", type=int, default=1_000_000)
-    ap.add_argument("--workdir", default=tempfile.mkdtemp(prefix="specmon-bench-"))
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--workdir", default=None)
+    ap.add_argument("--out", default=None, help="also write the results here (JSON)")
     args = ap.parse_args()
-    w = args.workdir
-    jsonl, small, parquet = (os.path.join(w, n) for n in ("topk.jsonl", "topk-small.jsonl", "flat.parquet"))
-    write_jsonl(jsonl, args.positions)
-    write_jsonl(small, args.positions // 4)
-    write_parquet(parquet, args.positions)
-    results = {"machine": machine(), "positions": args.positions,
-               "jsonl_mb": os.path.getsize(jsonl) / 2**20, "parquet_mb": os.path.getsize(parquet) / 2**20}
-    for name, path, reader in (("jsonl_topk20", jsonl, "read_json"), ("flat_parquet", parquet, "read_parquet")):
-        ing = run_child(INGEST.format(db=os.path.join(w, f"{name}.duckdb"), path=path))
-        bare = run_child(BARE.format(db=os.path.join(w, f"{name}-bare.duckdb"), path=path, reader=reader))
-        results[name] = {"specmon_s": ing["seconds"], "positions_per_s": ing["positions"] / ing["seconds"],
-                         "bare_load_s": bare["seconds"], "ratio_to_bare": ing["seconds"] / bare["seconds"],
-                         "specmon_peak_rss_mb": ing["peak_rss_mb"], "bare_peak_rss_mb": bare["peak_rss_mb"]}
-    quarter = run_child(INGEST.format(db=os.path.join(w, "small.duckdb"), path=small))
+    w = args.workdir or tempfile.mkdtemp(prefix="specmon-bench-")
+    os.makedirs(w, exist_ok=True)
+    files = {n: os.path.join(w, n) for n in ("topk.jsonl", "topk-varying.jsonl", "topk-small.jsonl", "flat.parquet")}
+    write_jsonl(files["topk.jsonl"], args.positions)
+    write_jsonl_varying(files["topk-varying.jsonl"], args.positions)
+    write_jsonl(files["topk-small.jsonl"], args.positions // 4)
+    write_parquet(files["flat.parquet"], args.positions)
+    results: dict = {"machine": machine(), "positions": args.positions, "repeat": args.repeat,
+                     "load_average_at_start": os.getloadavg()[0]}
+    for name, path, reader in (("jsonl_topk20_same_tokens", files["topk.jsonl"], "read_json"),
+                               ("jsonl_topk20_varying_tokens", files["topk-varying.jsonl"], "read_json"),
+                               ("flat_parquet", files["flat.parquet"], "read_parquet")):
+        results[name] = compare(w, name, path, reader, args.repeat)
+    quarter = run_child(INGEST.format(db=_fresh(os.path.join(w, "small.duckdb")), path=files["topk-small.jsonl"]))
     results["jsonl_peak_rss_mb_at_quarter_size"] = quarter["peak_rss_mb"]
-    print(json.dumps(results, indent=2))
+    results["load_average_at_end"] = os.getloadavg()[0]
+    text = json.dumps(results, indent=2)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(text + "\n")
 
 
 if __name__ == "__main__":

@@ -92,29 +92,56 @@ def beta(p: np.ndarray, q: np.ndarray) -> np.ndarray | float:
 
 
 def beta_bounds_from_topk_probs(p_top: Mapping, q_top: Mapping) -> tuple[float, float]:
-    """The sharp bounds on beta = sum_x min(p(x), q(x)) from top-k *probabilities* {token: p} (docs/math.md, "beta
-    from top-k logs").
+    """The sharp bounds on beta = sum_x min(p(x), q(x)) from top-k *probabilities* {token: p} of one position
+    (beta_bounds_topk_flat holds the formula and its assumptions)."""
+    p = np.fromiter(p_top.values(), dtype=np.float64, count=len(p_top))
+    q = np.fromiter(q_top.values(), dtype=np.float64, count=len(q_top))
+    q_at_p = np.fromiter((q_top.get(tok, math.nan) for tok in p_top), dtype=np.float64, count=len(p_top))
+    p_at_q = np.fromiter((p_top.get(tok, math.nan) for tok in q_top), dtype=np.float64, count=len(q_top))
+    lo, hi = beta_bounds_topk_flat(p, q_at_p, np.array([len(p)]), q, p_at_q, np.array([len(q)]))
+    return float(lo[0]), float(hi[0])
 
-    Known: p on its listed set P, q on Q. Every unlisted token of a side has at most that side's smallest listed
-    probability (m_p, m_q), and a side's unlisted tokens share its unlisted mass U_p = 1 - sum_P p (U_q alike).
-    With F = sum_{P and Q} min(p, q), a = sum_{P not Q} min(p, m_q) and b = sum_{Q not P} min(q, m_p):
+
+def beta_bounds_topk_flat(
+    p: np.ndarray, q_at_p: np.ndarray, p_counts: np.ndarray, q: np.ndarray, p_at_q: np.ndarray, q_counts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The sharp bounds on beta = sum_x min(p(x), q(x)) at many positions at once, from top-k *probabilities*
+    (docs/math.md, "beta from top-k logs").
+
+    The listed probabilities of p lie position after position in `p` (p_counts[i] of them at position i), with
+    q_at_p the probability q lists for the same token (NaN where q does not list it); q, p_at_q and q_counts the
+    same the other way round. Known: p on its listed set P, q on Q. Every unlisted token of a side has at most
+    that side's smallest listed probability (m_p, m_q; 1 where nothing is listed), and a side's unlisted tokens
+    share its unlisted mass U_p = 1 - sum_P p (U_q alike; 0 where the listed mass exceeds 1 by rounding). With
+    F = sum_{P and Q} min(p, q), a = sum_{P not Q} min(p, m_q) and b = sum_{Q not P} min(q, m_p):
 
         F  <=  beta  <=  F + min(U_q + min(b, U_p), U_p + min(a, U_q)).
 
     Both ends are attained by some pair of distributions consistent with the logs when the vocabulary is large
     enough to spread unlisted mass thinly (real vocabularies are); for a known small vocabulary they stay valid.
     """
-    lo = 0.0
-    for tok in p_top.keys() & q_top.keys():
-        pp, qq = p_top[tok], q_top[tok]
-        lo += pp if pp < qq else qq
-    u_p = max(1.0 - math.fsum(p_top.values()), 0.0)
-    u_q = max(1.0 - math.fsum(q_top.values()), 0.0)
-    m_p = min(p_top.values(), default=1.0)
-    m_q = min(q_top.values(), default=1.0)
-    a = math.fsum(min(pp, m_q) for tok, pp in p_top.items() if tok not in q_top)
-    b = math.fsum(min(qq, m_p) for tok, qq in q_top.items() if tok not in p_top)
-    return lo, lo + min(u_q + min(b, u_p), u_p + min(a, u_q))
+    n = len(p_counts)
+    p_pos = np.repeat(np.arange(n), p_counts)
+    q_pos = np.repeat(np.arange(n), q_counts)
+    p_shared = ~np.isnan(q_at_p)
+    q_shared = ~np.isnan(p_at_q)
+    lo = np.bincount(p_pos, weights=np.where(p_shared, np.fmin(p, q_at_p), 0.0), minlength=n)
+    u_p = np.maximum(1.0 - np.bincount(p_pos, weights=p, minlength=n), 0.0)
+    u_q = np.maximum(1.0 - np.bincount(q_pos, weights=q, minlength=n), 0.0)
+    m_p = _segment_min(p, p_counts)
+    m_q = _segment_min(q, q_counts)
+    a = np.bincount(p_pos, weights=np.where(p_shared, 0.0, np.minimum(p, m_q[p_pos])), minlength=n)
+    b = np.bincount(q_pos, weights=np.where(q_shared, 0.0, np.minimum(q, m_p[q_pos])), minlength=n)
+    return lo, lo + np.minimum(u_q + np.minimum(b, u_p), u_p + np.minimum(a, u_q))
+
+
+def _segment_min(x: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The minimum of each run of counts[i] values of x; 1 for an empty run (no listed probability caps it)."""
+    out = np.ones(len(counts))
+    filled = counts > 0
+    if filled.any():
+        out[filled] = np.minimum.reduceat(x, (np.cumsum(counts) - counts)[filled])
+    return out
 
 
 def _probs(logprobs: Mapping) -> dict:

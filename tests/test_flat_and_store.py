@@ -66,6 +66,11 @@ CSV_FAULTS = [
     ("not a prefix", set_cell(3, "accepted", True), 5, "accepted", "must be a prefix"),
     ("bad ts", set_cell(9, "ts", "soon"), 11, "ts", "soon"),
     ("duplicate position", set_cell(1, "position", 1), 3, "position", "appears twice"),
+    ("gap", set_cell(2, "position", 6), 2, "position", "are not 1..g without gaps"),
+    ("two templates", set_cell(1, "template", "other"), 2, "template", "names more than one template"),
+    # position 3 twice, rejected on line 4 and then accepted on line 5: both rules are broken on line 5
+    ("accepted after a rejected twin", lambda df: set_cell(3, "accepted", True)(set_cell(3, "position", 3)(df)), 5,
+     "accepted", "must be a prefix"),
 ]
 
 
@@ -82,6 +87,31 @@ def test_csv_faults_name_the_line_and_field(store, tmp_path, label, mutate, line
     assert any((f.line, f.field) == (line, field) and reason in f.reason for f in res.faults), res.faults
     assert str(res.faults[0]).startswith(f"{path}:")
     assert counts(store) == (0, 0, 0)
+
+
+def test_a_step_beyond_63_positions_is_checked_and_stored(store, tmp_path):
+    df = pd.DataFrame({"request_id": "r", "step": 0, "position": np.arange(1, 71), "draft_token": 7,
+                       "accepted": np.arange(1, 71) <= 40})
+    df.to_parquet(tmp_path / "long.parquet")
+    res = ingest_file(store, str(tmp_path / "long.parquet"))
+    assert (res.status, res.steps, res.positions) == ("stored", 1, 70)
+    df.loc[69, "position"] = 69
+    df.to_parquet(tmp_path / "long-dup.parquet")
+    res = ingest_file(store, str(tmp_path / "long-dup.parquet"))
+    assert res.status == "rejected" and [(f.line, f.field) for f in res.faults] == [(70, "position")]
+    assert "appears twice" in res.faults[0].reason
+
+
+def test_parquet_typed_columns_name_empty_required_values(store, tmp_path):
+    df = flat_rows(5)
+    df["position"] = df["position"].astype("Int64")
+    df.loc[2, "request_id"] = None
+    df.loc[6, "position"] = None
+    df.to_parquet(tmp_path / "nulls.parquet")
+    res = ingest_file(store, str(tmp_path / "nulls.parquet"))
+    assert res.status == "rejected"
+    assert {(f.line, f.field, f.reason) for f in res.faults} >= {
+        (3, "request_id", "required value is empty"), (7, "position", "required value is empty")}
 
 
 def test_csv_missing_column_and_unreadable_line(store, tmp_path):

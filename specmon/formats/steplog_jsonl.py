@@ -1,11 +1,18 @@
 """specmon's step log as JSON Lines (plain or gzip, with or without a BOM): one step per line (specmon.steplog).
 
+Lines are decoded by orjson and validated a chunk at a time by steplog.parse_steps (which vouches for the common
+case in numpy passes and leaves every fault to parse_step, so messages name the line and field exactly as before).
 Steps stream in batches into a staging file of their own, so memory stays bounded by the batch and the main
-database is not locked while a large file is read; the publishing transaction moves them in at once.
+database is not locked while a large file is read; the publishing transaction moves them in at once, by a plain
+scan in file order.
+
+orjson's decoding is now the largest single cost; DuckDB's JSON reader decodes top-k logprobs typed as MAP faster
+(bench/jsonl_readers.py; docs/benchmarks.md, "Ingest"), the next step for this reader.
 """
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import duckdb
 import orjson
@@ -22,6 +29,25 @@ FORMATS = ("steplog-jsonl",)
 SOURCE = "steplog"
 SNIFF_ORDER = 40
 _BATCH_STEPS = 16384
+# Lines parsed together: enough for parse_steps' numpy passes to pay off, few enough to keep memory small.
+_PARSE_LINES = 2048
+
+
+def _chunks(lines: Iterator[tuple[int, bytes, bool]]) -> Iterator[list[tuple[int, bytes, bool]]]:
+    """The lines in lists of _PARSE_LINES; where the file turns unreadable, the lines before it come first."""
+    chunk: list[tuple[int, bytes, bool]] = []
+    try:
+        for line in lines:
+            chunk.append(line)
+            if len(chunk) == _PARSE_LINES:
+                yield chunk
+                chunk = []
+    except textio.Unreadable:
+        if chunk:
+            yield chunk
+        raise
+    if chunk:
+        yield chunk
 
 
 def sniff(head: bytes) -> str | None:
@@ -106,14 +132,6 @@ class _StepBatch:
         return n
 
 
-def _step(raw: bytes, sum_tol: float) -> steplog.Step:
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise RowFault("", f"invalid JSON ({exc})") from None
-    return steplog.parse_step(obj, sum_tol)
-
-
 class Reader:
     """Validates every line and stages the good steps; publish moves them into steps and positions."""
 
@@ -121,71 +139,87 @@ class Reader:
         self.job = job
         self.store: Store | None = None
         self.staging_path: str | None = None
+        self.local_step = 0
 
     def prepare(self, store: Store) -> None:
         job = self.job
         self.store = store
         total = os.path.getsize(job.path)
         batch = _StepBatch()
-        done = local_step = 0
+        done = 0
         with store.staging() as (self.staging_path, cur):
             try:
-                for no, raw, too_long in textio.lines(job.path, MAX_JSON_LINE_BYTES):
-                    line_no = no + job.first_line - 1
-                    done += len(raw)
-                    if not raw.strip() and not too_long:
-                        continue
-                    job.rows_read += 1
-                    try:
-                        if too_long:
-                            raise RowFault("", f"line longer than {MAX_JSON_LINE_BYTES} bytes (dense distributions "
-                                               "belong in the flat form's Parquet)")
-                        step = _step(raw, job.sum_tol)
-                    except RowFault as row_fault:
-                        job.fault(Fault(job.name, line_no, row_fault.field, row_fault.reason),
-                                  raw[:4096].decode("utf-8", "replace").rstrip("\n"))
-                        continue
-                    if job.fault_count and not job.skip_bad:
-                        continue  # keep validating to report more faults, but store nothing
-                    template = step.template if step.template is not None else job.default_template
-                    job.no_time += step.ts is None
-                    batch.add(step, local_step, template, step.ts or job.ingest_time, step.ts is None)
-                    local_step += 1
+                for chunk in _chunks(textio.lines(job.path, MAX_JSON_LINE_BYTES)):
+                    done += sum(len(raw) for _, raw, _ in chunk)
+                    self._stage(chunk, batch)
                     if len(batch) >= _BATCH_STEPS:
-                        job.steps += len(batch)
-                        job.positions += batch.flush(cur)
+                        self._flush(batch, cur)
                         if job.progress:
                             job.progress(min(done, total), total)
                 if len(batch) and not (job.fault_count and not job.skip_bad):
-                    job.steps += len(batch)
-                    job.positions += batch.flush(cur)
+                    self._flush(batch, cur)
             except textio.Unreadable as exc:
                 job.fault(Fault(job.name, 0, "", str(exc)))
         if job.progress:
             job.progress(total, total)
         job.check()
 
+    def _stage(self, chunk: list[tuple[int, bytes, bool]], batch: _StepBatch) -> None:
+        """Parse a chunk of lines (steplog.parse_steps) and add its good steps to the batch, in file order."""
+        job = self.job
+        chunk = [line for line in chunk if line[1].strip() or line[2]]
+        job.rows_read += len(chunk)
+        decoded: list[object] = []
+        for _, raw, too_long in chunk:
+            if too_long:
+                decoded.append(RowFault("", f"line longer than {MAX_JSON_LINE_BYTES} bytes (dense distributions "
+                                            "belong in the flat form's Parquet)"))
+                continue
+            try:
+                decoded.append(orjson.loads(raw))
+            except orjson.JSONDecodeError as exc:
+                decoded.append(RowFault("", f"invalid JSON ({exc})"))
+        objs = [d for d in decoded if not isinstance(d, RowFault)]
+        parsed = iter(steplog.parse_steps(objs, job.sum_tol))
+        for (no, raw, _), item in zip(chunk, decoded):
+            step = item if isinstance(item, RowFault) else next(parsed)
+            if isinstance(step, RowFault):
+                job.fault(Fault(job.name, no + job.first_line - 1, step.field, step.reason),
+                          raw[:4096].decode("utf-8", "replace").rstrip("\n"))
+                continue
+            if job.fault_count and not job.skip_bad:
+                continue  # keep validating to report more faults, but store nothing
+            template = step.template if step.template is not None else job.default_template
+            job.no_time += step.ts is None
+            batch.add(step, self.local_step, template, step.ts or job.ingest_time, step.ts is None)
+            self.local_step += 1
+
+    def _flush(self, batch: _StepBatch, cur: duckdb.DuckDBPyConnection) -> None:
+        self.job.steps += len(batch)
+        self.job.positions += batch.flush(cur)
+
     def attach(self) -> dict | None:
         return {"stage": self.staging_path} if self.staging_path else None
 
     def publish(self, cur: duckdb.DuckDBPyConnection, run_id: int, ingest_id: int) -> None:
-        """Move the staged rows (the staging file attached as `stage`) into steps and positions."""
+        """Move the staged rows (the staging file attached as `stage`) into steps and positions.
+
+        The rows are staged in file order and moved in that order by a plain scan (no join, no sort), so the
+        move streams: its memory does not grow with the file."""
         templates = [r[0] for r in cur.execute("SELECT DISTINCT template FROM stage.staging_steps").fetchall()]
-        cur.execute("CREATE OR REPLACE TEMP TABLE load_segments (template VARCHAR, segment_id INTEGER)")
-        for t in templates:
-            cur.execute("INSERT INTO load_segments VALUES (?, ?)", [t, get_or_create_segment(cur, run_id, t)])
+        segments = [get_or_create_segment(cur, run_id, t) for t in templates]
+        segment_of = "map(?::VARCHAR[], ?::INTEGER[])[template]"
         base = next_step_id(cur)
         cols = ("request_id, ts, ts_inferred, k, g, accepted, checked, temperature, target_ms, draft_ms, "
                 "beta_lo_sum, beta_hi_sum, emitted_tokens, pit_below, pit_mass, extra")
         cur.execute(
-            f"INSERT INTO steps (step_id, ingest_id, segment_id, {cols}) SELECT ? + s.local_step, ?, m.segment_id, "
-            f"{cols} FROM stage.staging_steps s JOIN load_segments m USING (template) ORDER BY s.local_step",
-            [base, ingest_id])
+            f"INSERT INTO steps (step_id, ingest_id, segment_id, {cols}) SELECT ? + local_step, ?, {segment_of}, "
+            f"{cols} FROM stage.staging_steps",
+            [base, ingest_id, templates, segments])
         cur.execute(
-            "INSERT INTO positions SELECT ? + p.local_step, m.segment_id, p.position, p.draft_token, p.checked, "
-            "p.accepted, p.beta_lo, p.beta_hi, p.p_token, p.q_token FROM stage.staging_positions p "
-            "JOIN load_segments m USING (template) ORDER BY p.local_step, p.position",
-            [base])
+            f"INSERT INTO positions SELECT ? + local_step, {segment_of}, position, draft_token, checked, accepted, "
+            "beta_lo, beta_hi, p_token, q_token FROM stage.staging_positions",
+            [base, templates, segments])
 
     def close(self) -> None:
         if self.staging_path and self.store is not None:
