@@ -491,7 +491,7 @@ def _fill_tokens(entries: list[_Deferred]) -> None:
 def _fill_bounds(entries: list[_Deferred], flat: _FlatRows, numbers: list[int]) -> None:
     """beta's sharp bounds at every position of the steps that log both sides' logprobs and no beta otherwise;
     numbers[i]: entries[i]'s place in `flat`."""
-    todo = [(e, n) for e, n in zip(entries, numbers)
+    todo = [(e, n) for e, n in zip(entries, numbers, strict=True)
             if e.p_top is not None and e.q_top is not None and e.step.beta_lo is None]
     if not todo:
         return
@@ -515,5 +515,5 @@ def _fill_bounds(entries: list[_Deferred], flat: _FlatRows, numbers: list[int]) 
 
 def _probs_across(rows: list[dict], other: list[dict], n: int) -> np.ndarray:
     """For each entry of rows, the probability the paired row of `other` lists for its token (NaN where none)."""
-    looked_up = chain.from_iterable(map(o.get, d, repeat(math.nan)) for d, o in zip(rows, other))
+    looked_up = chain.from_iterable(map(o.get, d, repeat(math.nan)) for d, o in zip(rows, other, strict=True))
     return np.exp(np.fromiter(looked_up, dtype=np.float64, count=n))

@@ -181,7 +181,7 @@ class Reader:
                 decoded.append(RowFault("", f"invalid JSON ({exc})"))
         objs = [d for d in decoded if not isinstance(d, RowFault)]
         parsed = iter(steplog.parse_steps(objs, job.sum_tol))
-        for (no, raw, _), item in zip(chunk, decoded):
+        for (no, raw, _), item in zip(chunk, decoded, strict=True):
             step = item if isinstance(item, RowFault) else next(parsed)
             if isinstance(step, RowFault):
                 job.fault(Fault(job.name, no + job.first_line - 1, step.field, step.reason),
