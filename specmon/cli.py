@@ -790,9 +790,9 @@ def _on_signal(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        if signal.getsignal(signum) is not signal.SIG_IGN:  # a background job of a script ignores SIGINT: keep that
-            signal.signal(signum, _on_signal)
+    for handled in (signal.SIGTERM, signal.SIGINT):
+        if signal.getsignal(handled) is not signal.SIG_IGN:  # a background job of a script ignores SIGINT: keep that
+            signal.signal(handled, _on_signal)
     try:
         return args.func(args)
     except SpecmonError as exc:
@@ -803,7 +803,7 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyboardInterrupt, _Terminated, RuntimeError) as exc:
         if isinstance(exc, RuntimeError) and not _signals_received:
             raise
-        signum = _signals_received[-1] if _signals_received else signal.SIGINT
+        signum: int = _signals_received[-1] if _signals_received else signal.SIGINT
         what = "interrupted (SIGINT)" if signum == signal.SIGINT else "terminated (SIGTERM)"
         _err(f"{what}; an ingest not yet reported as stored was rolled back")
         return 128 + signum

@@ -150,8 +150,10 @@ def _connection(parts: urllib.parse.SplitResult, timeout_s: float) -> tuple[http
     proxy = urllib.request.getproxies().get(parts.scheme)
     if not proxy or urllib.request.proxy_bypass(parts.hostname or ""):
         conn_class = http.client.HTTPSConnection if secure else http.client.HTTPConnection
-        return conn_class(parts.hostname, parts.port, timeout=timeout_s), path, headers
+        return conn_class(parts.hostname or "", parts.port, timeout=timeout_s), path, headers
     via = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+    if not via.hostname:
+        raise ValueError(f"the proxy {proxy!r} the environment names has no host")
     auth = {}
     if via.username is not None:
         token = f"{urllib.parse.unquote(via.username)}:{urllib.parse.unquote(via.password or '')}"
