@@ -9,7 +9,14 @@ geometric / lognormal lengths x 20 / 50 / 200 / 1000 requests x k = 2 / 4 / 8 (3
 at a stated 2,000 steps in every correlation x lengths x k cell (40 reference windows each), at the default 20,000
 at k = 4 (20 windows each); delays and change times at a stated 20,000 at k = 4, correlation 0.05 and 0.2.
 --full: 2,000 replicates per interval cell, 100 reference windows per false-alarm cell and every k at 20,000,
-delays in every cell. --reps N sets the interval replicates alone.
+delays in every cell. --reps N sets the interval replicates alone. --sections runs some parts only (each part
+has its own seed, so a part gives the same figures alone or with the others); --merge joins the outputs of parts
+run side by side:
+
+    nice python bench/drift_study.py --sections intervals --reps 2000 --out /tmp/a.json &
+    nice python bench/drift_study.py --sections false_alarms_2000,river --out /tmp/b.json &
+    ...
+    python bench/drift_study.py --merge /tmp/a.json /tmp/b.json ... --out docs/drift_study.json
 
 Every figure comes with its Monte-Carlo error: a coverage or a probability with its binomial standard error;
 steps per false alarm with a 95% interval from resampling the reference windows (the windows differ, so alarms
@@ -35,6 +42,7 @@ REQUESTS = (20, 50, 200, 1000)
 KS = (2, 4, 8)
 ALPHA = 0.70  # per-token acceptance in the interval cells (break-even is put exactly there)
 P0, P_DROP, BREAK_EVEN = 0.80, 0.40, 0.45  # drift cells: in control, after the drop, break-even (p1)
+SECTIONS = ("intervals", "false_alarms_2000", "false_alarms_20000", "delays", "river")
 RIVER_BEFORE = 300  # watched in-control steps before the drop in the comparison with river (after the reference)
 
 
@@ -97,11 +105,13 @@ def false_alarm_cell(rng: np.random.Generator, rho: float, lengths: str, k: int,
     """Each window: a fresh stream, the detector calibrated on its first REFERENCE_STEPS steps, then 10 x ARL0
     in-control steps watched (restarting after every alarm, as in use)."""
     watched = 10 * arl0
-    alarms, hs = [], []
+    alarms, episodes, hs = [], 0, []
     for _ in range(windows):
         a, c, req = streams.steps(rng, drift.REFERENCE_STEPS + watched, P0, k, rho, lengths)
         d = drift.design_for(a, c, req, k, BREAK_EVEN, arl0)
-        alarms.append(len(drift.cusum(a[drift.REFERENCE_STEPS:], c[drift.REFERENCE_STEPS:], d)[1]))
+        raw = drift.cusum(a[drift.REFERENCE_STEPS:], c[drift.REFERENCE_STEPS:], d)[1]
+        alarms.append(len(raw))
+        episodes += sum(1 for i, t in enumerate(raw) if i == 0 or t - raw[i - 1] > drift.EPISODE_GAP)
         hs.append(d.h)
     alarms = np.array(alarms)
     boot = rng.integers(0, windows, (2000, windows))
@@ -109,7 +119,8 @@ def false_alarm_cell(rng: np.random.Generator, rho: float, lengths: str, k: int,
     spa = windows * watched / max(alarms.sum(), 1)
     lo, hi = np.quantile(1 / np.maximum(rates, 1e-12), [0.025, 0.975])
     return {"stated": arl0, "steps_per_false_alarm": spa, "ratio_to_stated": spa / arl0,
-            "ci95": [float(lo), float(hi)], "alarms": int(alarms.sum()), "reference_windows": windows,
+            "ci95": [float(lo), float(hi)], "alarms": int(alarms.sum()), "episodes": episodes,
+            "steps_per_episode": windows * watched / max(episodes, 1), "reference_windows": windows,
             "watched_steps_per_window": watched, "median_h": float(np.median(hs))}
 
 
@@ -203,24 +214,37 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--full", action="store_true", help="every cell at full size (about an hour on 2 cores)")
     ap.add_argument("--out", help="write the results as JSON here")
-    ap.add_argument("--no-river", action="store_true", help="skip the ADWIN / Page-Hinkley comparison")
     ap.add_argument("--reps", type=int, help="replicates per interval cell (default 300; --full 2,000)")
+    ap.add_argument("--sections", default=",".join(SECTIONS),
+                    help=f"comma-separated parts to run, each with its own seed (default all: {','.join(SECTIONS)}), "
+                         "so they can run as separate processes and be joined with --merge")
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="join the outputs of runs of separate sections")
     args = ap.parse_args()
-    rng = np.random.default_rng(2026)
+    if args.merge:
+        return merge(args.merge, args.out)
+    sections = args.sections.split(",")
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        ap.error(f"unknown sections {sorted(unknown)}; choose from {SECTIONS}")
     t0 = time.perf_counter()
     reps, windows = (2000, 100) if args.full else (300, 40)
     reps = args.reps or reps
     results: dict = {"machine": machine(), "full": args.full, "reference_steps": drift.REFERENCE_STEPS,
-                     "intervals": [], "false_alarms": [], "delays": []}
-    for rho in RHOS:
-        for lengths in LENGTHS:
-            for g in REQUESTS:
-                for k in KS:
-                    cell = {"rho": rho, "lengths": lengths, "requests": g, "k": k}
-                    cell.update(interval_cell(rng, rho, lengths, g, k, reps))
-                    results["intervals"].append(cell)
-    print(f"intervals done in {time.perf_counter() - t0:.0f} s", flush=True)
+                     "sections": sections, "intervals": [], "false_alarms": [], "delays": []}
+    if "intervals" in sections:
+        rng = np.random.default_rng(2026)
+        for rho in RHOS:
+            for lengths in LENGTHS:
+                for g in REQUESTS:
+                    for k in KS:
+                        cell = {"rho": rho, "lengths": lengths, "requests": g, "k": k}
+                        cell.update(interval_cell(rng, rho, lengths, g, k, reps))
+                        results["intervals"].append(cell)
+        print(f"intervals done in {time.perf_counter() - t0:.0f} s", flush=True)
     for arl0 in (2000, 20_000):
+        if f"false_alarms_{arl0}" not in sections:
+            continue
+        rng = np.random.default_rng(arl0)
         for rho in RHOS:
             for lengths in LENGTHS:
                 for k in (KS if args.full or arl0 == 2000 else (4,)):
@@ -229,19 +253,21 @@ def main() -> None:
                                                  windows if args.full or arl0 == 2000 else 20))
                     results["false_alarms"].append(cell)
                     print(json.dumps(cell), flush=True)
-    print(f"false alarms done in {time.perf_counter() - t0:.0f} s", flush=True)
-    for rho in (RHOS if args.full else (0.05, 0.2)):
-        for lengths in LENGTHS:
-            for k in (KS if args.full else (4,)):
-                cell = {"rho": rho, "lengths": lengths, "k": k, "stated": 20_000}
-                cell.update(delay_cell(rng, rho, lengths, k, 200 if args.full else 40, 20_000))
-                results["delays"].append(cell)
-                print(json.dumps(cell), flush=True)
-    if not args.no_river:
-        cusum = next(c for c in results["false_alarms"]
-                     if (c["rho"], c["lengths"], c["k"], c["stated"]) == (0.2, "geometric", 4, 2000))
+    if "delays" in sections:
+        rng = np.random.default_rng(2027)
+        for rho in (RHOS if args.full else (0.05, 0.2)):
+            for lengths in LENGTHS:
+                for k in (KS if args.full else (4,)):
+                    cell = {"rho": rho, "lengths": lengths, "k": k, "stated": 20_000}
+                    cell.update(delay_cell(rng, rho, lengths, k, 200 if args.full else 40, 20_000))
+                    results["delays"].append(cell)
+                    print(json.dumps(cell), flush=True)
+    if "river" in sections:
+        # the CUSUM's own false-alarm rate in the river cell, measured here so the section stands alone
+        rng = np.random.default_rng(2028)
+        cusum = false_alarm_cell(rng, 0.2, "geometric", 4, 2000, windows)
         results["river"] = {"cell": "rho 0.2, geometric, k = 4", "target_steps_per_false_alarm":
-                            cusum["steps_per_false_alarm"],
+                            cusum["steps_per_false_alarm"], "cusum_false_alarms": cusum,
                             "detectors": river_cell(rng, 2000, 1 / cusum["steps_per_false_alarm"])}
         delay = {"rho": 0.2, "lengths": "geometric", "k": 4}
         delay.update(delay_cell(rng, 0.2, "geometric", 4, 60, 2000, RIVER_BEFORE))
@@ -250,6 +276,25 @@ def main() -> None:
     text = json.dumps(results, indent=1)
     if args.out:
         with open(args.out, "w") as fh:
+            fh.write(text + "\n")
+    print(text)
+
+
+def merge(paths: list[str], out: str | None) -> None:
+    """Join runs of separate sections into one result: lists concatenated, the river part taken from the run that
+    has it, wall_s summed (the sections ran side by side, so it is CPU-bound time, not elapsed)."""
+    parts = [json.load(open(p)) for p in paths]
+    results = {"machine": parts[0]["machine"], "full": parts[0]["full"], "reference_steps": parts[0]["reference_steps"],
+               "sections": [s for p in parts for s in p["sections"]],
+               "wall_s_per_part": {",".join(p["sections"]): p["wall_s"] for p in parts}}
+    for key in ("intervals", "false_alarms", "delays"):
+        results[key] = [c for p in parts for c in p[key]]
+    for p in parts:
+        if "river" in p:
+            results["river"] = p["river"]
+    text = json.dumps(results, indent=1)
+    if out:
+        with open(out, "w") as fh:
             fh.write(text + "\n")
     print(text)
 
