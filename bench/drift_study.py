@@ -42,25 +42,13 @@ REQUESTS = (20, 50, 200, 1000)
 KS = (2, 4, 8)
 ALPHA = 0.70  # per-token acceptance in the interval cells (break-even is put exactly there)
 P0, P_DROP, BREAK_EVEN = 0.80, 0.40, 0.45  # drift cells: in control, after the drop, break-even (p1)
-SECTIONS = ("intervals", "false_alarms_2000", "false_alarms_20000", "delays", "river")
+SECTIONS = ("intervals", "false_alarms_2000", "false_alarms_20000", "false_alarms_two_point", "delays", "river")
 RIVER_BEFORE = 300  # watched in-control steps before the drop in the comparison with river (after the reference)
-
-
-def moments(mean: float, rho: float, k: int) -> list[float]:
-    """E r^i, i = 0..k, for per-request acceptance r with this Beta mean and intra-request correlation rho."""
-    if rho <= 0:
-        return [mean ** i for i in range(k + 1)]
-    m = 1 / rho - 1
-    a, b = mean * m, (1 - mean) * m
-    out = [1.0]
-    for i in range(1, k + 1):
-        out.append(out[-1] * (a + i - 1) / (a + b + i - 1))
-    return out
 
 
 def interval_cell(rng: np.random.Generator, rho: float, lengths: str, g: int, k: int, reps: int) -> dict:
     mean = streams.mean_for_alpha(ALPHA, rho, k)
-    e = moments(mean, rho, k)
+    e = streams.rate_moments(mean, rho, k)
     true_l = 1 + sum(e[1:])
     true_cond = [e[i] / e[i - 1] for i in range(1, k + 1)]  # position i accepted given it was checked
     c = (theory.expected_tokens(ALPHA, k) - 1) / k  # the draft cost that puts break-even exactly at alpha
@@ -101,13 +89,14 @@ def interval_cell(rng: np.random.Generator, rho: float, lengths: str, g: int, k:
     return out
 
 
-def false_alarm_cell(rng: np.random.Generator, rho: float, lengths: str, k: int, arl0: int, windows: int) -> dict:
+def false_alarm_cell(rng: np.random.Generator, rho: float, lengths: str, k: int, arl0: int, windows: int,
+                     shape: str = "beta") -> dict:
     """Each window: a fresh stream, the detector calibrated on its first REFERENCE_STEPS steps, then 10 x ARL0
     in-control steps watched (restarting after every alarm, as in use)."""
     watched = 10 * arl0
     alarms, episodes, hs = [], 0, []
     for _ in range(windows):
-        a, c, req = streams.steps(rng, drift.REFERENCE_STEPS + watched, P0, k, rho, lengths)
+        a, c, req = streams.steps(rng, drift.REFERENCE_STEPS + watched, P0, k, rho, lengths, shape)
         d = drift.design_for(a, c, req, k, BREAK_EVEN, arl0)
         raw = drift.cusum(a[drift.REFERENCE_STEPS:], c[drift.REFERENCE_STEPS:], d)[1]
         alarms.append(len(raw))
@@ -219,9 +208,12 @@ def main() -> None:
                     help=f"comma-separated parts to run, each with its own seed (default all: {','.join(SECTIONS)}), "
                          "so they can run as separate processes and be joined with --merge")
     ap.add_argument("--merge", nargs="+", metavar="JSON", help="join the outputs of runs of separate sections")
+    ap.add_argument("--tables", metavar="JSON", help="print docs/drift.md's tables and goal figures from a result")
     args = ap.parse_args()
     if args.merge:
         return merge(args.merge, args.out)
+    if args.tables:
+        return print(tables(json.load(open(args.tables))))
     sections = args.sections.split(",")
     unknown = set(sections) - set(SECTIONS)
     if unknown:
@@ -253,6 +245,15 @@ def main() -> None:
                                                  windows if args.full or arl0 == 2000 else 20))
                     results["false_alarms"].append(cell)
                     print(json.dumps(cell), flush=True)
+    if "false_alarms_two_point" in sections:
+        # request acceptance from two kinds of request, not the beta family the calibration smooths with
+        rng = np.random.default_rng(2029)
+        for rho in (0.05, 0.2):
+            for lengths in LENGTHS:
+                cell = {"rho": rho, "lengths": lengths, "k": 4, "shape": "two-point"}
+                cell.update(false_alarm_cell(rng, rho, lengths, 4, 2000, windows, "two-point"))
+                results["false_alarms"].append(cell)
+                print(json.dumps(cell), flush=True)
     if "delays" in sections:
         rng = np.random.default_rng(2027)
         for rho in (RHOS if args.full else (0.05, 0.2)):
@@ -278,6 +279,73 @@ def main() -> None:
         with open(args.out, "w") as fh:
             fh.write(text + "\n")
     print(text)
+
+
+def tables(r: dict) -> str:
+    """The markdown tables of docs/drift.md and the figures its goals quote, from a study result (so no figure in
+    the docs is typed in)."""
+    out = []
+    iv = r["intervals"]
+    out.append("| correlation | lengths | requests | alpha coverage, min over k | L coverage, min over k | per-position "
+               "coverage, min over k and positions | P(losing \\| at break-even), max over k | P(healthy \\| at "
+               "break-even), max over k |\n|---|---|---|---|---|---|---|---|")
+    for rho in RHOS:
+        for lengths in LENGTHS:
+            for g in REQUESTS:
+                cells = [c for c in iv if (c["rho"], c["lengths"], c["requests"]) == (rho, lengths, g)]
+                if cells:
+                    out.append(f"| {rho} | {lengths} | {g} | {min(c['coverage_alpha'] for c in cells):.3f} | "
+                               f"{min(c['coverage_L'] for c in cells):.3f} | "
+                               f"{min(min(c['coverage_per_position']) for c in cells):.3f} | "
+                               f"{max(c['p_losing_at_break_even'] for c in cells):.3f} | "
+                               f"{max(c['p_healthy_at_break_even'] for c in cells):.3f} |")
+    if iv:
+        def span(key: str, f=min) -> str:
+            vals = [f(c[key]) if isinstance(c[key], list) else c[key] for c in iv]
+            return f"min {min(vals):.3f}, mean {np.mean(vals):.3f}, max {max(vals):.3f}"
+        out.append(f"\ncells: {len(iv)}; alpha coverage {span('coverage_alpha')}; L coverage {span('coverage_L')}; "
+                   f"per-position coverage {span('coverage_per_position')}; P(losing) "
+                   f"{span('p_losing_at_break_even')}, cells above 0.03: "
+                   f"{sum(c['p_losing_at_break_even'] > 0.03 for c in iv)}; P(healthy) {span('p_healthy_at_break_even')}; "
+                   f"L cells below 0.94: {sum(c['coverage_L'] < 0.94 for c in iv)}; alpha cells below 0.94: "
+                   f"{sum(c['coverage_alpha'] < 0.94 for c in iv)}\n")
+    fa = r["false_alarms"]
+    out.append("| correlation | lengths | k | stated | measured steps per false alarm [95% CI] | ratio | steps per "
+               "episode | median h |\n|---|---|---|---|---|---|---|---|")
+    for c in fa:
+        shape = " (two-point)" if c.get("shape") == "two-point" else ""
+        out.append(f"| {c['rho']} | {c['lengths']}{shape} | {c['k']} | {c['stated']:,} | {c['steps_per_false_alarm']:,.0f} "
+                   f"[{c['ci95'][0]:,.0f}, {c['ci95'][1]:,.0f}] | {c['ratio_to_stated']:.2f} | "
+                   f"{c.get('steps_per_episode', float('nan')):,.0f} | {c['median_h']:.1f} |")
+    for stated, shape in ((2000, "beta"), (20_000, "beta"), (2000, "two-point")):
+        cells = [c for c in fa if c["stated"] == stated and c.get("shape", "beta") == shape]
+        if cells:
+            ratios = [c["ratio_to_stated"] for c in cells]
+            inside = sum(0.8 <= x <= 1.25 for x in ratios)
+            ci_inside = sum(c["ci95"][0] <= 1.25 * stated and c["ci95"][1] >= 0.8 * stated for c in cells)
+            out.append(f"\nstated {stated:,}, {shape} request acceptance: ratio {min(ratios):.2f} to {max(ratios):.2f} (mean {np.mean(ratios):.2f}); "
+                       f"{inside} of {len(cells)} cells within 0.8-1.25; {ci_inside} whose 95% CI meets the band")
+    out.append("\n| correlation | lengths | k | stated | streams | alarmed in the 3,000 steps before the change | mean "
+               "delay (se) | median delay | mean abs change-time error | median error | truth in likely range |"
+               "\n|---|---|---|---|---|---|---|---|---|---|---|")
+    for c in r["delays"]:
+        out.append(f"| {c['rho']} | {c['lengths']} | {c['k']} | {c['stated']:,} | {c['streams']} | "
+                   f"{c['alarmed_before_change']} | {c['mean_delay']:.1f} ({c['mean_delay_se']:.1f}) | "
+                   f"{c['median_delay']:.0f} | {c['mean_abs_change_error']:.1f} | {c['median_change_error']:.0f} | "
+                   f"{c['change_in_likely_range']:.2f} |")
+    if "river" in r:
+        rv = r["river"]
+        cu = rv["specmon CUSUM (stated 2,000)"]
+        out.append("\n| detector | steps per false alarm | alarmed before the drop | mean delay (se), steps |"
+                   "\n|---|---|---|---|")
+        out.append(f"| specmon CUSUM (stated 2,000) | {rv['target_steps_per_false_alarm']:,.0f} | "
+                   f"{cu['alarmed_before_change']} of {cu['streams']} | {cu['mean_delay']:.1f} ({cu['mean_delay_se']:.1f}),"
+                   f" median {cu['median_delay']:.1f} |")
+        for name, d in rv["detectors"].items():
+            param = f"delta = {1 / d['parameter']:.1e}" if "ADWIN" in name else f"threshold {d['parameter']:.1f}"
+            out.append(f"| {name} ({param}) | {d['steps_per_false_alarm']:,.0f} | {d['alarmed_before_change']} of "
+                       f"{d['streams']} | {d['mean_delay']:.1f} ({d['mean_delay_se']:.1f}) |")
+    return "\n".join(out)
 
 
 def merge(paths: list[str], out: str | None) -> None:
