@@ -42,8 +42,11 @@ REQUESTS = (20, 50, 200, 1000)
 KS = (2, 4, 8)
 ALPHA = 0.70  # per-token acceptance in the interval cells (break-even is put exactly there)
 P0, P_DROP, BREAK_EVEN = 0.80, 0.40, 0.45  # drift cells: in control, after the drop, break-even (p1)
-SECTIONS = ("intervals", "false_alarms_2000", "false_alarms_20000", "false_alarms_two_point", "delays_0.05", "delays_0.2",
-            "river")
+# delay parts: (correlations, --full's correlations, lengths, seed); each part can run as its own process
+DELAY_PARTS = {"delays_0.05": ((0.05,), (0.0, 0.05), LENGTHS, 2027),
+               "delays_0.2_geometric": ((0.2,), (0.2, 0.3), ("geometric",), 2030),
+               "delays_0.2_lognormal": ((0.2,), (0.2, 0.3), ("lognormal",), 2031)}
+SECTIONS = ("intervals", "false_alarms_2000", "false_alarms_20000", "false_alarms_two_point", *DELAY_PARTS, "river")
 RIVER_BEFORE = 300  # watched in-control steps before the drop in the comparison with river (after the reference)
 
 
@@ -255,15 +258,15 @@ def main() -> None:
                 cell.update(false_alarm_cell(rng, rho, lengths, 4, 2000, windows, "two-point"))
                 results["false_alarms"].append(cell)
                 print(json.dumps(cell), flush=True)
-    for rho, seed in ((0.05, 2027), (0.2, 2030)):
-        if f"delays_{rho}" not in sections:
+    for part, (rhos, full_rhos, part_lengths, seed) in DELAY_PARTS.items():
+        if part not in sections:
             continue
         rng = np.random.default_rng(seed)
-        for r in (((0.0, 0.05) if rho == 0.05 else (0.2, 0.3)) if args.full else (rho,)):
-            for lengths in LENGTHS:
+        for rho in (full_rhos if args.full else rhos):
+            for lengths in part_lengths:
                 for k in (KS if args.full else (4,)):
-                    cell = {"rho": r, "lengths": lengths, "k": k, "stated": 20_000}
-                    cell.update(delay_cell(rng, r, lengths, k, 200 if args.full else 40, 20_000))
+                    cell = {"rho": rho, "lengths": lengths, "k": k, "stated": 20_000}
+                    cell.update(delay_cell(rng, rho, lengths, k, 200 if args.full else 40, 20_000))
                     results["delays"].append(cell)
                     print(json.dumps(cell), flush=True)
     if "river" in sections:
