@@ -292,7 +292,8 @@ def tables(r: dict) -> str:
     the docs is typed in)."""
     out = []
     iv = r["intervals"]
-    out.append("| correlation | lengths | requests | alpha coverage, min over k | L coverage, min over k | per-position "
+    out.append("| correlation | lengths | requests | alpha coverage, min over k | L coverage, min over k | "
+               "per-position "
                "coverage, min over k and positions | P(losing \\| at break-even), max over k | P(healthy \\| at "
                "break-even), max over k |\n|---|---|---|---|---|---|---|---|")
     for rho in RHOS:
@@ -312,7 +313,8 @@ def tables(r: dict) -> str:
         out.append(f"\ncells: {len(iv)}; alpha coverage {span('coverage_alpha')}; L coverage {span('coverage_L')}; "
                    f"per-position coverage {span('coverage_per_position')}; P(losing) "
                    f"{span('p_losing_at_break_even')}, cells above 0.03: "
-                   f"{sum(c['p_losing_at_break_even'] > 0.03 for c in iv)}; P(healthy) {span('p_healthy_at_break_even')}; "
+                   f"{sum(c['p_losing_at_break_even'] > 0.03 for c in iv)}; "
+                   f"P(healthy) {span('p_healthy_at_break_even')}; "
                    f"L cells below 0.94: {sum(c['coverage_L'] < 0.94 for c in iv)}; alpha cells below 0.94: "
                    f"{sum(c['coverage_alpha'] < 0.94 for c in iv)}\n")
     fa = r["false_alarms"]
@@ -320,7 +322,8 @@ def tables(r: dict) -> str:
                "episode | median h |\n|---|---|---|---|---|---|---|---|")
     for c in fa:
         shape = " (two-point)" if c.get("shape") == "two-point" else ""
-        out.append(f"| {c['rho']} | {c['lengths']}{shape} | {c['k']} | {c['stated']:,} | {c['steps_per_false_alarm']:,.0f} "
+        out.append(f"| {c['rho']} | {c['lengths']}{shape} | {c['k']} | {c['stated']:,} | "
+                   f"{c['steps_per_false_alarm']:,.0f} "
                    f"[{c['ci95'][0]:,.0f}, {c['ci95'][1]:,.0f}] | {c['ratio_to_stated']:.2f} | "
                    f"{c.get('steps_per_episode', float('nan')):,.0f} | {c['median_h']:.1f} |")
     for stated, shape in ((2000, "beta"), (20_000, "beta"), (2000, "two-point")):
@@ -329,7 +332,8 @@ def tables(r: dict) -> str:
             ratios = [c["ratio_to_stated"] for c in cells]
             inside = sum(0.8 <= x <= 1.25 for x in ratios)
             ci_inside = sum(c["ci95"][0] <= 1.25 * stated and c["ci95"][1] >= 0.8 * stated for c in cells)
-            out.append(f"\nstated {stated:,}, {shape} request acceptance: ratio {min(ratios):.2f} to {max(ratios):.2f} (mean {np.mean(ratios):.2f}); "
+            out.append(f"\nstated {stated:,}, {shape} request acceptance: ratio {min(ratios):.2f} to "
+                       f"{max(ratios):.2f} (mean {np.mean(ratios):.2f}); "
                        f"{inside} of {len(cells)} cells within 0.8-1.25; {ci_inside} whose 95% CI meets the band")
     out.append("\n| correlation | lengths | k | stated | streams | alarmed in the 3,000 steps before the change | mean "
                "delay (se) | median delay | mean abs change-time error | median error | truth in likely range |"
@@ -345,7 +349,8 @@ def tables(r: dict) -> str:
         out.append("\n| detector | steps per false alarm | alarmed before the drop | mean delay (se), steps |"
                    "\n|---|---|---|---|")
         out.append(f"| specmon CUSUM (stated 2,000) | {rv['target_steps_per_false_alarm']:,.0f} | "
-                   f"{cu['alarmed_before_change']} of {cu['streams']} | {cu['mean_delay']:.1f} ({cu['mean_delay_se']:.1f}),"
+                   f"{cu['alarmed_before_change']} of {cu['streams']} | {cu['mean_delay']:.1f} "
+                   f"({cu['mean_delay_se']:.1f}),"
                    f" median {cu['median_delay']:.1f} |")
         for name, d in rv["detectors"].items():
             param = f"delta = {1 / d['parameter']:.1e}" if "ADWIN" in name else f"threshold {d['parameter']:.1f}"
