@@ -9,7 +9,14 @@ geometric / lognormal lengths x 20 / 50 / 200 / 1000 requests x k = 2 / 4 / 8 (3
 at a stated 2,000 steps in every correlation x lengths x k cell (40 reference windows each), at the default 20,000
 at k = 4 (20 windows each); delays and change times at a stated 20,000 at k = 4, correlation 0.05 and 0.2.
 --full: 2,000 replicates per interval cell, 100 reference windows per false-alarm cell and every k at 20,000,
-delays in every cell. --reps N sets the interval replicates alone.
+delays in every cell. --reps N sets the interval replicates alone. --sections runs some parts only (each part
+has its own seed, so a part gives the same figures alone or with the others); --merge joins the outputs of parts
+run side by side:
+
+    nice python bench/drift_study.py --sections intervals --reps 2000 --out /tmp/a.json &
+    nice python bench/drift_study.py --sections false_alarms_2000,river --out /tmp/b.json &
+    ...
+    python bench/drift_study.py --merge /tmp/a.json /tmp/b.json ... --out docs/drift_study.json
 
 Every figure comes with its Monte-Carlo error: a coverage or a probability with its binomial standard error;
 steps per false alarm with a 95% interval from resampling the reference windows (the windows differ, so alarms
@@ -35,24 +42,17 @@ REQUESTS = (20, 50, 200, 1000)
 KS = (2, 4, 8)
 ALPHA = 0.70  # per-token acceptance in the interval cells (break-even is put exactly there)
 P0, P_DROP, BREAK_EVEN = 0.80, 0.40, 0.45  # drift cells: in control, after the drop, break-even (p1)
+# delay parts: (correlations, --full's correlations, lengths, seed); each part can run as its own process
+DELAY_PARTS = {"delays_0.05": ((0.05,), (0.0, 0.05), LENGTHS, 2027),
+               "delays_0.2_geometric": ((0.2,), (0.2, 0.3), ("geometric",), 2030),
+               "delays_0.2_lognormal": ((0.2,), (0.2, 0.3), ("lognormal",), 2031)}
+SECTIONS = ("intervals", "false_alarms_2000", "false_alarms_20000", "false_alarms_two_point", *DELAY_PARTS, "river")
 RIVER_BEFORE = 300  # watched in-control steps before the drop in the comparison with river (after the reference)
-
-
-def moments(mean: float, rho: float, k: int) -> list[float]:
-    """E r^i, i = 0..k, for per-request acceptance r with this Beta mean and intra-request correlation rho."""
-    if rho <= 0:
-        return [mean ** i for i in range(k + 1)]
-    m = 1 / rho - 1
-    a, b = mean * m, (1 - mean) * m
-    out = [1.0]
-    for i in range(1, k + 1):
-        out.append(out[-1] * (a + i - 1) / (a + b + i - 1))
-    return out
 
 
 def interval_cell(rng: np.random.Generator, rho: float, lengths: str, g: int, k: int, reps: int) -> dict:
     mean = streams.mean_for_alpha(ALPHA, rho, k)
-    e = moments(mean, rho, k)
+    e = streams.rate_moments(mean, rho, k)
     true_l = 1 + sum(e[1:])
     true_cond = [e[i] / e[i - 1] for i in range(1, k + 1)]  # position i accepted given it was checked
     c = (theory.expected_tokens(ALPHA, k) - 1) / k  # the draft cost that puts break-even exactly at alpha
@@ -93,15 +93,18 @@ def interval_cell(rng: np.random.Generator, rho: float, lengths: str, g: int, k:
     return out
 
 
-def false_alarm_cell(rng: np.random.Generator, rho: float, lengths: str, k: int, arl0: int, windows: int) -> dict:
+def false_alarm_cell(rng: np.random.Generator, rho: float, lengths: str, k: int, arl0: int, windows: int,
+                     shape: str = "beta") -> dict:
     """Each window: a fresh stream, the detector calibrated on its first REFERENCE_STEPS steps, then 10 x ARL0
     in-control steps watched (restarting after every alarm, as in use)."""
     watched = 10 * arl0
-    alarms, hs = [], []
+    alarms, episodes, hs = [], 0, []
     for _ in range(windows):
-        a, c, req = streams.steps(rng, drift.REFERENCE_STEPS + watched, P0, k, rho, lengths)
+        a, c, req = streams.steps(rng, drift.REFERENCE_STEPS + watched, P0, k, rho, lengths, shape)
         d = drift.design_for(a, c, req, k, BREAK_EVEN, arl0)
-        alarms.append(len(drift.cusum(a[drift.REFERENCE_STEPS:], c[drift.REFERENCE_STEPS:], d)[1]))
+        raw = drift.cusum(a[drift.REFERENCE_STEPS:], c[drift.REFERENCE_STEPS:], d)[1]
+        alarms.append(len(raw))
+        episodes += sum(1 for i, t in enumerate(raw) if i == 0 or t - raw[i - 1] > drift.EPISODE_GAP)
         hs.append(d.h)
     alarms = np.array(alarms)
     boot = rng.integers(0, windows, (2000, windows))
@@ -109,7 +112,8 @@ def false_alarm_cell(rng: np.random.Generator, rho: float, lengths: str, k: int,
     spa = windows * watched / max(alarms.sum(), 1)
     lo, hi = np.quantile(1 / np.maximum(rates, 1e-12), [0.025, 0.975])
     return {"stated": arl0, "steps_per_false_alarm": spa, "ratio_to_stated": spa / arl0,
-            "ci95": [float(lo), float(hi)], "alarms": int(alarms.sum()), "reference_windows": windows,
+            "ci95": [float(lo), float(hi)], "alarms": int(alarms.sum()), "episodes": episodes,
+            "steps_per_episode": windows * watched / max(episodes, 1), "reference_windows": windows,
             "watched_steps_per_window": watched, "median_h": float(np.median(hs))}
 
 
@@ -203,24 +207,40 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--full", action="store_true", help="every cell at full size (about an hour on 2 cores)")
     ap.add_argument("--out", help="write the results as JSON here")
-    ap.add_argument("--no-river", action="store_true", help="skip the ADWIN / Page-Hinkley comparison")
     ap.add_argument("--reps", type=int, help="replicates per interval cell (default 300; --full 2,000)")
+    ap.add_argument("--sections", default=",".join(SECTIONS),
+                    help=f"comma-separated parts to run, each with its own seed (default all: {','.join(SECTIONS)}), "
+                         "so they can run as separate processes and be joined with --merge")
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="join the outputs of runs of separate sections")
+    ap.add_argument("--tables", metavar="JSON", help="print docs/drift.md's tables and goal figures from a result")
     args = ap.parse_args()
-    rng = np.random.default_rng(2026)
+    if args.merge:
+        return merge(args.merge, args.out)
+    if args.tables:
+        return print(tables(json.load(open(args.tables))))
+    sections = args.sections.split(",")
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        ap.error(f"unknown sections {sorted(unknown)}; choose from {SECTIONS}")
     t0 = time.perf_counter()
     reps, windows = (2000, 100) if args.full else (300, 40)
     reps = args.reps or reps
     results: dict = {"machine": machine(), "full": args.full, "reference_steps": drift.REFERENCE_STEPS,
-                     "intervals": [], "false_alarms": [], "delays": []}
-    for rho in RHOS:
-        for lengths in LENGTHS:
-            for g in REQUESTS:
-                for k in KS:
-                    cell = {"rho": rho, "lengths": lengths, "requests": g, "k": k}
-                    cell.update(interval_cell(rng, rho, lengths, g, k, reps))
-                    results["intervals"].append(cell)
-    print(f"intervals done in {time.perf_counter() - t0:.0f} s", flush=True)
+                     "sections": sections, "intervals": [], "false_alarms": [], "delays": []}
+    if "intervals" in sections:
+        rng = np.random.default_rng(2026)
+        for rho in RHOS:
+            for lengths in LENGTHS:
+                for g in REQUESTS:
+                    for k in KS:
+                        cell = {"rho": rho, "lengths": lengths, "requests": g, "k": k}
+                        cell.update(interval_cell(rng, rho, lengths, g, k, reps))
+                        results["intervals"].append(cell)
+        print(f"intervals done in {time.perf_counter() - t0:.0f} s", flush=True)
     for arl0 in (2000, 20_000):
+        if f"false_alarms_{arl0}" not in sections:
+            continue
+        rng = np.random.default_rng(arl0)
         for rho in RHOS:
             for lengths in LENGTHS:
                 for k in (KS if args.full or arl0 == 2000 else (4,)):
@@ -229,19 +249,32 @@ def main() -> None:
                                                  windows if args.full or arl0 == 2000 else 20))
                     results["false_alarms"].append(cell)
                     print(json.dumps(cell), flush=True)
-    print(f"false alarms done in {time.perf_counter() - t0:.0f} s", flush=True)
-    for rho in (RHOS if args.full else (0.05, 0.2)):
-        for lengths in LENGTHS:
-            for k in (KS if args.full else (4,)):
-                cell = {"rho": rho, "lengths": lengths, "k": k, "stated": 20_000}
-                cell.update(delay_cell(rng, rho, lengths, k, 200 if args.full else 40, 20_000))
-                results["delays"].append(cell)
+    if "false_alarms_two_point" in sections:
+        # request acceptance from two kinds of request, not the beta family the calibration smooths with
+        rng = np.random.default_rng(2029)
+        for rho in (0.05, 0.2):
+            for lengths in LENGTHS:
+                cell = {"rho": rho, "lengths": lengths, "k": 4, "shape": "two-point"}
+                cell.update(false_alarm_cell(rng, rho, lengths, 4, 2000, windows, "two-point"))
+                results["false_alarms"].append(cell)
                 print(json.dumps(cell), flush=True)
-    if not args.no_river:
-        cusum = next(c for c in results["false_alarms"]
-                     if (c["rho"], c["lengths"], c["k"], c["stated"]) == (0.2, "geometric", 4, 2000))
+    for part, (rhos, full_rhos, part_lengths, seed) in DELAY_PARTS.items():
+        if part not in sections:
+            continue
+        rng = np.random.default_rng(seed)
+        for rho in (full_rhos if args.full else rhos):
+            for lengths in part_lengths:
+                for k in (KS if args.full else (4,)):
+                    cell = {"rho": rho, "lengths": lengths, "k": k, "stated": 20_000}
+                    cell.update(delay_cell(rng, rho, lengths, k, 200 if args.full else 40, 20_000))
+                    results["delays"].append(cell)
+                    print(json.dumps(cell), flush=True)
+    if "river" in sections:
+        # the CUSUM's own false-alarm rate in the river cell, measured here so the section stands alone
+        rng = np.random.default_rng(2028)
+        cusum = false_alarm_cell(rng, 0.2, "geometric", 4, 2000, windows)
         results["river"] = {"cell": "rho 0.2, geometric, k = 4", "target_steps_per_false_alarm":
-                            cusum["steps_per_false_alarm"],
+                            cusum["steps_per_false_alarm"], "cusum_false_alarms": cusum,
                             "detectors": river_cell(rng, 2000, 1 / cusum["steps_per_false_alarm"])}
         delay = {"rho": 0.2, "lengths": "geometric", "k": 4}
         delay.update(delay_cell(rng, 0.2, "geometric", 4, 60, 2000, RIVER_BEFORE))
@@ -250,6 +283,97 @@ def main() -> None:
     text = json.dumps(results, indent=1)
     if args.out:
         with open(args.out, "w") as fh:
+            fh.write(text + "\n")
+    print(text)
+
+
+def tables(r: dict) -> str:
+    """The markdown tables of docs/drift.md and the figures its goals quote, from a study result (so no figure in
+    the docs is typed in)."""
+    out = []
+    iv = r["intervals"]
+    out.append("| correlation | lengths | requests | alpha coverage, min over k | L coverage, min over k | "
+               "per-position "
+               "coverage, min over k and positions | P(losing \\| at break-even), max over k | P(healthy \\| at "
+               "break-even), max over k |\n|---|---|---|---|---|---|---|---|")
+    for rho in RHOS:
+        for lengths in LENGTHS:
+            for g in REQUESTS:
+                cells = [c for c in iv if (c["rho"], c["lengths"], c["requests"]) == (rho, lengths, g)]
+                if cells:
+                    out.append(f"| {rho} | {lengths} | {g} | {min(c['coverage_alpha'] for c in cells):.3f} | "
+                               f"{min(c['coverage_L'] for c in cells):.3f} | "
+                               f"{min(min(c['coverage_per_position']) for c in cells):.3f} | "
+                               f"{max(c['p_losing_at_break_even'] for c in cells):.3f} | "
+                               f"{max(c['p_healthy_at_break_even'] for c in cells):.3f} |")
+    if iv:
+        def span(key: str, f=min) -> str:
+            vals = [f(c[key]) if isinstance(c[key], list) else c[key] for c in iv]
+            return f"min {min(vals):.3f}, mean {np.mean(vals):.3f}, max {max(vals):.3f}"
+        out.append(f"\ncells: {len(iv)}; alpha coverage {span('coverage_alpha')}; L coverage {span('coverage_L')}; "
+                   f"per-position coverage {span('coverage_per_position')}; P(losing) "
+                   f"{span('p_losing_at_break_even')}, cells above 0.03: "
+                   f"{sum(c['p_losing_at_break_even'] > 0.03 for c in iv)}; "
+                   f"P(healthy) {span('p_healthy_at_break_even')}; "
+                   f"L cells below 0.94: {sum(c['coverage_L'] < 0.94 for c in iv)}; alpha cells below 0.94: "
+                   f"{sum(c['coverage_alpha'] < 0.94 for c in iv)}\n")
+    fa = r["false_alarms"]
+    out.append("| correlation | lengths | k | stated | measured steps per false alarm [95% CI] | ratio | steps per "
+               "episode | median h |\n|---|---|---|---|---|---|---|---|")
+    for c in fa:
+        shape = " (two-point)" if c.get("shape") == "two-point" else ""
+        out.append(f"| {c['rho']} | {c['lengths']}{shape} | {c['k']} | {c['stated']:,} | "
+                   f"{c['steps_per_false_alarm']:,.0f} "
+                   f"[{c['ci95'][0]:,.0f}, {c['ci95'][1]:,.0f}] | {c['ratio_to_stated']:.2f} | "
+                   f"{c.get('steps_per_episode', float('nan')):,.0f} | {c['median_h']:.1f} |")
+    for stated, shape in ((2000, "beta"), (20_000, "beta"), (2000, "two-point")):
+        cells = [c for c in fa if c["stated"] == stated and c.get("shape", "beta") == shape]
+        if cells:
+            ratios = [c["ratio_to_stated"] for c in cells]
+            inside = sum(0.8 <= x <= 1.25 for x in ratios)
+            ci_inside = sum(c["ci95"][0] <= 1.25 * stated and c["ci95"][1] >= 0.8 * stated for c in cells)
+            out.append(f"\nstated {stated:,}, {shape} request acceptance: ratio {min(ratios):.2f} to "
+                       f"{max(ratios):.2f} (mean {np.mean(ratios):.2f}); "
+                       f"{inside} of {len(cells)} cells within 0.8-1.25; {ci_inside} whose 95% CI meets the band")
+    out.append("\n| correlation | lengths | k | stated | streams | alarmed in the 3,000 steps before the change | mean "
+               "delay (se) | median delay | mean abs change-time error | median error | truth in likely range |"
+               "\n|---|---|---|---|---|---|---|---|---|---|---|")
+    for c in r["delays"]:
+        out.append(f"| {c['rho']} | {c['lengths']} | {c['k']} | {c['stated']:,} | {c['streams']} | "
+                   f"{c['alarmed_before_change']} | {c['mean_delay']:.1f} ({c['mean_delay_se']:.1f}) | "
+                   f"{c['median_delay']:.0f} | {c['mean_abs_change_error']:.1f} | {c['median_change_error']:.0f} | "
+                   f"{c['change_in_likely_range']:.2f} |")
+    if "river" in r:
+        rv = r["river"]
+        cu = rv["specmon CUSUM (stated 2,000)"]
+        out.append("\n| detector | steps per false alarm | alarmed before the drop | mean delay (se), steps |"
+                   "\n|---|---|---|---|")
+        out.append(f"| specmon CUSUM (stated 2,000) | {rv['target_steps_per_false_alarm']:,.0f} | "
+                   f"{cu['alarmed_before_change']} of {cu['streams']} | {cu['mean_delay']:.1f} "
+                   f"({cu['mean_delay_se']:.1f}),"
+                   f" median {cu['median_delay']:.1f} |")
+        for name, d in rv["detectors"].items():
+            param = f"delta = {1 / d['parameter']:.1e}" if "ADWIN" in name else f"threshold {d['parameter']:.1f}"
+            out.append(f"| {name} ({param}) | {d['steps_per_false_alarm']:,.0f} | {d['alarmed_before_change']} of "
+                       f"{d['streams']} | {d['mean_delay']:.1f} ({d['mean_delay_se']:.1f}) |")
+    return "\n".join(out)
+
+
+def merge(paths: list[str], out: str | None) -> None:
+    """Join runs of separate sections into one result: lists concatenated, the river part taken from the run that
+    has it, wall_s summed (the sections ran side by side, so it is CPU-bound time, not elapsed)."""
+    parts = [json.load(open(p)) for p in paths]
+    results = {"machine": parts[0]["machine"], "full": parts[0]["full"], "reference_steps": parts[0]["reference_steps"],
+               "sections": [s for p in parts for s in p["sections"]],
+               "wall_s_per_part": {",".join(p["sections"]): p["wall_s"] for p in parts}}
+    for key in ("intervals", "false_alarms", "delays"):
+        results[key] = [c for p in parts for c in p[key]]
+    for p in parts:
+        if "river" in p:
+            results["river"] = p["river"]
+    text = json.dumps(results, indent=1)
+    if out:
+        with open(out, "w") as fh:
             fh.write(text + "\n")
     print(text)
 

@@ -1,10 +1,12 @@
-"""Streams of verification steps from request models that are *not* the detector's own (it resamples the
-reference's requests): for the drift study and the drift tests.
+"""Streams of verification steps from request models that are *not* the detector's own (it calibrates on the
+reference's own request lengths and steps): for the drift study and the drift tests.
 
 A request has its own acceptance r, drawn so that the intra-request correlation of accept/reject outcomes is rho
 (a Beta(a m, (1 - a) m) with m = 1/rho - 1; rho = 0: every request has r = a), and a length in steps, geometric
-(mean 20) or heavy-tailed (lognormal, sigma 1.2, mean 20). Within a step, position i is accepted with probability r
-while all before were. Requests follow one another (steps of one request together).
+(mean 20) or heavy-tailed (lognormal, sigma 1.2, mean 20). shape="two-point" replaces the beta distribution by
+two kinds of request with the same mean and correlation: one in TWO_POINT_HARD is hard (low acceptance), the rest
+easy; it is outside the beta family the drift calibration smooths with. Within a step, position i is accepted
+with probability r while all before were. Requests follow one another (steps of one request together).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import numpy as np
 
 MEAN_STEPS = 20.0
 LOGNORMAL_SIGMA = 1.2
+TWO_POINT_HARD = 0.1  # share of hard requests in the two-point model
 
 
 def request_lengths(rng: np.random.Generator, n: int, lengths: str) -> np.ndarray:
@@ -25,46 +28,67 @@ def request_lengths(rng: np.random.Generator, n: int, lengths: str) -> np.ndarra
     raise ValueError(f"lengths must be geometric or lognormal, got {lengths!r}")
 
 
-def request_rates(rng: np.random.Generator, n: int, mean: float, rho: float) -> np.ndarray:
+def _two_point(mean: float, rho: float) -> tuple[float, float]:
+    """(hard, easy) acceptance with share TWO_POINT_HARD of hard requests, mean `mean` and variance rho m (1 - m)."""
+    q = TWO_POINT_HARD
+    d = math.sqrt(rho * mean * (1 - mean) / (q * (1 - q)))
+    return max(mean - (1 - q) * d, 0.0), min(mean + q * d, 1.0)
+
+
+def request_rates(rng: np.random.Generator, n: int, mean: float, rho: float, shape: str = "beta") -> np.ndarray:
     if rho <= 0:
         return np.full(n, mean)
+    if shape == "two-point":
+        hard, easy = _two_point(mean, rho)
+        return np.where(rng.random(n) < TWO_POINT_HARD, hard, easy)
+    if shape != "beta":
+        raise ValueError(f"shape must be beta or two-point, got {shape!r}")
     m = 1 / rho - 1
     return rng.beta(mean * m, (1 - mean) * m, n)
 
 
-def per_token_alpha(mean: float, rho: float, k: int) -> float:
-    """The per-token acceptance (accepted / checked, in expectation over requests) of requests whose acceptance
-    has this Beta mean: sum_{i=1..k} E r^i / sum_{i=0..k-1} E r^i, which exceeds the mean when rho > 0 (good
-    requests check more positions). Request lengths are independent of r, so they do not enter."""
+def rate_moments(mean: float, rho: float, k: int, shape: str = "beta") -> list[float]:
+    """E r^i, i = 0..k, of per-request acceptance r with this mean and intra-request correlation rho."""
     if rho <= 0:
-        return mean
+        return [mean ** i for i in range(k + 1)]
+    if shape == "two-point":
+        hard, easy = _two_point(mean, rho)
+        return [TWO_POINT_HARD * hard ** i + (1 - TWO_POINT_HARD) * easy ** i for i in range(k + 1)]
     m = 1 / rho - 1
     a, b = mean * m, (1 - mean) * m
-    moments = [1.0]
+    out = [1.0]
     for i in range(1, k + 1):
-        moments.append(moments[-1] * (a + i - 1) / (a + b + i - 1))
-    return sum(moments[1:]) / sum(moments[:-1])
+        out.append(out[-1] * (a + i - 1) / (a + b + i - 1))
+    return out
 
 
-def mean_for_alpha(alpha: float, rho: float, k: int) -> float:
-    """The Beta mean whose per-token alpha is alpha (bisection)."""
+def per_token_alpha(mean: float, rho: float, k: int, shape: str = "beta") -> float:
+    """The per-token acceptance (accepted / checked, in expectation over requests) of requests whose acceptance
+    has this mean: sum_{i=1..k} E r^i / sum_{i=0..k-1} E r^i, which exceeds the mean when rho > 0 (good
+    requests check more positions). Request lengths are independent of r, so they do not enter."""
+    e = rate_moments(mean, rho, k, shape)
+    return sum(e[1:]) / sum(e[:-1])
+
+
+def mean_for_alpha(alpha: float, rho: float, k: int, shape: str = "beta") -> float:
+    """The mean of r whose per-token alpha is alpha (bisection)."""
     lo, hi = 1e-6, 1 - 1e-6
     for _ in range(60):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if per_token_alpha(mid, rho, k) < alpha else (lo, mid)
+        lo, hi = (mid, hi) if per_token_alpha(mid, rho, k, shape) < alpha else (lo, mid)
     return (lo + hi) / 2
 
 
 def steps(rng: np.random.Generator, n_steps: int, alpha: float, k: int, rho: float,
-          lengths: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+          lengths: str, shape: str = "beta") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(accepted, checked, request) per step for n_steps steps with per-token acceptance alpha."""
-    mean = mean_for_alpha(alpha, rho, k)
+    mean = mean_for_alpha(alpha, rho, k, shape)
     n_req = int(n_steps / MEAN_STEPS * 2) + 10
     sizes = request_lengths(rng, n_req, lengths)
     while sizes.sum() < n_steps:
         sizes = np.concatenate([sizes, request_lengths(rng, n_req, lengths)])
     request = np.repeat(np.arange(len(sizes)), sizes)[:n_steps]
-    p = request_rates(rng, len(sizes), mean, rho)[request]
+    p = request_rates(rng, len(sizes), mean, rho, shape)[request]
     alive = np.ones(n_steps, dtype=bool)
     accepted = np.zeros(n_steps, dtype=np.int64)
     for _ in range(k):

@@ -7,10 +7,11 @@ cluster (a request; for engine data, the window itself) whose points share their
 
 The CUSUM adds, per point, s*ln(p1/p0) + f*ln((1-p1)/(1-p0)) for s accepted and f rejected checked positions, and
 alarms when the sum reaches h. Acceptance is correlated within a request, so a threshold computed for independent
-tokens would alarm far too often; h is instead calibrated on streams built by resampling the reference window's own
-clusters (with their points, in their order), until the simulated expected number of points between false alarms
-(ARL0) matches the one asked for. The resampled streams have the reference's per-token acceptance, its spread between
-requests and its request lengths, whatever their distribution. Pure numpy; no I/O.
+tokens would alarm far too often; h is instead calibrated on simulated in-control streams built from the
+reference window (calibrate): its clusters resampled for their sizes, a cluster acceptance drawn from a beta
+distribution with the reference's mean and spread between clusters, and points drawn to match it (steps from the
+reference's own steps, tilted; windows binomial), until the simulated expected number of points between false
+alarms (ARL0, counting the re-alarms after each restart) matches the one asked for. Pure numpy; no I/O.
 """
 from __future__ import annotations
 
@@ -116,30 +117,6 @@ def _cluster_sums(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarra
             np.bincount(inverse, weights=np.asarray(checked, dtype=float)))
 
 
-def resampled_indices(rng: np.random.Generator, clusters: np.ndarray, n_streams: int, n_points: int,
-                      pool: np.ndarray | None = None) -> np.ndarray:
-    """(n_streams, n_points) indices into the reference points: whole clusters drawn with replacement (from pool,
-    positions in the sorted list of distinct clusters; default all of them) and laid end to end, each cluster's
-    points kept together and in their order (the cluster bootstrap)."""
-    order = np.argsort(clusters, kind="stable")
-    _, starts, sizes = np.unique(clusters[order], return_index=True, return_counts=True)
-    pool = np.arange(len(sizes)) if pool is None else pool
-    # enough draws that every stream is filled, with room for an unlucky run of short clusters
-    draws = int(n_points / sizes[pool].mean() * 1.5) + 16
-    out = np.empty((n_streams, n_points), dtype=np.int64)
-    for i in range(n_streams):
-        filled = 0
-        while filled < n_points:
-            pick = pool[rng.integers(0, len(pool), draws)]
-            lengths = sizes[pick]
-            offsets = np.repeat(starts[pick] - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
-            idx = order[offsets + np.arange(lengths.sum())]
-            take = min(len(idx), n_points - filled)
-            out[i, filled:filled + take] = idx[:take]
-            filled += take
-    return out
-
-
 def target_p1(p0: float, break_even: float | None, delta: float = DEFAULT_DELTA) -> float:
     """p1, the acceptance the CUSUM watches for: break-even alpha* when it lies below p0 by more than 0.02, else
     p0 - delta."""
@@ -152,70 +129,166 @@ def calibrate(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p
               streams_per_group: int = 5, seed: int = 0) -> float:
     """The threshold h at which the CUSUM from p0 to p1 alarms once per arl0_steps in-control points, averaged
     over the in-control processes the reference window leaves plausible (for engine windows each window is its
-    own cluster, so windows are resampled one by one).
+    own cluster).
 
     The in-control process is known only through the reference's G clusters, and the false-alarm rate depends
-    steeply on its acceptance and on how much that varies over a stretch of points: calibrating on the reference
-    alone lets a reference that happens to be quiet set a threshold that alarms several times as often as stated
-    on the process itself. So each group is one plausible process, G clusters drawn with replacement from the
-    reference (the bootstrap's picture of the sampling error), and its streams_per_group streams are clusters drawn
-    from that group, watched with the reference's own p0 and p1. A group's alarm rate is estimated as
-    (n - 1) / (sum of its n run lengths to the first alarm), unbiased for a geometric run length; h is bisected
-    until the groups' mean rate is 1 / arl0_steps (the rate over many deployments). Streams run to 5 x ARL0
-    (under 1% are cut short, which errs on the quiet side).
+    steeply on its acceptance and on how much that varies over a stretch of points. So each group is one
+    plausible process: G clusters drawn with replacement from the reference (the bootstrap's picture of the
+    sampling error), whose acceptance p and spread between clusters set a beta distribution of cluster acceptance
+    (by moments, _beta_rates). Its streams_per_group streams are clusters drawn from the group (their sizes: request
+    lengths, window sizes), each given an acceptance r from that beta distribution and points made to match r:
+    an engine window gets accepted ~ Binomial(checked, r), a request gets steps drawn from the group's own steps
+    exponentially tilted to acceptance r (_tilted_steps). Resampling the reference's clusters as they are, a
+    hundred of them, would let the rare poor request (or window) that sets off a false alarm once in thousands of
+    points be missing or over-represented by chance, and the threshold would follow that luck; the smoothing gives
+    every group the tail its spread implies. The streams are watched with the reference's own p0 and p1. A group's
+    alarm rate is (n - 1) / (sum of its n run lengths to the first alarm), unbiased for a geometric run length;
+    h is bisected until the groups' mean rate is 1 / arl0_steps (the rate over many deployments). Streams run to
+    5 x ARL0 (under 1% are cut short, which errs on the quiet side).
     """
     rng = np.random.default_rng(seed)
     a = np.asarray(accepted, dtype=float)
     n = np.asarray(checked, dtype=float)
-    n_clusters = len(np.unique(clusters))
+    _, inverse = np.unique(clusters, return_inverse=True)
+    n_clusters = int(inverse.max()) + 1
     wa, wr = llr_weights(p0, p1)
-    x_ref = (a * wa + (n - a) * wr).astype(np.float32)
     single = n_clusters == len(a)  # engine windows: every point its own cluster
     w = []
     for _ in range(groups):
         pool = rng.integers(0, n_clusters, n_clusters)
-        idx = resampled_indices(rng, clusters, streams_per_group, 5 * arl0_steps, pool)
         if single:
+            idx = rng.choice(pool, (streams_per_group, 5 * arl0_steps))
             x = _smoothed_windows(rng, a, n, idx, pool, wa, wr)
         else:
-            x = x_ref[idx]
-        s = np.cumsum(x, axis=1, dtype=np.float32)
-        w.append(s - np.minimum(np.minimum.accumulate(s, axis=1), np.float32(0.0)))
+            x = _tilted_steps(rng, a, n, inverse, pool, streams_per_group, 5 * arl0_steps, wa, wr)
+        w.append(np.cumsum(x, axis=1, dtype=np.float64))
 
     return _bisect(w, arl0_steps)
 
 
-def _bisect(w: list[np.ndarray], arl0_steps: int) -> float:
-    """h at which the groups' mean alarm rate, (n - 1) / (sum of run lengths) per group, is 1 / arl0_steps."""
-    def rate(h: float) -> float:
+def _bisect(s: list[np.ndarray], arl0_steps: int) -> float:
+    """h at which the groups' mean alarm rate is 1 / arl0_steps, for a CUSUM restarted after every alarm as in use;
+    s holds each group's cumulative increments, one stream a row.
+
+    A group's rate from a fresh start is (n - 1) / (sum of its n run lengths to the first alarm), unbiased for a
+    geometric run length; h is bisected on the mean of those. But after an alarm the points that follow are often
+    the rest of the same poor request, so the next alarm comes sooner than the first did, and the rate a
+    deployment sees is that of the run lengths after an alarm. Measuring those costs a pass per threshold, so at
+    the bisected h and at 1.15 and 1.3 times it the fresh-start rates are multiplied by the ratio of the restarted
+    to the fresh-start rate, pooled over all streams (_restart_factor), and h is read off a line through log rate
+    against h (an in-control CUSUM's alarm rate falls exponentially in h)."""
+    w = [g - np.minimum(np.minimum.accumulate(g, axis=1), 0.0) for g in s]
+
+    def first_rate(h: float) -> float:
         return float(np.mean([(len(g) - 1) / first_alarm_steps(g, h).sum() for g in w]))
 
     lo, hi = 0.1, 1.0
-    while rate(hi) > 1.0 / arl0_steps and hi < 1e4:
+    while first_rate(hi) > 1.0 / arl0_steps and hi < 1e4:
         lo, hi = hi, hi * 2
     while hi - lo > 1e-3 * hi:
         mid = (lo + hi) / 2
-        if rate(mid) > 1.0 / arl0_steps:
+        if first_rate(mid) > 1.0 / arl0_steps:
             lo = mid
         else:
             hi = mid
-    return hi
+    hs = np.array([hi, 1.15 * hi, 1.3 * hi])
+    rates = np.array([first_rate(h) * _restart_factor(s, w, h) for h in hs])
+    if (rates <= 0).any():
+        return float(hi)
+    slope, intercept = np.polyfit(hs, np.log(rates), 1)
+    return float(hi) if slope >= 0 else float(max(hi, (math.log(1.0 / arl0_steps) - intercept) / slope))
+
+
+def _restart_factor(s: list[np.ndarray], w: list[np.ndarray], h: float) -> float:
+    """The alarm rate after an alarm over the rate from a fresh start, both pooled over every stream (events over
+    points watched): each stream's CUSUM is restarted at its first alarm and watched to its second or its end. 1
+    where no stream alarmed twice."""
+    first_events = first_points = again_events = again_points = 0.0
+    for g, v in zip(s, w):
+        n = g.shape[1]
+        first = first_alarm_steps(v, h)
+        alarmed = first < n
+        first_events += alarmed.sum()
+        first_points += first.sum()
+        if not alarmed.any():
+            continue
+        g, first = g[alarmed], first[alarmed]
+        at = g[np.arange(len(g)), first - 1]
+        restarted = np.where(np.arange(n)[None, :] < first[:, None], at[:, None], g)
+        again = restarted - np.minimum.accumulate(restarted, axis=1) >= h
+        second = np.where(again.any(axis=1), again.argmax(axis=1) + 1, n)
+        again_events += (second < n).sum()
+        again_points += (second - first).sum()
+    if again_events == 0 or first_events == 0:
+        return 1.0
+    return (again_events / again_points) / (first_events / first_points)
+
+
+def _beta_rates(rng: np.random.Generator, pa: np.ndarray, pn: np.ndarray, weights: np.ndarray,
+                size: int | tuple) -> np.ndarray:
+    """Cluster acceptances r ~ Beta for a group of clusters with accepted pa of checked pn, fitted by moments to
+    the clusters' own acceptances pa / pn weighted as the clusters are drawn (weights), less their binomial part
+    (no spread left: r is the mean). Assumes a cluster's checked positions are Bernoulli(r) given r, which holds for
+    a step log (each checked position is a trial; drafting stops at the first rejection) and for windows.
+
+    The weights matter: a request is drawn per step, and a request with higher r checks more positions per step,
+    so its acceptance must be weighted by its steps, not its checked positions (the checked-weighted mean is the
+    per-token alpha, which exceeds the per-step mean of r when requests differ); a window keeps its checked count
+    whatever its r, so windows are weighted by checked positions."""
+    rate = pa / np.maximum(pn, 1)
+    mean = float(np.clip(np.average(rate, weights=weights), 0.005, 0.995))
+    between = (np.average((rate - mean) ** 2, weights=weights)
+               - np.average(mean * (1 - mean) / np.maximum(pn, 1), weights=weights))
+    m = mean * (1 - mean) / between - 1.0 if between > 0 else math.inf
+    return np.full(size, mean) if not math.isfinite(m) or m <= 0 else rng.beta(mean * m, (1 - mean) * m, size)
 
 
 def _smoothed_windows(rng: np.random.Generator, a: np.ndarray, n: np.ndarray, idx: np.ndarray, pool: np.ndarray,
                       wa: float, wr: float) -> np.ndarray:
     """Increments of resampled engine windows, smoothed: each drawn window keeps its checked count n and gets
-    accepted ~ Binomial(n, r) with r ~ Beta around the group's acceptance, with the spread between its windows (by
-    moments). A few dozen windows never show the rare poor window that sets off a false alarm once in thousands;
-    resampled as they are, they would say that none ever comes (and set h as low as it goes)."""
-    pa, pn = a[pool], n[pool]
-    p = float(np.clip(pa.sum() / max(pn.sum(), 1.0), 0.005, 0.995))
-    between = np.average((pa / np.maximum(pn, 1) - p) ** 2, weights=pn) - p * (1 - p) * len(pn) / pn.sum()
-    m = p * (1 - p) / between - 1.0 if between > 0 else math.inf
+    accepted ~ Binomial(n, r), r from _beta_rates of the group."""
     checked = n[idx]
-    rate = np.full(idx.shape, p) if not math.isfinite(m) or m <= 0 else rng.beta(p * m, (1 - p) * m, idx.shape)
-    accepted = rng.binomial(checked.astype(np.int64), rate)
+    accepted = rng.binomial(checked.astype(np.int64), _beta_rates(rng, a[pool], n[pool], n[pool], idx.shape))
     return (accepted * wa + (checked - accepted) * wr).astype(np.float32)
+
+
+TILT_GRID = np.linspace(-8.0, 8.0, 161)  # exponential tilts of a group's step mix, per accepted position
+
+
+def _tilted_steps(rng: np.random.Generator, a: np.ndarray, n: np.ndarray, inverse: np.ndarray, pool: np.ndarray,
+                  n_streams: int, n_points: int, wa: float, wr: float) -> np.ndarray:
+    """Increments of (n_streams, n_points) steps of requests drawn from the group pool (positions among the
+    reference's requests, inverse the request of each step), laid end to end. A drawn request keeps its length in
+    steps and gets an acceptance r from _beta_rates; its steps are drawn independently from the group's steps
+    (their (accepted, checked) kinds, as often as the group has them) tilted by exp(theta * accepted), theta (on
+    TILT_GRID) the tilt whose acceptance is nearest r. So a request's steps keep the shape of real steps (the
+    per-position rates of the logs) at its own acceptance, and no single reference request is replayed."""
+    kinds, kind = np.unique(np.stack([a, n], axis=1), axis=0, return_inverse=True)
+    kind = kind.ravel()
+    n_requests = int(inverse.max()) + 1
+    steps = np.bincount(inverse, minlength=n_requests)
+    per_request = np.zeros((n_requests, len(kinds)))
+    np.add.at(per_request, (inverse, kind), 1.0)
+    freq = np.bincount(pool, minlength=n_requests) @ per_request  # the group's steps of each kind
+    weight = freq * np.exp(np.outer(TILT_GRID, kinds[:, 0] - kinds[:, 0].max()))
+    tilt_rate = (weight @ kinds[:, 0]) / (weight @ kinds[:, 1])  # increasing in theta
+    cdf = np.cumsum(weight / weight.sum(axis=1, keepdims=True), axis=1)
+    x_kind = (kinds[:, 0] * wa + (kinds[:, 1] - kinds[:, 0]) * wr).astype(np.float32)
+    pa = np.bincount(inverse, weights=a, minlength=n_requests)[pool]
+    pn = np.bincount(inverse, weights=n, minlength=n_requests)[pool]
+    draws = int(n_points / steps[pool].mean() * 1.5) + 16
+    out = np.empty((n_streams, n_points), dtype=np.float32)
+    for i in range(n_streams):
+        filled = 0
+        while filled < n_points:
+            lengths = steps[pool[rng.integers(0, len(pool), draws)]]
+            grid = np.searchsorted(tilt_rate, _beta_rates(rng, pa, pn, steps[pool], draws)).clip(0, len(TILT_GRID) - 1)
+            row = np.repeat(grid, lengths)[:n_points - filled]
+            u = rng.random(len(row))
+            picked = (u[:, None] > cdf[row]).sum(axis=1).clip(0, len(kinds) - 1)
+            out[i, filled:filled + len(row)] = x_kind[picked]
+            filled += len(row)
+    return out
 
 
 def first_alarm_steps(w: np.ndarray, h: float) -> np.ndarray:

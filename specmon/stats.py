@@ -178,16 +178,20 @@ def wilson_interval(successes: float, trials: float, confidence: float = 0.95,
 
 
 def cluster_interval(sums: ClusterSums, confidence: float = 0.95) -> Interval:
-    """Acceptance a/n with a Wilson interval widened for correlation within clusters (requests, engine windows),
-    built to hold with few clusters (docs/math.md, "Intervals").
+    """Acceptance a/n with an interval widened for correlation within clusters (requests, engine windows), built to
+    hold with few clusters (docs/math.md, "Intervals").
 
     Variance: the bias-reduced cluster-robust (CR2) variance of the ratio estimator, whose ratio to the binomial
-    variance is the design effect (floored at 1); the Wilson interval is computed at n_eff = N / design effect with
-    the t quantile at the Satterthwaite degrees of freedom of ClusterSums.dof instead of z. Why: with 20 clusters
-    the plain cluster-robust variance is biased low and z ignores its noise; both make intervals too short (the
-    study in docs/drift.md measures coverage). Assumes clusters are independent of each other. With fewer than 2
-    clusters the spread between them cannot be estimated and the plain Wilson interval (independent tokens) is
-    returned, which is then too narrow if tokens are correlated.
+    variance is the design effect (floored at 1); the quantile is Student's t at the Satterthwaite degrees of
+    freedom of ClusterSums.dof instead of z. Why: with 20 clusters the plain cluster-robust variance is biased low
+    and z ignores its noise; both make intervals too short. Shape: the hull of two intervals, the Wilson score
+    interval at n_eff = N / design effect (right near 0 and 1) and the interval on the log scale,
+    alpha * exp(+-t se / alpha) (log_ratio_bounds): with few clusters of unequal acceptance the ratio estimator is
+    skewed to the right (a sample short of the rare good, long requests is low *and* looks steady), which the
+    Wilson interval, drawn towards 1/2, makes worse; the log scale follows it (the study in docs/drift.md measures
+    both tails). Assumes clusters are independent of each other. With fewer than 2 clusters the spread between
+    them cannot be estimated and the plain Wilson interval (independent tokens) is returned, which is then too
+    narrow if tokens are correlated.
     """
     if sums.n <= 0:
         return Interval(math.nan, math.nan, math.nan, 0.0, sums.clusters, math.nan, 0.0)
@@ -200,7 +204,17 @@ def cluster_interval(sums: ClusterSums, confidence: float = 0.95) -> Interval:
         dof = sums.dof(design_effect)
     n_eff = sums.n / design_effect
     lo, hi = wilson_interval(alpha * n_eff, n_eff, confidence, dof)
+    if sums.clusters >= 2 and binomial_var > 0:
+        log_lo, log_hi = log_ratio_bounds(alpha, math.sqrt(binomial_var * design_effect), t_quantile(confidence, dof))
+        lo, hi = min(lo, log_lo), min(1.0, max(hi, log_hi))
     return Interval(alpha, lo, hi, float(sums.n), int(sums.clusters), design_effect, n_eff, dof)
+
+
+def log_ratio_bounds(ratio: float, se: float, quantile: float) -> tuple[float, float]:
+    """ratio * exp(+-quantile * se / ratio): a normal interval for log(ratio) by the delta method, for a positive
+    ratio estimator whose sampling distribution is skewed to the right."""
+    spread = quantile * se / ratio
+    return ratio * math.exp(-spread), ratio * math.exp(spread)
 
 
 def cluster_robust_interval(successes: np.ndarray, trials: np.ndarray, confidence: float = 0.95) -> Interval:
@@ -209,13 +223,18 @@ def cluster_robust_interval(successes: np.ndarray, trials: np.ndarray, confidenc
 
 
 def ratio_interval(sums: ClusterSums, dof: float, confidence: float = 0.95) -> tuple[float, float] | None:
-    """Normal-shape interval r +- t * se for a ratio of per-cluster totals that is not a proportion (tokens per
-    step: accepted / steps), with the CR2 variance and the given degrees of freedom. None with under 2 clusters."""
+    """Interval for a positive ratio of per-cluster totals that is not a proportion (tokens per step: accepted /
+    steps), with the CR2 variance and the given degrees of freedom: the hull of the normal-shape interval
+    r +- t se and the log-scale one r exp(+-t se / r) (log_ratio_bounds), that is [r - t se, r exp(t se / r)].
+    Why the log scale above: the estimator is skewed to the right when few clusters differ (the normal-shape
+    interval alone missed high truths four times as often as low ones in the study); why the normal shape below:
+    where clusters hardly differ the log scale's lower end is too high. None with under 2 clusters."""
     if sums.clusters < 2 or sums.n <= 0:
         return None
     r = sums.a / sums.n
-    half = t_quantile(confidence, dof) * math.sqrt(sums.ratio_variance())
-    return r - half, r + half
+    se = math.sqrt(sums.ratio_variance())
+    q = t_quantile(confidence, dof)
+    return r - q * se, (log_ratio_bounds(r, se, q)[1] if r > 0 else q * se)
 
 
 def cluster_z(sum_d: float, sum_dd: float) -> float:
