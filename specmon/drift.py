@@ -204,7 +204,7 @@ def _restart_factor(s: list[np.ndarray], w: list[np.ndarray], h: float) -> float
     points watched): each stream's CUSUM is restarted at its first alarm and watched to its second or its end. 1
     where no stream alarmed twice."""
     first_events = first_points = again_events = again_points = 0.0
-    for g, v in zip(s, w):
+    for g, v in zip(s, w, strict=True):
         n = g.shape[1]
         first = first_alarm_steps(v, h)
         alarmed = first < n
