@@ -24,11 +24,11 @@ from specmon.store import Store
 _STREAM_SQL = """
 SELECT st.accepted, st.checked, coalesce(st.k, st.g) AS k, epoch_us(st.ts) AS ts_us, st.segment_id,
        hash(st.request_id) AS cluster
-FROM steps st JOIN segments sg USING (segment_id) JOIN runs r USING (run_id)
-WHERE r.name = ? ORDER BY st.ts, st.step_id
+FROM steps st JOIN run_segments rs USING (segment_id)
+WHERE rs.run = ? ORDER BY st.ts, st.step_id
 """
 _SEGMENT_NAMES_SQL = """
-SELECT sg.segment_id, sg.template FROM segments sg JOIN runs r USING (run_id) WHERE r.name = ?
+SELECT segment_id, template FROM run_segments WHERE run = ?
 """
 _ANNOTATIONS_SQL = """
 SELECT a.annotation_id, a.template, a.starts_at, a.note, a.created_at FROM annotations a JOIN runs r USING (run_id)

@@ -21,20 +21,20 @@ from specmon.settings import BUCKETS, CONFIDENCE
 from specmon.store import Store
 
 _WINDOWS_SQL = """
-SELECT r.name AS run, sg.template, w.segment_id, w.engine, w.source, w.end_ts, w.start_ts, w.drafts, w.draft_tokens,
+SELECT rs.run, rs.template, w.segment_id, w.engine, w.source, w.end_ts, w.start_ts, w.drafts, w.draft_tokens,
        w.accepted_tokens, w.accepted_per_position, w.k, w.mean_acceptance_length, w.reported_rate, i.ingested_at
-FROM engine_windows w JOIN segments sg USING (segment_id) JOIN runs r USING (run_id) JOIN ingests i USING (ingest_id)
-WHERE (? IS NULL OR r.name = ?) ORDER BY w.end_ts, w.window_id
+FROM engine_windows w JOIN run_segments rs USING (segment_id) JOIN ingests i USING (ingest_id)
+WHERE (? IS NULL OR rs.run = ?) ORDER BY w.end_ts, w.window_id
 """
 _SAMPLES_SQL = """
 SELECT c.segment_id, c.metric, c.series, c.labels::VARCHAR AS labels, c.ts, c.value
-FROM counter_samples c JOIN segments sg USING (segment_id) JOIN runs r USING (run_id)
-WHERE (? IS NULL OR r.name = ?) ORDER BY c.segment_id, c.series, c.ts
+FROM counter_samples c JOIN run_segments rs USING (segment_id)
+WHERE (? IS NULL OR rs.run = ?) ORDER BY c.segment_id, c.series, c.ts
 """
 _SEGMENTS_SQL = """
-SELECT sg.segment_id, r.name AS run, sg.template, max(i.ingested_at) AS ingested_at
-FROM counter_samples c JOIN segments sg USING (segment_id) JOIN runs r USING (run_id) JOIN ingests i USING (ingest_id)
-WHERE (? IS NULL OR r.name = ?) GROUP BY ALL
+SELECT rs.segment_id, rs.run, rs.template, max(i.ingested_at) AS ingested_at
+FROM counter_samples c JOIN run_segments rs USING (segment_id) JOIN ingests i USING (ingest_id)
+WHERE (? IS NULL OR rs.run = ?) GROUP BY ALL
 """
 
 

@@ -21,8 +21,8 @@ _SAME_P = 1e-9
 _EMITTED_SQL = """
 SELECT unnest(st.pit_below) AS below, unnest(st.pit_mass) AS mass,
        unnest(st.emitted_tokens[1:len(st.pit_mass)]) AS token
-FROM steps st JOIN segments sg USING (segment_id) JOIN runs r USING (run_id)
-WHERE r.name = ? AND sg.template = ? AND st.pit_mass IS NOT NULL
+FROM steps st JOIN run_segments rs USING (segment_id)
+WHERE rs.run = ? AND rs.template = ? AND st.pit_mass IS NOT NULL
 """
 
 

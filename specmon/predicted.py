@@ -17,10 +17,10 @@ from specmon.settings import CONFIDENCE
 from specmon.store import Store
 
 _REPLAY_SQL = """
-SELECT r.name AS run, sg.template, rp.request_id, count(*) AS n, sum(rp.beta) AS beta_sum,
-       min(rp.ts) AS first_ts, max(rp.ts) AS last_ts, any_value(r.meta)::VARCHAR AS meta, max(i.ingested_at) AS ingested
-FROM replay_positions rp JOIN segments sg USING (segment_id) JOIN runs r USING (run_id) JOIN ingests i USING (ingest_id)
-WHERE (? IS NULL OR r.name = ?) AND (?::TIMESTAMP IS NULL OR rp.ts >= ?::TIMESTAMP)
+SELECT rs.run, rs.template, rp.request_id, count(*) AS n, sum(rp.beta) AS beta_sum, min(rp.ts) AS first_ts,
+       max(rp.ts) AS last_ts, any_value(rs.meta)::VARCHAR AS meta, max(i.ingested_at) AS ingested
+FROM replay_positions rp JOIN run_segments rs USING (segment_id) JOIN ingests i USING (ingest_id)
+WHERE (? IS NULL OR rs.run = ?) AND (?::TIMESTAMP IS NULL OR rp.ts >= ?::TIMESTAMP)
 GROUP BY ALL
 """
 
