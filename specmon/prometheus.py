@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 
 import pandas as pd
 
+from specmon import times
 from specmon.faults import SpecmonError
 
 COUNTERS = ("spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total",
@@ -250,7 +251,7 @@ def _sample(pair: object, where: str, here: str, counter: bool) -> tuple[datetim
     if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
         raise _shape_error(where, f"{here}: time {ts!r} is not a number")
     try:
-        when = datetime.fromtimestamp(ts, tz=timezone.utc).replace(tzinfo=None)
+        when = times.from_epoch(ts)
     except (OverflowError, OSError, ValueError):
         raise _shape_error(where, f"{here}: time {ts!r} is out of range") from None
     try:

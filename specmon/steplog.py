@@ -8,14 +8,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from itertools import chain, repeat
 from typing import NamedTuple, TypeGuard
 
 import numpy as np
 import orjson
 
-from specmon import theory
+from specmon import theory, times
 from specmon.faults import RowFault
 from specmon.limits import MAX_DRAFT_LEN, MAX_TOKEN_ID
 
@@ -102,8 +102,7 @@ def parse_ts(v: object) -> datetime:
     """An ISO-8601 string or epoch seconds, as a naive UTC datetime (naive ISO strings are taken as UTC)."""
     if type(v) is str:
         try:
-            ts = datetime.fromisoformat(v)
-            return ts.astimezone(timezone.utc).replace(tzinfo=None) if ts.tzinfo else ts
+            return times.parse_iso(v)
         except ValueError:
             raise RowFault("ts", f"{v[:60]!r} is not an ISO-8601 timestamp") from None
         except OverflowError:  # year 1 or 9999 shifted by its offset out of the calendar
@@ -112,7 +111,7 @@ def parse_ts(v: object) -> datetime:
         if abs(v) > _MAX_EPOCH_SECONDS:
             raise RowFault("ts", f"{v!r} is not epoch seconds (milliseconds? divide by 1000)")
         try:
-            return datetime.fromtimestamp(v, tz=timezone.utc).replace(tzinfo=None)
+            return times.from_epoch(v)
         except (ValueError, OverflowError, OSError):
             raise RowFault("ts", f"{v!r} epoch seconds fall outside the years 1 to 9999") from None
     raise RowFault("ts", f"expected an ISO-8601 string or epoch seconds, got {_type_name(v)}")

@@ -8,9 +8,9 @@ anything of that size is built.
 from __future__ import annotations
 
 import math
-from datetime import datetime, timezone
+from datetime import datetime
 
-from specmon import jsonlines
+from specmon import jsonlines, times
 from specmon.faults import Fault, RowFault
 from specmon.formats.engine_window import EngineWindow, WindowReader
 from specmon.limits import MAX_COUNT, MAX_ENGINE_K
@@ -44,7 +44,7 @@ def _created(obj: dict) -> datetime | None:
         return None
     if type(v) not in (int, float) or not math.isfinite(v) or not _MIN_EPOCH <= v <= _MAX_EPOCH:
         raise RowFault("created", f"expected epoch seconds of a date, got {v!r}"[:200])
-    return datetime.fromtimestamp(v, tz=timezone.utc).replace(tzinfo=None)
+    return times.from_epoch(v)
 
 
 def _vllm_request(spec: dict, no: int, ts: datetime | None, labels: dict) -> EngineWindow:

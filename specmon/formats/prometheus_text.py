@@ -9,11 +9,12 @@ from __future__ import annotations
 import math
 import os
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 
 import duckdb
 import pyarrow as pa
 
+from specmon import times
 from specmon.faults import Fault, RowFault
 from specmon.formats import textio
 from specmon.formats.base import Job, Rejected
@@ -126,7 +127,7 @@ class Reader:
 
     def prepare(self, store: Store) -> None:
         job = self.job
-        mtime = datetime.fromtimestamp(os.path.getmtime(job.path), tz=timezone.utc).replace(tzinfo=None)
+        mtime = times.from_epoch(os.path.getmtime(job.path))
         samples, faults = parse_exposition(job.path, job.name, mtime)
         if not samples and not faults:
             raise Rejected([Fault(job.name, 0, "", "no vllm:/llamacpp: spec_decode counters or sglang:spec_ gauges "
