@@ -214,61 +214,40 @@ def test_a_closed_port_is_a_clear_error():
         pull(f"http://127.0.0.1:{port}")
 
 
-class ForwardingProxy:
-    """A real HTTP proxy on 127.0.0.1: it takes absolute-URL GETs, fetches them and relays the answer, counting
-    what passed through it and the credentials it was shown."""
-
-    def __init__(self):
-        self.seen: list[str] = []
-        self.auth: list[str | None] = []
-        proxy = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 (http.server's name)
-                proxy.seen.append(self.path)
-                proxy.auth.append(self.headers.get("Proxy-Authorization"))
-                with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(self.path) as resp:
-                    body = resp.read()
-                    self.send_response(resp.status)
-                    self.send_header("Content-Type", resp.headers.get("Content-Type", "application/json"))
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.address = f"127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+def forwarding(seen: list[str], auth: list[str | None]):
+    """An answer that makes a Server a real HTTP proxy: it takes absolute-URL GETs, fetches them and relays the
+    answer, noting each URL and the credentials it was shown."""
+    def answer(h):
+        seen.append(h.path)
+        auth.append(h.headers.get("Proxy-Authorization"))
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(h.path) as resp:
+            body = resp.read()
+            h.send_response(resp.status)
+            h.send_header("Content-Type", resp.headers.get("Content-Type", "application/json"))
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+    return answer
 
 
-@pytest.fixture
-def forwarding_proxy():
-    p = ForwardingProxy()
-    yield p
-    p.close()
-
-
-def test_a_pull_goes_through_the_proxy_the_environment_names(serve, forwarding_proxy, monkeypatch):
+def test_a_pull_goes_through_the_proxy_the_environment_names(serve, monkeypatch):
     t = END.timestamp()
     s = serve(reply(200, matrix([series([[t, "7"]])])))
-    monkeypatch.setenv("http_proxy", f"http://ops:s3cret@{forwarding_proxy.address}")
+    seen, auth = [], []
+    proxy = serve(forwarding(seen, auth))
+    monkeypatch.setenv("http_proxy", proxy.url.replace("http://", "http://ops:s3cret@"))
     samples = pull(s.url)
     assert len(samples) == s.requests and samples[0].value == 7.0
-    assert len(forwarding_proxy.seen) == s.requests
-    assert all(p.startswith(f"{s.url}/api/v1/query_range?") for p in forwarding_proxy.seen)
-    assert set(forwarding_proxy.auth) == {"Basic " + base64.b64encode(b"ops:s3cret").decode()}
+    assert len(seen) == s.requests
+    assert all(p.startswith(f"{s.url}/api/v1/query_range?") for p in seen)
+    assert set(auth) == {"Basic " + base64.b64encode(b"ops:s3cret").decode()}
 
 
-def test_no_proxy_keeps_a_host_off_the_proxy(serve, forwarding_proxy, monkeypatch):
+def test_no_proxy_keeps_a_host_off_the_proxy(serve, monkeypatch):
     s = serve(reply(200, matrix([])))
-    monkeypatch.setenv("http_proxy", f"http://{forwarding_proxy.address}")
+    seen: list[str] = []
+    proxy = serve(forwarding(seen, []))
+    monkeypatch.setenv("http_proxy", proxy.url)
     monkeypatch.setenv("no_proxy", "127.0.0.1")
     assert pull(s.url) == []
-    assert forwarding_proxy.seen == [] and s.requests > 0
+    assert seen == [] and proxy.requests == 0 and s.requests > 0
