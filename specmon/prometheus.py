@@ -148,9 +148,9 @@ def _connection(parts: urllib.parse.SplitResult, timeout_s: float) -> tuple[http
     path = urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, ""))
     headers = {"Accept": "application/json"}
     secure = parts.scheme == "https"
+    conn_class = http.client.HTTPSConnection if secure else http.client.HTTPConnection
     proxy = urllib.request.getproxies().get(parts.scheme)
     if not proxy or urllib.request.proxy_bypass(parts.hostname or ""):
-        conn_class = http.client.HTTPSConnection if secure else http.client.HTTPConnection
         return conn_class(parts.hostname or "", parts.port, timeout=timeout_s), path, headers
     via = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
     if not via.hostname:
@@ -159,7 +159,6 @@ def _connection(parts: urllib.parse.SplitResult, timeout_s: float) -> tuple[http
     if via.username is not None:
         token = f"{urllib.parse.unquote(via.username)}:{urllib.parse.unquote(via.password or '')}"
         auth = {"Proxy-Authorization": "Basic " + base64.b64encode(token.encode()).decode()}
-    conn_class = http.client.HTTPSConnection if secure else http.client.HTTPConnection
     conn = conn_class(via.hostname, via.port or 80, timeout=timeout_s)
     if secure:
         conn.set_tunnel(parts.hostname or "", parts.port or 443, headers=auth)
