@@ -156,7 +156,7 @@ def cmd_summary(args: argparse.Namespace) -> int:
             _out(f"DEMO DATA, not yours: {store.path} holds nothing of your own yet, so these are the synthetic "
                  f"demo figures (run {demo.DEMO_RUN!r}). They hide once you ingest a log.")
         _print_table(rows)
-        print("alpha: per-token acceptance, 95% Wilson interval widened for clustering by request. "
+        print("alpha: per-token acceptance, 95% interval with requests as clusters (docs/math.md). "
               "beta: predicted acceptance (an interval where only top-k logprobs were logged). "
               "L: tokens per step. alpha*, 1+kc: break-even.")
     return EXIT_OK
