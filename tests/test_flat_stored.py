@@ -1,0 +1,158 @@
+"""What the flat form stores, column by column, against a plain-Python reading of the same random file.
+
+The oracle below is the flat form's definition written out row by row (docs/formats.md): a step is the rows of one
+(request_id, step); steps get ids in the order of their first line; checked positions are 1..accepted + 1 (at most g);
+beta's bounds are beta where given, else beta_lo / beta_hi, summed over the checked positions in position order
+(NULL when any is missing); a file numbered from 0 is shifted to 1..g; a step without ts gets the ingest time.
+"""
+import math
+from datetime import datetime, timedelta
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from specmon.ingest import ingest_file
+from specmon.store import ROLLUP_POSITIONS_SELECT, ROLLUP_REQUESTS_SELECT
+
+STEP_COLUMNS = ("step_id", "segment_id", "request_id", "step_index", "ts", "ts_inferred", "k", "g", "accepted",
+                "checked", "temperature", "target_ms", "draft_ms", "beta_lo_sum", "beta_hi_sum", "emitted_tokens",
+                "pit_below", "pit_mass", "extra")
+POSITION_COLUMNS = ("step_id", "segment_id", "position", "draft_token", "checked", "accepted", "beta_lo", "beta_hi",
+                    "p_token", "q_token")
+
+
+def random_flat(rng: np.random.Generator, n_steps: int, zero_based: bool) -> pd.DataFrame:
+    """Steps of random length (1..9) and accepted prefix, from interleaved requests; beta exact on some steps,
+    bounds on others, none or gaps on the rest; some steps without template or ts."""
+    rows = []
+    next_step: dict[str, int] = {}
+    for _ in range(n_steps):
+        req = f"req-{rng.integers(0, n_steps // 6 + 1)}"
+        step = next_step.get(req, int(rng.integers(0, 3)))
+        next_step[req] = step + 1 + int(rng.integers(0, 2))
+        g = int(rng.integers(1, 10))
+        a = int(rng.integers(0, g + 1))
+        template = [None, "alpha", "beta", "long template name"][rng.integers(0, 4)]
+        ts = None if rng.random() < 0.1 else 1.7e9 + rng.uniform(0, 3 * 86400)
+        kind = rng.integers(0, 4)  # 0 exact beta, 1 bounds, 2 nothing, 3 exact with gaps
+        for pos in range(1, g + 1):
+            beta = float(rng.uniform(0, 1))
+            lo = float(rng.uniform(0, beta))
+            row = {"request_id": req, "step": step, "position": pos - zero_based,
+                   "draft_token": int(rng.integers(0, 50000)), "accepted": pos <= a, "template": template,
+                   "ts": None if ts is None else ts + rng.uniform(0, 0.01),
+                   "beta": beta if kind == 0 or (kind == 3 and rng.random() < 0.8) else None,
+                   "beta_lo": lo if kind == 1 else None, "beta_hi": beta if kind == 1 else None,
+                   "p_token": None if rng.random() < 0.3 else float(rng.uniform(0, 1)),
+                   "q_token": None if rng.random() < 0.3 else float(rng.uniform(0, 1))}
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def value(v):
+    """None for a missing cell (pandas reads some as NaN)."""
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else v
+
+
+def epoch_to_datetime(ts: float) -> datetime:
+    """DuckDB's conversion of epoch seconds: microseconds rounded to nearest (half to even)."""
+    return datetime(1970, 1, 1) + timedelta(microseconds=round(ts * 1e6))
+
+
+def expected(df: pd.DataFrame, first_step_id: int, segments: dict[str, int], ingested_at: datetime):
+    base = 0 if df["position"].min() == 0 else 1
+    order: dict[tuple, list[int]] = {}
+    for i, key in enumerate(zip(df["request_id"], df["step"])):
+        order.setdefault(key, []).append(i)
+    steps, positions = [], []
+    for n, ((req, step), idx) in enumerate(order.items()):  # dicts keep first-seen order: the steps' first lines
+        rows = df.iloc[idx].sort_values("position")
+        step_id = first_step_id + n
+        g = len(rows)
+        a = int(rows["accepted"].sum())
+        templates = [t for t in rows["template"] if value(t) is not None]
+        segment = segments[templates[0] if templates else ""]
+        stamps = [t for t in rows["ts"] if value(t) is not None]
+        sums = []
+        for col in ("beta_lo", "beta_hi"):
+            total, complete = 0.0, True
+            for _, r in rows.iterrows():
+                if r["position"] - base + 1 > a + 1:
+                    break
+                v = r["beta"] if value(r["beta"]) is not None else value(r[col])
+                if v is None:
+                    complete = False
+                else:
+                    total += v
+            sums.append(total if complete else None)
+        ts = min(epoch_to_datetime(t) for t in stamps) if stamps else ingested_at
+        steps.append((step_id, segment, req, step, ts, not stamps, None, g, a, min(a + 1, g), None, None, None,
+                      *sums, None, None, None, None))
+        for _, r in rows.iterrows():
+            pos = int(r["position"]) - base + 1
+            lo = value(r["beta"]) if value(r["beta"]) is not None else value(r["beta_lo"])
+            hi = value(r["beta"]) if value(r["beta"]) is not None else value(r["beta_hi"])
+            positions.append((step_id, segment, pos, int(r["draft_token"]), pos <= a + 1, bool(r["accepted"]), lo,
+                              hi, value(r["p_token"]), value(r["q_token"])))
+    return steps, positions
+
+
+def write(df: pd.DataFrame, path, fmt: str) -> None:
+    if fmt == "csv":
+        df.to_csv(path, index=False)
+    else:
+        df.to_parquet(path)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+@pytest.mark.parametrize("zero_based", [False, True])
+def test_every_stored_column_matches_the_definition(store, tmp_path, fmt, zero_based):
+    rng = np.random.default_rng(13 + zero_based)
+    first = random_flat(rng, 600, zero_based)
+    ingest_file(store, _written(first, tmp_path / f"a.{fmt}", fmt))  # a second file's ids follow the first's
+    df = random_flat(rng, 1500, zero_based)
+    res = ingest_file(store, _written(df, tmp_path / f"b.{fmt}", fmt), template="")
+    assert (res.status, res.positions) == ("stored", len(df)), res.faults
+    ingest_id, ingested_at = store.query("SELECT max(ingest_id), max(ingested_at) FROM ingests")[0]
+    segments = dict(store.query("SELECT template, segment_id FROM segments WHERE run_id = "
+                                "(SELECT run_id FROM ingests WHERE ingest_id = ?)", [ingest_id]))
+    first_step_id = store.query("SELECT min(step_id) FROM steps WHERE ingest_id = ?", [ingest_id])[0][0]
+    want_steps, want_positions = expected(df, first_step_id, segments, ingested_at)
+    got_steps = store.query(f"SELECT {', '.join(STEP_COLUMNS)} FROM steps WHERE ingest_id = ? ORDER BY step_id",
+                            [ingest_id])
+    assert got_steps == want_steps
+    got_positions = store.query(f"SELECT {', '.join('p.' + c for c in POSITION_COLUMNS)} FROM positions p JOIN steps "
+                                "USING (step_id) WHERE ingest_id = ? ORDER BY step_id, position", [ingest_id])
+    assert got_positions == sorted(want_positions)
+    # The rollups appended by the ingest equal a rebuild from what it stored.
+    for table, select in (("rollup_requests", ROLLUP_REQUESTS_SELECT), ("rollup_positions", ROLLUP_POSITIONS_SELECT)):
+        stored = store.query(f"SELECT * FROM {table} WHERE ingest_id = ? ORDER BY ALL", [ingest_id])
+        rebuilt = store.query(f"SELECT * FROM ({select.format(where='st.ingest_id = ?')}) ORDER BY ALL", [ingest_id])
+        assert stored == rebuilt and stored
+
+
+def _written(df: pd.DataFrame, path, fmt: str) -> str:
+    write(df, path, fmt)
+    return str(path)
+
+
+def test_rows_in_any_order_store_the_same_steps(store, tmp_path):
+    """Rows of one step need not be adjacent nor in position order: the same steps and positions are stored
+    (beta's sums may differ in their last bits, being added in another order)."""
+    rng = np.random.default_rng(5)
+    df = random_flat(rng, 1500, False)
+    shuffled = df.sample(frac=1, random_state=1).reset_index(drop=True)
+    shuffled.to_parquet(tmp_path / "s.parquet")
+    res = ingest_file(store, str(tmp_path / "s.parquet"))
+    assert (res.status, res.positions) == ("stored", len(df))
+    ingested_at = store.query("SELECT ingested_at FROM ingests")[0][0]
+    segments = dict(store.query("SELECT template, segment_id FROM segments"))
+    want_steps, want_positions = expected(shuffled, 1, segments, ingested_at)
+    got_steps = store.query(f"SELECT {', '.join(STEP_COLUMNS)} FROM steps ORDER BY step_id")
+    assert [s[:13] for s in got_steps] == [s[:13] for s in want_steps]
+    for got, want in zip(got_steps, want_steps):
+        for g, w in zip(got[13:15], want[13:15]):
+            assert g == w if w is None else g == pytest.approx(w, rel=1e-12)
+    got_positions = store.query(f"SELECT {', '.join(POSITION_COLUMNS)} FROM positions ORDER BY step_id, position")
+    assert got_positions == sorted(want_positions)
