@@ -63,7 +63,7 @@ def epoch_to_datetime(ts: float) -> datetime:
 def expected(df: pd.DataFrame, first_step_id: int, segments: dict[str, int], ingested_at: datetime):
     base = 0 if df["position"].min() == 0 else 1
     order: dict[tuple, list[int]] = {}
-    for i, key in enumerate(zip(df["request_id"], df["step"])):
+    for i, key in enumerate(zip(df["request_id"], df["step"], strict=True)):
         order.setdefault(key, []).append(i)
     steps, positions = [], []
     for n, ((req, step), idx) in enumerate(order.items()):  # dicts keep first-seen order: the steps' first lines
@@ -151,8 +151,8 @@ def test_rows_in_any_order_store_the_same_steps(store, tmp_path):
     want_steps, want_positions = expected(shuffled, 1, segments, ingested_at)
     got_steps = store.query(f"SELECT {', '.join(STEP_COLUMNS)} FROM steps ORDER BY step_id")
     assert [s[:13] for s in got_steps] == [s[:13] for s in want_steps]
-    for got, want in zip(got_steps, want_steps):
-        for g, w in zip(got[13:15], want[13:15]):
+    for got, want in zip(got_steps, want_steps, strict=True):
+        for g, w in zip(got[13:15], want[13:15], strict=True):
             assert g == w if w is None else g == pytest.approx(w, rel=1e-12)
     got_positions = store.query(f"SELECT {', '.join(POSITION_COLUMNS)} FROM positions ORDER BY step_id, position")
     assert got_positions == sorted(want_positions)

@@ -11,7 +11,7 @@ import csv
 import io
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import duckdb
 
@@ -59,6 +59,7 @@ class FlatFile:
     rows: int
     ignored_columns: list[str]
     typed: frozenset[str] = frozenset()  # known columns whose stored type always casts to theirs (Parquet)
+    kinds: dict[str, str] = field(default_factory=dict)  # column -> its stored type (CSV: all VARCHAR)
 
 
 def sniff(head: bytes) -> str | None:
@@ -99,17 +100,20 @@ def load(cur: duckdb.DuckDBPyConnection, path: str, fmt: str, name: str) -> tupl
         rejects = cur.execute(
             "SELECT line, error_message FROM reject_errors ORDER BY line"
         ).fetchall()
-        # Data row rn sits after each rejected line r_j with r_j - 2 - j < rn (j = rejects before it).
-        cur.execute(
-            "CREATE OR REPLACE TEMP TABLE flat_raw AS SELECT rn + 1 + (SELECT count(*) FROM ("
-            "  SELECT line - 2 - (row_number() OVER (ORDER BY line) - 1) AS key FROM reject_errors) r "
-            "  WHERE r.key < f.rn) AS line, f.* EXCLUDE (rn) FROM flat_read f"
-        )
+        # Data row rn sits after each rejected line r_j with r_j - 2 - j < rn (j = rejects before it). Rows stay in
+        # file order (the steps' sums add their positions in that order).
+        shift = ("(SELECT count(*) FROM (SELECT line - 2 - (row_number() OVER (ORDER BY line) - 1) AS key "
+                 "FROM reject_errors) r WHERE r.key < f.rn)") if rejects else "0"
+        cur.execute(f"CREATE OR REPLACE TEMP TABLE flat_raw AS SELECT rn + 1 + {shift} AS line, f.* EXCLUDE (rn) "
+                    f"FROM flat_read f{' ORDER BY line' if rejects else ''}")
         faults = [Fault(name, int(line), "", f"unreadable CSV line: {msg.splitlines()[0]}") for line, msg in rejects]
+        typed: frozenset[str] = frozenset()
+        kinds = columns
     else:
         described = cur.execute("DESCRIBE SELECT * FROM read_parquet(?)", [path]).fetchall()
         header = [row[0] for row in described]
         typed = frozenset(name for name, kind, *_ in described if name in TYPES and kind in _CASTS_TO[TYPES[name]])
+        kinds = {name: kind for name, kind, *_ in described}
         # A view, not a copy: Parquet is read where it lies (its typed columns need no staging).
         cur.read_parquet(path, file_row_number=True).project(
             "file_row_number + 1 AS line, * EXCLUDE (file_row_number)").create_view("flat_raw", replace=True)
@@ -120,101 +124,162 @@ def load(cur: duckdb.DuckDBPyConnection, path: str, fmt: str, name: str) -> tupl
                             f"required column is missing (the flat form needs {', '.join(REQUIRED)})"))
         return None, faults
     rows = cur.execute("SELECT count(*) FROM flat_raw").fetchall()[0][0]
-    return FlatFile([c for c in KNOWN if c in header], rows, [c for c in header if c not in KNOWN],
-                    typed if fmt == "flat-parquet" else frozenset()), faults
+    known = [c for c in KNOWN if c in header]
+    return FlatFile(known, rows, [c for c in header if c not in KNOWN], typed, kinds), faults
 
 
-def _typed_select(cols: list[str], typed: frozenset[str]) -> str:
-    """Each known column cast to its type; raw_<column>, its text for messages, where the cast may fail."""
+# Stored types whose every value has a text form that is not empty: a NULL test says whether a value was given.
+_NUMBERS = (*_INTEGERS, "UBIGINT", "HUGEINT", "FLOAT", "DOUBLE")
+_NEVER_EMPTY = (*_NUMBERS, "BOOLEAN", "DATE", "TIMESTAMP", "TIMESTAMP WITH TIME ZONE", "TIMESTAMP_S", "TIMESTAMP_MS",
+                "TIMESTAMP_NS")
+_TS_RANGE = "TIMESTAMP '0001-01-01' AND TIMESTAMP '9999-12-31 23:59:59.999999'"
+
+
+def _ts_expr(kind: str) -> str:
+    """ts as TIMESTAMP (UTC): ISO-8601 text or a timestamp type first, else epoch seconds (bounded: larger is not
+    seconds). A column stored as numbers is read as epoch seconds directly: the same microseconds (rounded to
+    nearest) as to_timestamp, without text parsing or a time-zone conversion."""
+    if kind in _NUMBERS or kind.startswith("DECIMAL"):
+        return "CASE WHEN abs(ts::DOUBLE) < 1e11 THEN make_timestamp((ts::DOUBLE * 1000000)::BIGINT) END"
+    return ("coalesce(TRY_CAST(ts AS TIMESTAMPTZ), CASE WHEN abs(TRY_CAST(ts AS DOUBLE)) < 1e11 "
+            "THEN to_timestamp(TRY_CAST(ts AS DOUBLE)) END)::TIMESTAMP")
+
+
+def _cast_view(cur: duckdb.DuckDBPyConnection, flat: FlatFile) -> None:
+    """View flat_cast over flat_raw: each known column cast to its type; where the cast may fail, raw_<column> (its
+    text, for messages) and has_<column> (a value was given). A view, so each query computes only what it reads."""
     parts = ["line"]
     for c in KNOWN:
-        if c not in cols:
+        kind = flat.kinds.get(c, "")
+        if c not in flat.columns:
             parts.append(f"NULL::{'TIMESTAMP' if c == 'ts' else TYPES[c]} AS {c}")
-        elif c == "ts":
-            # ISO-8601 text or a timestamp type first; else epoch seconds (bounded: larger is not seconds).
-            parts.append(
-                "coalesce(TRY_CAST(ts AS TIMESTAMPTZ), CASE WHEN abs(TRY_CAST(ts AS DOUBLE)) < 1e11 "
-                "THEN to_timestamp(TRY_CAST(ts AS DOUBLE)) END)::TIMESTAMP AS ts"
-            )
-        elif c in typed:
+            continue
+        if c == "ts":
+            parts.append(f"{_ts_expr(kind)} AS ts")
+        elif c in flat.typed:
             parts.append(f"CAST({c} AS {TYPES[c]}) AS {c}")
+            continue
         else:
             parts.append(f"TRY_CAST({c} AS {TYPES[c]}) AS {c}")
-        if c in cols and c not in typed:
-            parts.append(f"CAST({c} AS VARCHAR) AS raw_{c}")
-    return ", ".join(parts)
+        parts.append(f"CAST({c} AS VARCHAR) AS raw_{c}")
+        parts.append(f"{c} IS NOT NULL AS has_{c}" if kind in _NEVER_EMPTY
+                     else f"CAST({c} AS VARCHAR) IS NOT NULL AND CAST({c} AS VARCHAR) <> '' AS has_{c}")
+    cur.execute(f"CREATE OR REPLACE TEMP VIEW flat_cast AS SELECT {', '.join(parts)} FROM flat_raw")
 
 
-def check(cur: duckdb.DuckDBPyConnection, flat: FlatFile, name: str) -> list[Fault]:
-    """Type, range and per-step checks; every fault names its line and column. Builds temp table flat_typed."""
+def _row_rules(flat: FlatFile, base: int) -> list[tuple[str, str, str]]:
+    """The rules each row must keep, as (field, SQL condition that breaks it, SQL text of the reason), over
+    flat_cast. A row whose condition is NULL keeps the rule (its value is missing: another rule says so)."""
     cols = flat.columns
-    cur.execute(f"CREATE OR REPLACE TEMP TABLE flat_typed AS SELECT {_typed_select(cols, flat.typed)} FROM flat_raw")
-    min_pos = cur.execute("SELECT min(position) FROM flat_typed").fetchall()[0][0]
-    base = 0 if min_pos == 0 else 1  # a file numbered from 0 (as vLLM numbers positions) is shifted to 1..g
-    checks: list[str] = []
+    rules: list[tuple[str, str, str]] = []
     for c in cols:
-        if c in REQUIRED and c in flat.typed:
-            empty = f"{c} IS NULL OR {c} = ''" if TYPES[c] == "VARCHAR" else f"{c} IS NULL"
-            checks.append(f"SELECT line, '{c}', 'required value is empty' FROM flat_typed WHERE {empty}")
-        elif c in REQUIRED:
-            checks.append(f"SELECT line, '{c}', 'required value is empty' FROM flat_typed "
-                          f"WHERE raw_{c} IS NULL OR raw_{c} = ''")
+        if c in REQUIRED:
+            typed_empty = f"{c} IS NULL OR {c} = ''" if TYPES[c] == "VARCHAR" else f"{c} IS NULL"
+            rules.append((c, typed_empty if c in flat.typed else f"NOT has_{c}", "'required value is empty'"))
         if c in flat.typed:
             continue  # its cast cannot fail
         if c == "ts":
-            checks.append(
-                "SELECT line, 'ts', 'not an ISO-8601 timestamp or epoch seconds: ' || raw_ts FROM flat_typed "
-                "WHERE raw_ts IS NOT NULL AND raw_ts <> '' AND ts IS NULL"
-            )
-            checks.append(
-                "SELECT line, 'ts', raw_ts || ' in UTC falls outside the years 1 to 9999' FROM flat_typed "
-                "WHERE NOT ts BETWEEN TIMESTAMP '0001-01-01' AND TIMESTAMP '9999-12-31 23:59:59.999999'"
-            )
+            rules.append(("ts", "has_ts AND ts IS NULL", "'not an ISO-8601 timestamp or epoch seconds: ' || raw_ts"))
+            rules.append(("ts", f"NOT ts BETWEEN {_TS_RANGE}", "raw_ts || ' in UTC falls outside the years 1 to 9999'"))
         elif TYPES[c] != "VARCHAR":
             kind = {"BIGINT": "an integer", "BOOLEAN": "true or false", "DOUBLE": "a number"}[TYPES[c]]
-            checks.append(
-                f"SELECT line, '{c}', 'expected {kind}, got ' || raw_{c} FROM flat_typed "
-                f"WHERE raw_{c} IS NOT NULL AND raw_{c} <> '' AND {c} IS NULL"
-            )
-    checks += [
-        f"SELECT line, 'position', 'position ' || position || ' is below {base} (positions count from 1, or from 0 "
-        f"throughout a file)' FROM flat_typed WHERE position < {base}",
-        f"SELECT line, 'draft_token', 'token id ' || draft_token || ' is outside 0..{MAX_TOKEN_ID}' FROM flat_typed "
-        f"WHERE draft_token < 0 OR draft_token > {MAX_TOKEN_ID}",
-        f"SELECT line, 'position', 'position ' || position || ' is beyond the {MAX_DRAFT_LEN} draft positions specmon "
-        f"reads' FROM flat_typed WHERE position - {base} + 1 > {MAX_DRAFT_LEN}",
-        "SELECT line, 'step', 'step ' || step || ' is negative' FROM flat_typed WHERE step < 0",
+            rules.append((c, f"has_{c} AND {c} IS NULL", f"'expected {kind}, got ' || raw_{c}"))
+    rules += [
+        ("position", f"position < {base}", f"'position ' || position || ' is below {base} (positions count from 1, "
+                                           "or from 0 throughout a file)'"),
+        ("draft_token", f"draft_token < 0 OR draft_token > {MAX_TOKEN_ID}",
+         f"'token id ' || draft_token || ' is outside 0..{MAX_TOKEN_ID}'"),
+        ("position", f"position - {base} + 1 > {MAX_DRAFT_LEN}",
+         f"'position ' || position || ' is beyond the {MAX_DRAFT_LEN} draft positions specmon reads'"),
+        ("step", "step < 0", "'step ' || step || ' is negative'"),
     ]
-    for c in _PROBABILITY_COLUMNS:
-        if c in cols:
-            checks.append(
-                f"SELECT line, '{c}', '{c} = ' || {c} || ' is outside [0, 1]' FROM flat_typed "
-                f"WHERE NOT ({c} BETWEEN 0 AND 1) OR isnan({c})"
-            )
+    rules += [(c, f"NOT ({c} BETWEEN 0 AND 1) OR isnan({c})", f"'{c} = ' || {c} || ' is outside [0, 1]'")
+              for c in _PROBABILITY_COLUMNS if c in cols]
     if "beta_lo" in cols and "beta_hi" in cols:
-        checks.append("SELECT line, 'beta_lo', 'beta_lo exceeds beta_hi' FROM flat_typed WHERE beta_lo > beta_hi")
-    # Per step, one aggregate finds the steps that may break a rule: a position outside base..63, positions that
-    # are not base..g once each (a bitmask), an accepted position not below every rejected one, or an accepted
-    # value missing. Only their rows are sorted to name the exact fault (no repeated position, positions
-    # base..base+g-1, accepted a prefix), so a clean file never pays for the sort.
-    cur.execute(
-        "CREATE OR REPLACE TEMP TABLE flat_step_checks AS SELECT request_id, step, min(line) AS first_line, "
-        "min(template) IS DISTINCT FROM max(template) AND count(template) > 0 AS two_templates, "
-        "request_id IS NOT NULL AND step IS NOT NULL AND count(position) > 0 AND NOT coalesce("
-        f"  min(position) >= {base} AND max(position) <= 63 AND count(accepted) = count(position) "
-        f"  AND max(position) - {base} + 1 = count(position) "
-        "  AND bit_count(bit_or(CASE WHEN position BETWEEN 0 AND 63 THEN 1::UBIGINT << position::INTEGER END)) "
-        "      = count(position) "
-        "  AND (max(position) FILTER (WHERE accepted) < min(position) FILTER (WHERE NOT accepted)) IS NOT FALSE, "
-        "false) AS suspect "
-        "FROM flat_typed GROUP BY request_id, step"
-    )
+        rules.append(("beta_lo", "beta_lo > beta_hi", "'beta_lo exceeds beta_hi'"))
+    return rules
+
+
+def _bound(cols: list[str], b: str) -> str | None:
+    """beta's lower (b = "lo") or upper bound at a position as SQL: an exact beta wins over beta_lo / beta_hi."""
+    given = [c for c in ("beta", f"beta_{b}") if c in cols]
+    return f"coalesce({', '.join(given)})" if given else None
+
+
+def _aggregate_steps(cur: duckdb.DuckDBPyConnection, source: str, cols: list[str], base: int,
+                     rules: list[tuple[str, str, str]], first_step_id: int) -> int:
+    """Temp table flat_step_agg: one row per (request_id, step) of `source`, its step_id given in the order of
+    first lines, with what a step stores and what screens it. `broken`: a row breaks a rule; `suspect`: the step may
+    break a per-step rule (a position outside base..63, positions that are not base..g once each by a bitmask, the
+    accepted positions not base..base+a-1, an accepted value missing); `two_templates`. Only such steps are looked
+    at row by row (check), so a clean file pays for one aggregate. For beta's sums over the checked positions (the
+    accepted prefix and the first rejected position) it keeps the sum and count over the accepted positions and the
+    bound at the first rejected one. Returns the number of steps that are broken, suspect or name two templates."""
+    broken = " OR ".join(f"({where})" for _, where, _ in rules) or "false"
+    sums, same = [], []  # aggregates of the bounds; the same values under the other bound's names, or NULL
+    for b in ("lo", "hi"):
+        value = _bound(cols, b)
+        if value is None:
+            same.append(f"NULL::DOUBLE AS {b}_accepted, 0 AS {b}_accepted_n, NULL::DOUBLE AS {b}_next")
+        elif b == "hi" and value == _bound(cols, "lo"):  # an exact beta only: one set of sums serves both bounds
+            same.append("lo_accepted AS hi_accepted, lo_accepted_n AS hi_accepted_n, lo_next AS hi_next")
+        else:
+            sums.append(f"sum({value}) FILTER (WHERE accepted) AS {b}_accepted, "
+                        f"count({value}) FILTER (WHERE accepted) AS {b}_accepted_n, "
+                        f"arg_min_null({value}, position) FILTER (WHERE NOT accepted) AS {b}_next, ")
+    # One thread, so each step's bounds are added in the same order every time (file order, as the definition
+    # reads): a step split between two threads is added in two parts, whose sum can differ in its last bit.
+    threads = cur.execute("SELECT current_setting('threads')").fetchall()[0][0]
+    cur.execute("SET threads = 1")
+    try:
+        cur.execute(
+            "CREATE OR REPLACE TEMP TABLE flat_step_agg AS SELECT ? + row_number() OVER (ORDER BY first_line) - 1 "
+            f"AS step_id, *{''.join(', ' + x for x in same)} FROM ("
+            "SELECT request_id, step, min(line) AS first_line, count(*) AS g, "
+            "count(*) FILTER (WHERE accepted) AS accepted, "
+            f"min(ts) AS ts, min(template) AS template, {''.join(sums)}"
+            "min(template) IS DISTINCT FROM max(template) AS two_templates, "
+            "request_id IS NOT NULL AND step IS NOT NULL AND count(position) > 0 AND NOT coalesce("
+            f"  min(position) >= {base} AND max(position) <= 63 AND count(accepted) = count(position) "
+            f"  AND max(position) - {base} + 1 = count(position) "
+            "  AND bit_count(bit_or(CASE WHEN position BETWEEN 0 AND 63 THEN 1::UBIGINT << position::UBIGINT END)) "
+            "      = count(position) "
+            f"  AND coalesce(max(position) FILTER (WHERE accepted), {base - 1}) "
+            f"      = {base - 1} + count(*) FILTER (WHERE accepted), "
+            f"false) AS suspect, coalesce(bool_or({broken}), false) AS broken "
+            f"FROM {source} GROUP BY request_id, step)",
+            [first_step_id],
+        )
+    finally:
+        cur.execute(f"SET threads = {int(threads)}")
+    return int(cur.execute(
+        "SELECT count(*) FILTER (WHERE broken OR suspect OR two_templates) FROM flat_step_agg").fetchall()[0][0])
+
+
+def screen(cur: duckdb.DuckDBPyConnection, flat: FlatFile,
+           first_step_id: int) -> tuple[int, list[tuple[str, str, str]], bool]:
+    """Cast the file (view flat_cast) and aggregate its steps (flat_step_agg). Returns (base, the row rules,
+    whether any step may hold a fault). base: 0 for a file numbered from 0 (as vLLM numbers positions), stored
+    shifted to 1..g; else 1."""
+    _cast_view(cur, flat)
+    min_pos = cur.execute("SELECT min(position) FROM flat_cast").fetchall()[0][0]
+    base = 0 if min_pos == 0 else 1
+    rules = _row_rules(flat, base)
+    return base, rules, _aggregate_steps(cur, "flat_cast", flat.columns, base, rules, first_step_id) > 0
+
+
+def check(cur: duckdb.DuckDBPyConnection, flat: FlatFile, base: int, rules: list[tuple[str, str, str]],
+          name: str) -> list[Fault]:
+    """Every fault of the file's rows, naming its line and column (temp table flat_faults). Per-step rules are
+    checked row by row only in the steps the screen flagged: their rows are sorted to name the exact fault (a
+    repeated position, a gap, accepted not a prefix)."""
+    checks = [f"SELECT line, '{field}', {reason} FROM flat_cast WHERE {where}" for field, where, reason in rules]
     cur.execute(
         "CREATE OR REPLACE TEMP TABLE flat_order AS SELECT line, request_id, step, position, accepted, "
         "lag(position) OVER w AS prev_position, "
         "bool_and(accepted) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before_ok "
-        "FROM flat_typed WHERE position IS NOT NULL "
-        "AND (request_id, step) IN (SELECT request_id, step FROM flat_step_checks WHERE suspect) "
+        "FROM flat_cast WHERE position IS NOT NULL "
+        "AND (request_id, step) IN (SELECT request_id, step FROM flat_step_agg WHERE suspect) "
         "WINDOW w AS (PARTITION BY request_id, step ORDER BY position, line)"
     )
     checks += [
@@ -226,82 +291,83 @@ def check(cur: duckdb.DuckDBPyConnection, flat: FlatFile, name: str) -> list[Fau
         "SELECT line, 'accepted', 'accepted at position ' || position || ' after a rejected position in step ' "
         "|| step || ' (the accepted positions must be a prefix)' FROM flat_order WHERE accepted AND NOT before_ok",
     ]
-    if "template" in cols:
+    if "template" in flat.columns:
         checks.append(
             "SELECT first_line, 'template', 'step ' || step || ' of request ' || request_id || ' names more than one "
-            "template' FROM flat_step_checks WHERE two_templates"
+            "template' FROM flat_step_agg WHERE two_templates"
         )
     rows = cur.execute(
         "CREATE OR REPLACE TEMP TABLE flat_faults AS "
         f"SELECT * FROM ({' UNION ALL '.join(checks)}) t(line, field, reason);"
         "SELECT line, field, reason FROM flat_faults ORDER BY line"
     ).fetchall()
-    if base == 0:
-        cur.execute("UPDATE flat_typed SET position = position + 1")
     return [Fault(name, int(line), field, reason) for line, field, reason in rows]
 
 
-def reject_bad_steps(cur: duckdb.DuckDBPyConnection) -> list[tuple[int, str, str, str]]:
-    """Drop every row of a step that has a faulty row; return (line, field, reason, row as JSON) of all dropped."""
+def reject_bad_steps(cur: duckdb.DuckDBPyConnection, flat: FlatFile, base: int,
+                     first_step_id: int) -> list[tuple[int, str, str, str]]:
+    """Keep the rows of the steps without a faulty row in temp table flat_typed (and its steps in flat_step_agg);
+    return (line, field, reason, row as JSON) of every row dropped."""
     cur.execute(
-        "CREATE OR REPLACE TEMP TABLE flat_bad AS SELECT DISTINCT t.line FROM flat_typed t "
+        "CREATE OR REPLACE TEMP TABLE flat_bad AS SELECT DISTINCT t.line FROM flat_cast t "
         "WHERE t.line IN (SELECT line FROM flat_faults) OR t.request_id IS NULL OR t.step IS NULL "
         "OR (t.request_id, t.step) IN "
-        "(SELECT request_id, step FROM flat_typed WHERE line IN (SELECT line FROM flat_faults))"
+        "(SELECT request_id, step FROM flat_cast WHERE line IN (SELECT line FROM flat_faults))"
     )
     dropped = cur.execute(
         "SELECT b.line, coalesce(f.field, ''), coalesce(f.reason, 'another row of the same step was rejected'), "
         "to_json(r)::VARCHAR FROM flat_bad b JOIN flat_raw r USING (line) LEFT JOIN flat_faults f USING (line) "
         "ORDER BY b.line"
     ).fetchall()
-    cur.execute("DELETE FROM flat_typed WHERE line IN (SELECT line FROM flat_bad)")
+    cur.execute("CREATE OR REPLACE TEMP TABLE flat_typed AS SELECT * FROM flat_cast "
+                "WHERE line NOT IN (SELECT line FROM flat_bad)")
+    _aggregate_steps(cur, "flat_typed", flat.columns, base, [], first_step_id)
     return dropped
 
 
 def insert(
     cur: duckdb.DuckDBPyConnection,
     *,
+    source: str,
+    base: int,
     ingest_id: int,
     default_template: str,
-    first_step_id: int,
     ingest_time: str,
     segment_for: Callable[[str], int],
 ) -> tuple[int, int, int]:
-    """Insert the checked rows of flat_typed as steps and positions. Returns (steps, positions, inferred_ts)."""
+    """Insert the checked rows of `source` (flat_cast or flat_typed; its steps, with their ids, in flat_step_agg) as
+    steps and positions. Returns (steps, positions, inferred_ts)."""
     templates = [r[0] for r in cur.execute(
-        "SELECT DISTINCT coalesce(template, ?) FROM flat_typed", [default_template]
+        "SELECT DISTINCT coalesce(template, ?) FROM flat_step_agg", [default_template]
     ).fetchall()]
     cur.execute("CREATE OR REPLACE TEMP TABLE flat_segments (template VARCHAR, segment_id INTEGER)")
     for t in templates:
         cur.execute("INSERT INTO flat_segments VALUES (?, ?)", [t, segment_for(t)])
-    cur.execute(
-        "CREATE OR REPLACE TEMP TABLE flat_steps AS SELECT ? + row_number() OVER (ORDER BY min(line)) - 1 AS step_id, "
-        "request_id, step, min(ts) AS ts, coalesce(any_value(template), ?) AS template, count(*) AS g, "
-        "count(*) FILTER (WHERE accepted) AS accepted FROM flat_typed GROUP BY request_id, step",
-        [first_step_id, default_template],
-    )
-    # checked = position <= accepted + 1; beta's bounds: an exact beta column wins over beta_lo/beta_hi.
-    cur.execute(
-        "CREATE OR REPLACE TEMP TABLE flat_pos AS SELECT s.step_id, sg.segment_id, t.position, t.draft_token, "
-        "t.position <= s.accepted + 1 AS checked, t.accepted, coalesce(t.beta, t.beta_lo) AS beta_lo, "
-        "coalesce(t.beta, t.beta_hi) AS beta_hi, t.p_token, t.q_token FROM flat_typed t "
-        "JOIN flat_steps s USING (request_id, step) JOIN flat_segments sg ON sg.template = s.template"
-    )
+    # beta's sums over the checked positions, NULL where one is missing: the accepted positions' sum, plus the
+    # bound at the first rejected position (checked too) where the step has one; added in the order a sum over
+    # the positions in file order adds them.
+    sums = [f"CASE WHEN s.accepted = s.g THEN CASE WHEN {b}_accepted_n = s.g THEN {b}_accepted END "
+            f"WHEN {b}_accepted_n = s.accepted AND {b}_next IS NOT NULL "
+            f"THEN coalesce({b}_accepted, 0.0) + {b}_next END" for b in ("lo", "hi")]
     cur.execute(
         "INSERT INTO steps (step_id, ingest_id, segment_id, request_id, step_index, ts, ts_inferred, g, accepted, "
         "checked, beta_lo_sum, beta_hi_sum) "
         "SELECT s.step_id, ?, sg.segment_id, s.request_id, s.step, coalesce(s.ts, ?::TIMESTAMP), s.ts IS NULL, s.g, "
-        "s.accepted, least(s.accepted + 1, s.g), b.lo, b.hi FROM flat_steps s "
-        "JOIN flat_segments sg ON sg.template = s.template LEFT JOIN (SELECT step_id, "
-        "  CASE WHEN count(beta_lo) = count(*) THEN sum(beta_lo) END AS lo, "
-        "  CASE WHEN count(beta_hi) = count(*) THEN sum(beta_hi) END AS hi "
-        "  FROM flat_pos WHERE checked GROUP BY step_id) b USING (step_id) ORDER BY s.step_id",
-        [ingest_id, ingest_time],
+        f"s.accepted, least(s.accepted + 1, s.g), {', '.join(sums)} "
+        "FROM flat_step_agg s JOIN flat_segments sg ON sg.template = coalesce(s.template, ?)",
+        [ingest_id, ingest_time, default_template],
     )
-    cur.execute("INSERT INTO positions SELECT * FROM flat_pos")
-    steps, inferred = cur.execute("SELECT count(*), count(*) FILTER (WHERE ts IS NULL) FROM flat_steps").fetchall()[0]
-    positions = cur.execute("SELECT count(*) FROM flat_pos").fetchall()[0][0]
-    return int(steps), int(positions), int(inferred)
+    # checked = position <= accepted + 1 (positions shifted to 1..g); an exact beta column wins over its bounds.
+    position = f"(t.position - {base} + 1)"
+    cur.execute(
+        f"INSERT INTO positions SELECT s.step_id, sg.segment_id, {position}, t.draft_token, "
+        f"{position} <= s.accepted + 1, t.accepted, coalesce(t.beta, t.beta_lo), coalesce(t.beta, t.beta_hi), "
+        f"t.p_token, t.q_token FROM {source} t JOIN flat_step_agg s USING (request_id, step) "
+        "JOIN flat_segments sg ON sg.template = coalesce(s.template, ?)", [default_template]
+    )
+    steps, inferred, positions = cur.execute(
+        "SELECT count(*), count(*) FILTER (WHERE ts IS NULL), sum(g) FROM flat_step_agg").fetchall()[0]
+    return int(steps), int(positions or 0), int(inferred)
 
 
 class Reader:
@@ -330,13 +396,19 @@ class Reader:
             job.notes.append(f"columns not in the flat form were ignored: {', '.join(flat.ignored_columns)}")
         for fault in faults:  # unreadable lines never reached a table
             job.fault(fault)
-        for fault in check(cur, flat, job.name):
+        first_step_id = next_step_id(cur)
+        base, rules, suspect = screen(cur, flat, first_step_id)
+        row_faults = check(cur, flat, base, rules, job.name) if suspect else []
+        for fault in row_faults:
             job.count(fault)  # reported below with its row, by reject_bad_steps
         job.check()
-        for line, field_name, reason, row in reject_bad_steps(cur):
-            job.report.add(Fault(job.name, line, field_name, reason), row)
+        source = "flat_cast"
+        if row_faults:
+            for line, field_name, reason, row in reject_bad_steps(cur, flat, base, first_step_id):
+                job.report.add(Fault(job.name, line, field_name, reason), row)
+            source = "flat_typed"
         job.steps, job.positions, job.no_time = insert(
-            cur, ingest_id=ingest_id, default_template=job.default_template, first_step_id=next_step_id(cur),
+            cur, source=source, base=base, ingest_id=ingest_id, default_template=job.default_template,
             ingest_time=job.ingest_time.isoformat(), segment_for=lambda t: get_or_create_segment(cur, run_id, t))
         if job.progress:
             job.progress(1, 1)
