@@ -1,6 +1,7 @@
 """Ingest throughput and peak memory, each beside DuckDB's own bare load of the same file, in one run.
 
     nice python bench/ingest.py [--positions 1000000] [--repeat 3] [--workdir DIR] [--out results.json]
+                                [--only flat_parquet ...]
 
 Each load runs in a fresh process, specmon and the bare load alternating, `--repeat` times; the figures are the
 median and the range. Files (k = 4, vocabulary 32,000):
@@ -138,28 +139,37 @@ def compare(workdir: str, name: str, path: str, reader: str, repeat: int) -> dic
     }
 
 
+COMPARISONS = {  # name -> (file, DuckDB's reader)
+    "jsonl_topk20_same_tokens": ("topk.jsonl", "read_json"),
+    "jsonl_topk20_varying_tokens": ("topk-varying.jsonl", "read_json"),
+    "flat_parquet": ("flat.parquet", "read_parquet"),
+}
+WRITERS = {"topk.jsonl": write_jsonl, "topk-varying.jsonl": write_jsonl_varying, "flat.parquet": write_parquet}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--positions", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--out", default=None, help="also write the results here (JSON)")
+    ap.add_argument("--only", nargs="+", choices=sorted(COMPARISONS), default=sorted(COMPARISONS),
+                    help="run only these comparisons (e.g. flat_parquet at 10M, without 10M-position JSON Lines)")
     args = ap.parse_args()
     w = args.workdir or tempfile.mkdtemp(prefix="specmon-bench-")
     os.makedirs(w, exist_ok=True)
-    files = {n: os.path.join(w, n) for n in ("topk.jsonl", "topk-varying.jsonl", "topk-small.jsonl", "flat.parquet")}
-    write_jsonl(files["topk.jsonl"], args.positions)
-    write_jsonl_varying(files["topk-varying.jsonl"], args.positions)
-    write_jsonl(files["topk-small.jsonl"], args.positions // 4)
-    write_parquet(files["flat.parquet"], args.positions)
     results: dict = {"machine": machine(), "positions": args.positions, "repeat": args.repeat,
                      "load_average_at_start": os.getloadavg()[0]}
-    for name, path, reader in (("jsonl_topk20_same_tokens", files["topk.jsonl"], "read_json"),
-                               ("jsonl_topk20_varying_tokens", files["topk-varying.jsonl"], "read_json"),
-                               ("flat_parquet", files["flat.parquet"], "read_parquet")):
+    for name in (n for n in COMPARISONS if n in args.only):
+        file, reader = COMPARISONS[name]
+        path = os.path.join(w, file)
+        WRITERS[file](path, args.positions)
         results[name] = compare(w, name, path, reader, args.repeat)
-    quarter = run_child(INGEST.format(db=_fresh(os.path.join(w, "small.duckdb")), path=files["topk-small.jsonl"]))
-    results["jsonl_peak_rss_mb_at_quarter_size"] = quarter["peak_rss_mb"]
+    if "jsonl_topk20_same_tokens" in args.only:
+        small = os.path.join(w, "topk-small.jsonl")
+        write_jsonl(small, args.positions // 4)
+        quarter = run_child(INGEST.format(db=_fresh(os.path.join(w, "small.duckdb")), path=small))
+        results["jsonl_peak_rss_mb_at_quarter_size"] = quarter["peak_rss_mb"]
     results["load_average_at_end"] = os.getloadavg()[0]
     text = json.dumps(results, indent=2)
     print(text)

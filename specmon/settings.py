@@ -1,4 +1,5 @@
-"""Statistical levels and defaults, defined once; the CLI, the pages and the summaries import them from here.
+"""Statistical levels, defaults and the database's memory cap, defined once; the CLI, the pages and the summaries import
+them from here.
 
 Pure constants and one settings dataclass: no I/O, nothing imported from the rest of specmon. drift.py keeps its
 detector's own tuning (false-alarm rate, reference sizes, change-verdict level) beside the detector.
@@ -24,6 +25,12 @@ REFERENCE_KS = (2, 4, 8)
 # Where a segment has no k or no c of its own, the Economics page starts from these.
 DEFAULT_K = 4
 EXAMPLE_C = 0.10
+# DuckDB's memory cap for every specmon connection (DuckDB's own default is 80% of RAM); beyond it, a query spills
+# to a temp folder beside the database (DB.tmp). Chosen so that ingesting a file of any size in any format stays
+# under 1 GB of resident memory, Python included (docs/benchmarks.md, "Memory"). SPECMON_MEMORY_LIMIT overrides it,
+# in DuckDB's notation ("2GB", "50%"): more memory makes a large ingest or page spill less.
+MEMORY_LIMIT = "512MB"
+MEMORY_LIMIT_ENV = "SPECMON_MEMORY_LIMIT"
 
 
 @dataclass(frozen=True)

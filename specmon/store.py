@@ -24,13 +24,11 @@ from pathlib import Path
 
 import duckdb
 
+from specmon import settings
 from specmon.faults import SpecmonError
 
 DEFAULT_DB = "specmon.duckdb"
 DB_ENV = "SPECMON_DB"
-# DuckDB's own default is 80% of RAM; a dashboard shares the machine, so cap it (queries spill to disk beyond it).
-DEFAULT_MEMORY_LIMIT = "2GB"
-MEMORY_ENV = "SPECMON_MEMORY_LIMIT"
 LOCK_TIMEOUT_ENV = "SPECMON_LOCK_TIMEOUT"
 DEFAULT_LOCK_TIMEOUT_S = 60.0
 
@@ -342,7 +340,7 @@ def connect(path: str, read_only: bool = False) -> duckdb.DuckDBPyConnection:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
     conn = duckdb.connect(path, read_only=read_only)
     conn.execute("SET TimeZone = 'UTC'")
-    conn.execute("SET memory_limit = ?", [os.environ.get(MEMORY_ENV) or DEFAULT_MEMORY_LIMIT])
+    conn.execute("SET memory_limit = ?", [os.environ.get(settings.MEMORY_LIMIT_ENV) or settings.MEMORY_LIMIT])
     # DuckDB draws a progress bar on stdout for queries over two seconds, into `--json` output and pipes
     conn.execute("SET enable_progress_bar = false")
     return conn
