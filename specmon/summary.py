@@ -46,7 +46,10 @@ WITH rq AS (""" + _ROLLUP_ROWS.format(table="rollup_requests", edge=ROLLUP_REQUE
     SELECT key, bucket, request_id,
            sum(steps)::DOUBLE AS steps, sum(accepted)::DOUBLE AS accepted, sum(checked)::DOUBLE AS checked,
            sum(b_accepted)::DOUBLE AS b_accepted, sum(b_checked)::DOUBLE AS b_checked,
-           sum(b_lo)::DOUBLE AS b_lo, sum(b_hi)::DOUBLE AS b_hi
+           sum(b_lo)::DOUBLE AS b_lo, sum(b_hi)::DOUBLE AS b_hi,
+           sum(steps) AS n_steps, sum(drafted) AS n_drafted, sum(checked) AS n_checked, sum(accepted) AS n_accepted,
+           max(k) AS k, sum(timed) AS timed, min(first_ts) AS first_ts, max(last_ts) AS last_ts,
+           sum(ts_inferred) AS ts_inferred, max(ingested_at) AS last_ingest
     FROM s GROUP BY key, bucket, request_id
 ), leverage AS (
     -- CR2 weights 1 / (1 - n_j / N): for alpha n_j is checked positions, for L it is steps; a cluster holding
@@ -55,7 +58,12 @@ WITH rq AS (""" + _ROLLUP_ROWS.format(table="rollup_requests", edge=ROLLUP_REQUE
               coalesce(1 / nullif(1 - steps / sum(steps) OVER seg, 0), 1) AS w_s
     FROM per_request WINDOW seg AS (PARTITION BY key, bucket)
 ), by_request AS (
+    -- one pass over the requests: the totals, and the per-request sums of the cluster-robust variances
     SELECT key, bucket, count(*) AS requests,
+           sum(n_steps) AS steps, sum(n_drafted) AS drafted, sum(n_checked) AS checked,
+           sum(n_accepted) AS accepted, max(k) AS k, sum(n_drafted) / sum(n_steps) AS mean_g, sum(timed) AS timed,
+           min(first_ts) AS first_ts, max(last_ts) AS last_ts, sum(ts_inferred) AS ts_inferred,
+           max(last_ingest) AS last_ingest,
            sum(accepted * accepted) AS saa, sum(accepted * checked) AS san, sum(checked * checked) AS snn,
            sum(checked::HUGEINT * checked::HUGEINT * checked::HUGEINT)::DOUBLE AS sn3,
            sum(checked::HUGEINT * checked::HUGEINT * checked::HUGEINT * checked::HUGEINT)::DOUBLE AS sn4,
@@ -72,22 +80,14 @@ WITH rq AS (""" + _ROLLUP_ROWS.format(table="rollup_requests", edge=ROLLUP_REQUE
            sum((b_accepted - b_lo)::{exact})::DOUBLE AS d_lo, sum(pow(b_accepted - b_lo, 2)::{exact})::DOUBLE AS dd_lo,
            sum((b_accepted - b_hi)::{exact})::DOUBLE AS d_hi, sum(pow(b_accepted - b_hi, 2)::{exact})::DOUBLE AS dd_hi
     FROM leverage GROUP BY key, bucket
-), by_step AS (
-    SELECT key, bucket,
-           sum(steps) AS steps, sum(drafted) AS drafted, sum(checked) AS checked, sum(accepted) AS accepted,
-           max(k) AS k, sum(drafted) / sum(steps) AS mean_g, sum(timed) AS timed,
-           min(first_ts) AS first_ts, max(last_ts) AS last_ts, sum(ts_inferred) AS ts_inferred,
-           max(ingested_at) AS last_ingest
-    FROM s GROUP BY key, bucket
 ), named AS (
     SELECT {key} AS key, any_value(run) AS run, any_value({template}) AS template, any_value(demo) AS demo,
            any_value(meta)::VARCHAR AS meta
     FROM shown_segments ss GROUP BY {key}
 )
-SELECT n.* EXCLUDE (key), b.* EXCLUDE (key), q.* EXCLUDE (key, bucket)
-FROM by_step b JOIN by_request q ON b.key = q.key AND b.bucket IS NOT DISTINCT FROM q.bucket
-JOIN named n ON n.key = b.key
-ORDER BY n.run, n.template, b.bucket
+SELECT n.* EXCLUDE (key), q.* EXCLUDE (key)
+FROM by_request q JOIN named n ON n.key = q.key
+ORDER BY n.run, n.template, q.bucket
 """
 
 # Medians are not sums: they are read from the steps that carry timings, in the segments that have any.
@@ -172,6 +172,12 @@ def segments(store: Store, by: str = "template", c: float | None = None, *, run:
         raise ValueError(f"by must be one of {GROUPINGS}, got {by!r}")
     if bucket is not None and bucket not in BUCKETS:
         raise ValueError(f"bucket must be one of {tuple(BUCKETS)}, got {bucket!r}")
+    with store.reading():  # one connection for the half-dozen queries (opening one costs ~15 ms)
+        return _segments(store, by, c, run, bucket, per_position, since)
+
+
+def _segments(store: Store, by: str, c: float | None, run: str | None, bucket: str | None, per_position: bool,
+              since: datetime | None) -> list[SegmentSummary]:
     day_output = by == "day"
     if day_output:
         by, bucket = "template", "day"
