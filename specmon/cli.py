@@ -522,7 +522,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.db:
         env[DB_ENV] = args.db
     flags = _streamlit_flags({"server.address": args.address, "server.port": args.port, "server.headless": True})
-    cmd = [sys.executable, "-m", "streamlit", "run", str(resources.APP), *flags]
+    cmd = [sys.executable, "-m", "streamlit", "run", str(resources.SERVER), *flags]
     if not args.watch:
         return run_child(cmd, env)
     from specmon import watch
