@@ -15,10 +15,8 @@ import pandas as pd
 
 from specmon import engine_summary, predicted, stats
 from specmon.segments import Estimate, PositionSummary, SegmentSummary, economics, finite, point_beta, position_summary
-from specmon.settings import BUCKETS, CONFIDENCE, GAP_Z_LIMIT
+from specmon.settings import BUCKETS, CONFIDENCE, GAP_Z_LIMIT, GROUPINGS
 from specmon.store import _HOUR_OF_STEP, ROLLUP_EXACT, ROLLUP_POSITIONS_SELECT, ROLLUP_REQUESTS_SELECT, Store
-
-GROUPINGS = ("run", "template", "day")
 
 _NO_BUCKET = "NULL::TIMESTAMP"
 # Floating-point sums in DuckDB run in parallel in no fixed order, so their last digits moved between runs of
