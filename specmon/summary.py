@@ -35,33 +35,38 @@ _EDGE = "?::TIMESTAMP IS NOT NULL AND st.ts >= ?::TIMESTAMP AND " + _HOUR_OF_STE
 
 _STEPS_SQL = """
 WITH rq AS (""" + _ROLLUP_ROWS.format(table="rollup_requests", edge=ROLLUP_REQUESTS_SELECT.format(where=_EDGE)) + """
-), s AS (
-    -- grouped by number (segment or run id), named at the end: fewer bytes to hash per rollup row
+), s AS NOT MATERIALIZED (
+    -- grouped by number (segment or run id), named at the end: fewer bytes to hash per rollup row; read three
+    -- times (sole requests, the others, the totals), each a plain scan of the rollups, rather than materialised
     SELECT ss.{key} AS key, {bucket} AS bucket, i.ingested_at, rq.*
     FROM rq JOIN shown_segments ss USING (segment_id) JOIN ingests i USING (ingest_id)
     WHERE ? IS NULL OR ss.run = ?
 ), per_request AS (
-    SELECT key, bucket, request_id,
+    -- per-request totals: a sole rollup row is one already (store.py); the rest are added up per request
+    SELECT key, bucket, steps::DOUBLE AS steps, accepted::DOUBLE AS accepted, checked::DOUBLE AS checked,
+           b_accepted::DOUBLE AS b_accepted, b_checked::DOUBLE AS b_checked, b_lo::DOUBLE AS b_lo, b_hi::DOUBLE AS b_hi
+    FROM s WHERE sole
+    UNION ALL
+    SELECT key, bucket,
            sum(steps)::DOUBLE AS steps, sum(accepted)::DOUBLE AS accepted, sum(checked)::DOUBLE AS checked,
            sum(b_accepted)::DOUBLE AS b_accepted, sum(b_checked)::DOUBLE AS b_checked,
-           sum(b_lo)::DOUBLE AS b_lo, sum(b_hi)::DOUBLE AS b_hi,
-           sum(steps) AS n_steps, sum(drafted) AS n_drafted, sum(checked) AS n_checked, sum(accepted) AS n_accepted,
-           max(k) AS k, sum(timed) AS timed, min(first_ts) AS first_ts, max(last_ts) AS last_ts,
-           sum(ts_inferred) AS ts_inferred, max(ingested_at) AS last_ingest
-    FROM s GROUP BY key, bucket, request_id
+           sum(b_lo)::DOUBLE AS b_lo, sum(b_hi)::DOUBLE AS b_hi
+    FROM s WHERE sole IS NOT TRUE GROUP BY key, bucket, request_id
+), by_step AS (
+    SELECT key, bucket,
+           sum(steps) AS steps, sum(drafted) AS drafted, sum(checked) AS checked, sum(accepted) AS accepted,
+           max(k) AS k, sum(drafted) / sum(steps) AS mean_g, sum(timed) AS timed,
+           min(first_ts) AS first_ts, max(last_ts) AS last_ts, sum(ts_inferred) AS ts_inferred,
+           max(ingested_at) AS last_ingest
+    FROM s GROUP BY key, bucket
 ), leverage AS (
     -- CR2 weights 1 / (1 - n_j / N): for alpha n_j is checked positions, for L it is steps; a cluster holding
     -- all of N (one request) has no such weight: 1, and the statistics ignore the spread of a single cluster anyway
-    SELECT *, coalesce(1 / nullif(1 - checked / nullif(sum(checked) OVER seg, 0), 0), 1) AS w_n,
-              coalesce(1 / nullif(1 - steps / sum(steps) OVER seg, 0), 1) AS w_s
-    FROM per_request WINDOW seg AS (PARTITION BY key, bucket)
+    SELECT r.*, coalesce(1 / nullif(1 - r.checked / nullif(t.checked, 0), 0), 1) AS w_n,
+                coalesce(1 / nullif(1 - r.steps / t.steps, 0), 1) AS w_s
+    FROM per_request r JOIN by_step t ON r.key = t.key AND r.bucket IS NOT DISTINCT FROM t.bucket
 ), by_request AS (
-    -- one pass over the requests: the totals, and the per-request sums of the cluster-robust variances
     SELECT key, bucket, count(*) AS requests,
-           sum(n_steps) AS steps, sum(n_drafted) AS drafted, sum(n_checked) AS checked,
-           sum(n_accepted) AS accepted, max(k) AS k, sum(n_drafted) / sum(n_steps) AS mean_g, sum(timed) AS timed,
-           min(first_ts) AS first_ts, max(last_ts) AS last_ts, sum(ts_inferred) AS ts_inferred,
-           max(last_ingest) AS last_ingest,
            sum(accepted * accepted) AS saa, sum(accepted * checked) AS san, sum(checked * checked) AS snn,
            sum(checked::HUGEINT * checked::HUGEINT * checked::HUGEINT)::DOUBLE AS sn3,
            sum(checked::HUGEINT * checked::HUGEINT * checked::HUGEINT * checked::HUGEINT)::DOUBLE AS sn4,
@@ -83,9 +88,10 @@ WITH rq AS (""" + _ROLLUP_ROWS.format(table="rollup_requests", edge=ROLLUP_REQUE
            any_value(meta)::VARCHAR AS meta
     FROM shown_segments ss GROUP BY {key}
 )
-SELECT n.* EXCLUDE (key), q.* EXCLUDE (key)
-FROM by_request q JOIN named n ON n.key = q.key
-ORDER BY n.run, n.template, q.bucket
+SELECT n.* EXCLUDE (key), b.* EXCLUDE (key), q.* EXCLUDE (key, bucket)
+FROM by_step b JOIN by_request q ON b.key = q.key AND b.bucket IS NOT DISTINCT FROM q.bucket
+JOIN named n ON n.key = b.key
+ORDER BY n.run, n.template, b.bucket
 """
 
 # Medians are not sums: they are read from the steps that carry timings, in the segments that have any.
