@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specmon import sampler, store as store_mod
+from specmon import sampler, settings, store as store_mod
 from specmon.faults import SpecmonError
 from specmon.ingest import ingest_file
 from specmon.store import Store
@@ -205,3 +205,19 @@ def test_hostile_flat_values_are_named_faults_and_skip_bad_keeps_the_good_steps(
     res = ingest_file(store, str(path), skip_bad=True, report_path=str(tmp_path / "rep.jsonl"))
     assert res.status == "stored" and res.steps == 500
     summarize(store)
+
+
+def test_every_connection_gets_the_memory_cap_of_settings_or_of_the_environment(tmp_path, monkeypatch):
+    def cap(limit: str) -> str:
+        con = duckdb.connect()
+        con.execute("SET memory_limit = ?", [limit])
+        return con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
+
+    path = str(tmp_path / "m.duckdb")
+    monkeypatch.delenv(settings.MEMORY_LIMIT_ENV, raising=False)
+    with Store(path) as s, s.cursor() as con:
+        assert con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0] == cap(settings.MEMORY_LIMIT)
+    monkeypatch.setenv(settings.MEMORY_LIMIT_ENV, "300MB")
+    with Store(path) as s, s.cursor() as con:
+        assert con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0] == cap("300MB")
+    assert cap("300MB") != cap(settings.MEMORY_LIMIT)
