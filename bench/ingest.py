@@ -4,7 +4,8 @@
                                 [--only flat_parquet ...]
 
 Each load runs in a fresh process, specmon and the bare load alternating, `--repeat` times; the figures are the
-median and the range. Files (k = 4, vocabulary 32,000):
+median and the range, of wall time and of CPU time (all threads; less moved by other jobs on a shared machine).
+Files (k = 4, vocabulary 32,000):
 1. JSONL with top-20 logprobs per position, the same 20 tokens at every position (what `specmon simulate
    --distributions topk` writes: one fixed pair), against CREATE TABLE AS SELECT * FROM read_json(file).
 2. JSONL with top-20 logprobs whose tokens change from position to position, as in real engine logs, against the
@@ -95,15 +96,17 @@ INGEST = """
 import json, time
 from specmon.store import Store
 from specmon.ingest import ingest_file
-s = Store({db!r}); t = time.perf_counter(); r = ingest_file(s, {path!r}); dt = time.perf_counter() - t
+s = Store({db!r}); t = time.perf_counter(); c = time.process_time(); r = ingest_file(s, {path!r})
+dt, cpu = time.perf_counter() - t, time.process_time() - c
 assert r.status == 'stored', r.faults
-print(json.dumps({{'seconds': dt, 'positions': r.positions}}))
+print(json.dumps({{'seconds': dt, 'cpu_seconds': cpu, 'positions': r.positions}}))
 """
 BARE = """
 import json, time, duckdb
-c = duckdb.connect({db!r}); t = time.perf_counter()
-c.execute("CREATE TABLE t AS SELECT * FROM {reader}(?)", [{path!r}]); dt = time.perf_counter() - t
-print(json.dumps({{'seconds': dt, 'rows': c.execute('SELECT count(*) FROM t').fetchone()[0]}}))
+c = duckdb.connect({db!r}); t = time.perf_counter(); cpu = time.process_time()
+c.execute("CREATE TABLE t AS SELECT * FROM {reader}(?)", [{path!r}])
+dt, cpu = time.perf_counter() - t, time.process_time() - cpu
+print(json.dumps({{'seconds': dt, 'cpu_seconds': cpu, 'rows': c.execute('SELECT count(*) FROM t').fetchone()[0]}}))
 """
 
 
@@ -134,6 +137,10 @@ def compare(workdir: str, name: str, path: str, reader: str, repeat: int) -> dic
         "positions_per_s": _spread([positions / r["seconds"] for r in ours]),
         "bare_load_s": _spread([r["seconds"] for r in bare]),
         "ratio_to_bare": _spread(ratios),
+        # CPU seconds (all threads) of the load itself: what a busy machine changes least
+        "specmon_cpu_s": _spread([r["cpu_seconds"] for r in ours]),
+        "bare_load_cpu_s": _spread([r["cpu_seconds"] for r in bare]),
+        "cpu_ratio_to_bare": _spread([o["cpu_seconds"] / b["cpu_seconds"] for o, b in zip(ours, bare, strict=True)]),
         "specmon_peak_rss_mb": _spread([r["peak_rss_mb"] for r in ours]),
         "bare_peak_rss_mb": _spread([r["peak_rss_mb"] for r in bare]),
     }
