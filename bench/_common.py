@@ -27,7 +27,10 @@ def machine() -> str:
 
 def run_child(code: str) -> dict:
     """Run Python code in a fresh process; it must print one JSON object. Adds wall seconds and peak RSS."""
-    wrapper = code + "\nimport resource, json as _j\nprint(_j.dumps({'peak_rss_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))"
+    # VmHWM, the peak of this process's own memory: ru_maxrss would also count the parent's peak, which Linux
+    # carries over into a child that Python starts with vfork and exec.
+    wrapper = code + ("\nimport json as _j\nprint(_j.dumps({'peak_rss_mb': int(next(l.split()[1] for l in "
+                      "open('/proc/self/status') if l.startswith('VmHWM:'))) / 1024}))")
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", wrapper], check=True, capture_output=True, text=True).stdout
     wall = time.perf_counter() - t0
