@@ -343,26 +343,26 @@ def insert(
     cur.execute("CREATE OR REPLACE TEMP TABLE flat_segments (template VARCHAR, segment_id INTEGER)")
     for t in templates:
         cur.execute("INSERT INTO flat_segments VALUES (?, ?)", [t, segment_for(t)])
-    # Rows are found by their ids, never by where they lie: DuckDB may write them in any order, which a large
-    # insert needs less memory for.
+    # beta's sums over the checked positions, NULL where one is missing: the accepted positions' sum, plus the
+    # bound at the first rejected position (checked too) where the step has one; added in the order a sum over
+    # the positions in file order adds them. Steps are written in id order.
+    sums = [f"CASE WHEN s.accepted = s.g THEN CASE WHEN {b}_accepted_n = s.g THEN {b}_accepted END "
+            f"WHEN {b}_accepted_n = s.accepted AND {b}_next IS NOT NULL "
+            f"THEN coalesce({b}_accepted, 0.0) + {b}_next END" for b in ("lo", "hi")]
+    cur.execute(
+        "INSERT INTO steps (step_id, ingest_id, segment_id, request_id, step_index, ts, ts_inferred, g, accepted, "
+        "checked, beta_lo_sum, beta_hi_sum) "
+        "SELECT s.step_id, ?, sg.segment_id, s.request_id, s.step, coalesce(s.ts, ?::TIMESTAMP), s.ts IS NULL, "
+        f"s.g, s.accepted, least(s.accepted + 1, s.g), {', '.join(sums)} "
+        "FROM flat_step_agg s JOIN flat_segments sg ON sg.template = coalesce(s.template, ?) ORDER BY s.step_id",
+        [ingest_id, ingest_time, default_template],
+    )
+    # Positions are found by their step's id, never by where they lie: DuckDB may write them in any order, which a
+    # large insert needs less memory for. checked = position <= accepted + 1 (positions shifted to 1..g); an exact
+    # beta column wins over its bounds.
+    position = f"(t.position - {base} + 1)"
     cur.execute("SET preserve_insertion_order = false")
     try:
-        # beta's sums over the checked positions, NULL where one is missing: the accepted positions' sum, plus the
-        # bound at the first rejected position (checked too) where the step has one; added in the order a sum over
-        # the positions in file order adds them.
-        sums = [f"CASE WHEN s.accepted = s.g THEN CASE WHEN {b}_accepted_n = s.g THEN {b}_accepted END "
-                f"WHEN {b}_accepted_n = s.accepted AND {b}_next IS NOT NULL "
-                f"THEN coalesce({b}_accepted, 0.0) + {b}_next END" for b in ("lo", "hi")]
-        cur.execute(
-            "INSERT INTO steps (step_id, ingest_id, segment_id, request_id, step_index, ts, ts_inferred, g, accepted, "
-            "checked, beta_lo_sum, beta_hi_sum) "
-            "SELECT s.step_id, ?, sg.segment_id, s.request_id, s.step, coalesce(s.ts, ?::TIMESTAMP), s.ts IS NULL, "
-            f"s.g, s.accepted, least(s.accepted + 1, s.g), {', '.join(sums)} "
-            "FROM flat_step_agg s JOIN flat_segments sg ON sg.template = coalesce(s.template, ?)",
-            [ingest_id, ingest_time, default_template],
-        )
-        # checked = position <= accepted + 1 (positions shifted to 1..g); an exact beta column wins over its bounds.
-        position = f"(t.position - {base} + 1)"
         cur.execute(
             f"INSERT INTO positions SELECT s.step_id, sg.segment_id, {position}, t.draft_token, "
             f"{position} <= s.accepted + 1, t.accepted, coalesce(t.beta, t.beta_lo), coalesce(t.beta, t.beta_hi), "
