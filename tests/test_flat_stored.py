@@ -101,18 +101,21 @@ def expected(df: pd.DataFrame, first_step_id: int, segments: dict[str, int], ing
 def write(df: pd.DataFrame, path, fmt: str) -> None:
     if fmt == "csv":
         df.to_csv(path, index=False)
+    elif fmt == "parquet-pieces":  # row groups of 997 rows: steps straddle them, read by DuckDB's threads in parallel
+        df.to_parquet(path, row_group_size=997)
     else:
         df.to_parquet(path)
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+@pytest.mark.parametrize("fmt", ["parquet", "csv", "parquet-pieces"])
 @pytest.mark.parametrize("zero_based", [False, True])
 def test_every_stored_column_matches_the_definition(store, tmp_path, fmt, zero_based):
     rng = np.random.default_rng(13 + zero_based)
     first = random_flat(rng, 600, zero_based)
-    ingest_file(store, _written(first, tmp_path / f"a.{fmt}", fmt))  # a second file's ids follow the first's
+    suffix = "csv" if fmt == "csv" else "parquet"
+    ingest_file(store, _written(first, tmp_path / f"a.{suffix}", fmt))  # a second file's ids follow the first's
     df = random_flat(rng, 1500, zero_based)
-    res = ingest_file(store, _written(df, tmp_path / f"b.{fmt}", fmt), template="")
+    res = ingest_file(store, _written(df, tmp_path / f"b.{suffix}", fmt), template="")
     assert (res.status, res.positions) == ("stored", len(df)), res.faults
     ingest_id, ingested_at = store.query("SELECT max(ingest_id), max(ingested_at) FROM ingests")[0]
     segments = dict(store.query("SELECT template, segment_id FROM segments WHERE run_id = "
