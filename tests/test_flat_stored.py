@@ -1,6 +1,6 @@
 """What the flat form stores, column by column, against a plain-Python reading of the same random file.
 
-The oracle below is the flat form's definition written out row by row (docs/formats.md): a step is the rows of one
+The oracle below is the flat form's definition written out row by row: a step is the rows of one
 (request_id, step); steps get ids in the order of their first line; checked positions are 1..accepted + 1 (at most g);
 beta's bounds are beta where given, else beta_lo / beta_hi, summed over the checked positions in position order
 (NULL when any is missing); a file numbered from 0 is shifted to 1..g; a step without ts gets the ingest time.
