@@ -10,6 +10,8 @@ median and the range. Files (k = 4, vocabulary 32,000):
    same bare read_json (DuckDB then infers a MAP per position instead of a STRUCT of 20 fixed fields).
 3. The flat form as Parquet against CREATE TABLE AS SELECT * FROM read_parquet(file).
 4. Peak memory of the JSONL ingest at a quarter of the size, to show it does not grow with the file.
+The JSONL files are also ingested by the step log's Python path alone (the fast path made to hand the file over),
+which is what a file with a fault, dense distributions or unknown fields costs.
 """
 from __future__ import annotations
 
@@ -94,6 +96,9 @@ INGEST = """
 import json, time
 from specmon.store import Store
 from specmon.ingest import ingest_file
+from specmon.formats import steplog_sql
+if {python_path!r}:
+    steplog_sql.stage = lambda *args, **kwargs: None  # as if the fast path refused the file: the Python path
 s = Store({db!r}); t = time.perf_counter(); r = ingest_file(s, {path!r}); dt = time.perf_counter() - t
 assert r.status == 'stored', r.faults
 print(json.dumps({{'seconds': dt, 'positions': r.positions}}))
@@ -117,16 +122,26 @@ def _spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def compare(workdir: str, name: str, path: str, reader: str, repeat: int) -> dict:
-    """specmon's ingest and the bare load of one file, alternating, each in a fresh process."""
-    ours, bare, ratios = [], [], []
+def _ingest(workdir: str, name: str, path: str, python_path: bool = False) -> dict:
+    return run_child(INGEST.format(db=_fresh(os.path.join(workdir, f"{name}.duckdb")), path=path,
+                                   python_path=python_path))
+
+
+def compare(workdir: str, name: str, path: str, reader: str, repeat: int, python_path: bool) -> dict:
+    """specmon's ingest and the bare load of one file, alternating, each in a fresh process; with python_path,
+    also the step log's Python path alone (what a file the fast path hands over costs)."""
+    ours, bare, ratios, python = [], [], [], []
     for _ in range(repeat):
-        ing = run_child(INGEST.format(db=_fresh(os.path.join(workdir, f"{name}.duckdb")), path=path))
+        ing = _ingest(workdir, name, path)
         raw = run_child(BARE.format(db=_fresh(os.path.join(workdir, f"{name}-bare.duckdb")), path=path, reader=reader))
+        if python_path:
+            python.append(_ingest(workdir, name, path, python_path=True))
         ours.append(ing)
         bare.append(raw)
         ratios.append(ing["seconds"] / raw["seconds"])
     positions = ours[0]["positions"]
+    extra = {"python_path_s": _spread([r["seconds"] for r in python]),
+             "python_path_positions_per_s": _spread([positions / r["seconds"] for r in python])} if python else {}
     return {
         "file_mb": os.path.getsize(path) / 2**20,
         "specmon_s": _spread([r["seconds"] for r in ours]),
@@ -135,6 +150,7 @@ def compare(workdir: str, name: str, path: str, reader: str, repeat: int) -> dic
         "ratio_to_bare": _spread(ratios),
         "specmon_peak_rss_mb": _spread([r["peak_rss_mb"] for r in ours]),
         "bare_peak_rss_mb": _spread([r["peak_rss_mb"] for r in bare]),
+        **extra,
     }
 
 
@@ -157,8 +173,8 @@ def main() -> None:
     for name, path, reader in (("jsonl_topk20_same_tokens", files["topk.jsonl"], "read_json"),
                                ("jsonl_topk20_varying_tokens", files["topk-varying.jsonl"], "read_json"),
                                ("flat_parquet", files["flat.parquet"], "read_parquet")):
-        results[name] = compare(w, name, path, reader, args.repeat)
-    quarter = run_child(INGEST.format(db=_fresh(os.path.join(w, "small.duckdb")), path=files["topk-small.jsonl"]))
+        results[name] = compare(w, name, path, reader, args.repeat, python_path=reader == "read_json")
+    quarter = _ingest(w, "small", files["topk-small.jsonl"])
     results["jsonl_peak_rss_mb_at_quarter_size"] = quarter["peak_rss_mb"]
     results["load_average_at_end"] = os.getloadavg()[0]
     text = json.dumps(results, indent=2)

@@ -35,26 +35,27 @@ _STRUCTURE = "{" + ", ".join(f'"{f}": "{"JSON[]" if f in _LIST_FIELDS else "JSON
 _MAX_EPOCH_SECONDS = 1e11
 
 # JSON text (as DuckDB writes it back: no whitespace, numbers as read) to a value, or NULL where parse_step would
-# refuse the value's type: a number is text starting with a digit or '-', an integer one without '.', 'e' or 'E'.
+# refuse the value's type: a string is text starting with '"', an integer digits alone; a number is whatever
+# DuckDB casts to DOUBLE from the text (quoted strings and true/false/null are refused there).
 _MACROS = f"""
-CREATE OR REPLACE TEMP MACRO sm_head(t) AS left(CAST(t AS VARCHAR), 1);
+CREATE OR REPLACE TEMP MACRO sm_is(t, c) AS starts_with(CAST(t AS VARCHAR), c);
 CREATE OR REPLACE TEMP MACRO sm_num(t) AS TRY_CAST(CAST(t AS VARCHAR) AS DOUBLE);
 CREATE OR REPLACE TEMP MACRO sm_finite(t, lo) AS coalesce(isfinite(sm_num(t)) AND sm_num(t) >= lo, false);
 CREATE OR REPLACE TEMP MACRO sm_int(t) AS
     CASE WHEN regexp_full_match(CAST(t AS VARCHAR), '-?[0-9]{{1,18}}') THEN TRY_CAST(CAST(t AS VARCHAR) AS BIGINT) END;
-CREATE OR REPLACE TEMP MACRO sm_str(t) AS CASE WHEN sm_head(t) = '"' THEN t ->> '$' END;
+CREATE OR REPLACE TEMP MACRO sm_str(t) AS CASE WHEN sm_is(t, '"') THEN t ->> '$' END;
 -- Every item true (NULL counts as false); true for an empty list.
 CREATE OR REPLACE TEMP MACRO sm_all(l) AS
     coalesce(list_bool_and(list_transform(l, lambda x: coalesce(x, false))), true);
 CREATE OR REPLACE TEMP MACRO sm_tokens_ok(l) AS
     sm_all(list_transform(l, lambda t: sm_int(t) BETWEEN 0 AND {MAX_TOKEN_ID}));
--- A top-k field: every position an object with distinct keys, every value a logprob (finite, <= 1e-6), every
--- position's listed mass within the limit.
-CREATE OR REPLACE TEMP MACRO sm_topk_ok(objs, keys, logprobs, probs, mass_limit) AS
-    sm_all(list_transform(objs, lambda o: sm_head(o) = '{{'))
-    AND sm_all(list_transform(keys, lambda k: len(list_distinct(k)) = len(k)))
-    AND sm_all(list_transform(logprobs, lambda v: sm_all(list_transform(v, lambda x: isfinite(x) AND x <= 1e-6))))
-    AND sm_all(list_transform(probs, lambda p: coalesce(list_sum(p), 0) <= mass_limit));
+-- A top-k field: every position an object whose keys each stand first where they occur (no key repeated), every
+-- value a logprob (finite, <= 1e-6), every position's listed mass within the limit.
+CREATE OR REPLACE TEMP MACRO sm_topk_ok(objs, keys, flat, sums, mass_limit) AS
+    sm_all(list_transform(objs, lambda o: sm_is(o, '{{')))
+    AND sm_all(list_transform(keys, lambda k: sm_all(list_transform(k, lambda t, j: list_position(k, t) = j))))
+    AND list_count(flat) = len(flat) AND coalesce(list_max(flat) <= 1e-6 AND isfinite(list_min(flat)), true)
+    AND coalesce(list_max(sums) <= mass_limit, true);
 """
 
 
@@ -87,23 +88,26 @@ WITH raw AS (
            list_transform(o.target_logprobs, lambda x: {values}) AS tv,
            list_transform(o.draft_logprobs, lambda x: json_keys(x)) AS qk,
            list_transform(o.draft_logprobs, lambda x: {values}) AS qv,
-           CASE WHEN sm_head(o.beta) = '[' THEN TRY_CAST(CAST(CAST(o.beta AS JSON[]) AS VARCHAR[]) AS DOUBLE[])
+           CASE WHEN sm_is(o.beta, '[') THEN TRY_CAST(CAST(CAST(o.beta AS JSON[]) AS VARCHAR[]) AS DOUBLE[])
            END AS bf,
-           CASE WHEN sm_head(o.draft_ms) = '['
+           CASE WHEN sm_is(o.draft_ms, '[')
                 THEN TRY_CAST(CAST(CAST(o.draft_ms AS JSON[]) AS VARCHAR[]) AS DOUBLE[]) END AS dms
     FROM raw
 ), probs AS (
     SELECT *, least(acc + 1, g) AS chk, sm_str(request_id) AS rid, sm_str(template) AS tpl, sm_int(k) AS kk,
-           CASE WHEN sm_head(ts) = '"' THEN sm_iso(ts ->> '$') END AS ts_iso, sm_num(ts) AS ts_num,
+           CASE WHEN sm_is(ts, '"') THEN sm_iso(ts ->> '$') END AS ts_iso, sm_num(ts) AS ts_num,
            list_transform(emitted_tokens, lambda t: sm_int(t)) AS em,
            list_transform(tv, lambda v: list_transform(v, lambda x: exp(x))) AS tp,
            list_transform(qv, lambda v: list_transform(v, lambda x: exp(x))) AS qp,
+           flatten(tv) AS tflat, flatten(qv) AS qflat,
            bf IS NULL AND tk IS NOT NULL AND qk IS NOT NULL AS topk_bounds
     FROM fields
 ), shared AS (
     -- p_i(x_i) and q_i(x_i): the probability each side lists for the drafted token (NULL where unlisted); for
     -- the bounds, where each listed token of one side stands in the other's list (0 where it does not)
     SELECT *, tp[1:g] AS tpg,
+           list_transform(tp, lambda p: coalesce(list_sum(p), 0)) AS tsum,
+           list_transform(qp, lambda p: coalesce(list_sum(p), 0)) AS qsum,
            list_transform(list_zip(tk, tp, d), lambda z: z[2][list_position(z[1], CAST(z[3] AS VARCHAR))]) AS pt,
            list_transform(list_zip(qk, qp, d), lambda z: z[2][list_position(z[1], CAST(z[3] AS VARCHAR))]) AS qt,
            CASE WHEN topk_bounds THEN list_transform(list_zip(tk[1:g], qk), lambda z:
@@ -131,8 +135,8 @@ WITH raw AS (
                list_zip(z[1], z[2]), lambda y: CASE WHEN y[2] IS NULL THEN least(y[1], z[3]) END)), 0)) AS a,
            list_transform(list_zip(qp, p_at_q, mp), lambda z: coalesce(list_sum(list_transform(
                list_zip(z[1], z[2]), lambda y: CASE WHEN y[2] IS NULL THEN least(y[1], z[3]) END)), 0)) AS b,
-           list_transform(tpg, lambda v: greatest(1 - coalesce(list_sum(v), 0), 0)) AS up,
-           list_transform(qp, lambda v: greatest(1 - coalesce(list_sum(v), 0), 0)) AS uq
+           list_transform(tsum[1:g], lambda x: greatest(1 - x, 0)) AS up,
+           list_transform(qsum, lambda x: greatest(1 - x, 0)) AS uq
     FROM crossed
 )
 SELECT n, g, acc, chk, rid, tpl, kk,
@@ -157,9 +161,9 @@ SELECT n, g, acc, chk, rid, tpl, kk,
                                     ELSE sm_all(list_transform(dms, lambda x: isfinite(x) AND x >= 0)) END)
            AND (beta IS NULL OR (len(bf) = g AND sm_all(list_transform(bf, lambda x: x BETWEEN 0 AND 1))))
            AND (target_logprobs IS NULL
-                OR (len(tk) IN (g, g + 1) AND sm_topk_ok(target_logprobs, tk, tv, tp, $mass_limit)))
+                OR (len(tk) IN (g, g + 1) AND sm_topk_ok(target_logprobs, tk, tflat, tsum, $mass_limit)))
            AND (draft_logprobs IS NULL
-                OR (len(qk) = g AND sm_topk_ok(draft_logprobs, qk, qv, qp, $mass_limit)))
+                OR (len(qk) = g AND sm_topk_ok(draft_logprobs, qk, qflat, qsum, $mass_limit)))
            AND (emitted_tokens IS NULL OR (len(em) <= least(acc + 1, {MAX_DRAFT_LEN})
                 AND sm_tokens_ok(emitted_tokens) AND em[1:least(acc, len(em))] = d[1:least(acc, len(em))])),
            false) AS ok
