@@ -57,7 +57,7 @@ def _step(rng: np.random.Generator, i: int) -> dict:
         obj["beta"] = rng.uniform(0, 1, g).tolist() if maybe() else [1] * g
     if maybe():
         obj["emitted_tokens"] = draft[:accepted] + ([int(rng.integers(0, VOCAB))] if maybe() else [])
-    for field in ("template", "ts", "temperature", "emitted_tokens", "beta"):
+    for field in ("template", "ts", "temperature", "beta"):
         if field in obj and rng.random() < 0.05:
             obj[field] = None
     return obj
@@ -206,6 +206,11 @@ HANDED_OVER = [
     b'{"request_id": "x", "draft_tokens": [1], "accepted": 1, "emitted_tokens": [2]}',
     b'{"request_id": "x", "draft_tokens": [1], "accepted": 0, "emitted_tokens": [2, 3]}',
     b'{"request_id": "x", "draft_tokens": [1], "accepted": 0, "emitted_tokens": [true]}',
+    b'{"request_id": "x", "draft_tokens": [1], "accepted": 0, "emitted_tokens": {"1": 2}}',  # no list: NULL
+    b'{"request_id": "x", "draft_tokens": [1], "accepted": 0, "emitted_tokens": null}',
+    b'{"request_id": "x", "draft_tokens": [1], "accepted": 0, "target_logprobs": "x"}',
+    b'{"request_id": "x", "draft_tokens": [1], "accepted": 0, "draft_logprobs": 5}',
+    b'{"request_id": "x", "draft_tokens": 1, "accepted": 0}',
     b'{"request_id": "x", "draft_tokens": [1], "accepted": 0} {"request_id": "y"}',
     b'{"request_id": "x", "draft_tokens": [1], "accepted": 0, "template": "\\ud800"}',
     b'[{"request_id": "x", "draft_tokens": [1], "accepted": 0}]',

@@ -151,6 +151,8 @@ SELECT n, g, acc, chk, rid, tpl, kk,
            z[1] + least(z[5] + least(z[3], z[4]), z[4] + least(z[2], z[5]))) ELSE bf END AS bhi,
        coalesce(
            NOT trailing_comma AND list_has_all($known, keys) AND len(list_distinct(keys)) = len(keys)
+           -- json_transform reads a list field that is no array (or null) as NULL: such a file goes the Python path
+           AND {" AND ".join(f"({f} IS NOT NULL OR NOT list_contains(keys, '{f}'))" for f in _LIST_FIELDS)}
            AND rid <> '' AND g <= {MAX_DRAFT_LEN} AND sm_tokens_ok(draft_tokens) AND acc BETWEEN 0 AND g
            AND (ts IS NULL OR ts_iso IS NOT NULL OR ts_num BETWEEN 0 AND {_MAX_EPOCH_SECONDS})
            AND (template IS NULL OR tpl IS NOT NULL)
