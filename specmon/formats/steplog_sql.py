@@ -193,11 +193,11 @@ def stage(conn: duckdb.DuckDBPyConnection, path: str, *, sum_tol: float, default
                 CASE WHEN blo IS NOT NULL THEN coalesce(list_sum(blo[1:chk]), 0) END,
                 CASE WHEN bhi IS NOT NULL THEN coalesce(list_sum(bhi[1:chk]), 0) END,
                 em, NULL, NULL, NULL
-            FROM fast_steps ORDER BY n""", {"template": default_template, "now": ingest_time})
+            FROM fast_steps""", {"template": default_template, "now": ingest_time})
         conn.execute("""
             INSERT INTO staging_positions
             SELECT n, coalesce(tpl, $template), i, d[i], i <= chk, i <= acc, blo[i], bhi[i], pt[i], qt[i]
-            FROM (SELECT *, unnest(range(1, g + 1)) AS i FROM fast_steps) ORDER BY n, i""",
+            FROM (SELECT *, unnest(range(1, g + 1)) AS i FROM fast_steps)""",
                      {"template": default_template})
         counts = conn.execute("SELECT count(*), coalesce(sum(g), 0), count(*) FILTER (ts IS NULL) "
                               "FROM fast_steps").fetchone()
