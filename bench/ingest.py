@@ -1,6 +1,6 @@
 """Ingest throughput and peak memory, each beside DuckDB's own bare load of the same file, in one run.
 
-    nice python bench/ingest.py [--positions 1000000] [--repeat 3] [--workdir DIR] [--out results.json]
+    nice python bench/ingest.py [--positions 1000000] [--repeat 3] [--workdir DIR] [--out results.json] [--reuse]
 
 Each load runs in a fresh process, specmon and the bare load alternating, `--repeat` times; the figures are the
 median and the range. Files (k = 4, vocabulary 32,000):
@@ -160,14 +160,17 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--out", default=None, help="also write the results here (JSON)")
+    ap.add_argument("--reuse", action="store_true", help="keep the input files already in --workdir")
     args = ap.parse_args()
     w = args.workdir or tempfile.mkdtemp(prefix="specmon-bench-")
     os.makedirs(w, exist_ok=True)
     files = {n: os.path.join(w, n) for n in ("topk.jsonl", "topk-varying.jsonl", "topk-small.jsonl", "flat.parquet")}
-    write_jsonl(files["topk.jsonl"], args.positions)
-    write_jsonl_varying(files["topk-varying.jsonl"], args.positions)
-    write_jsonl(files["topk-small.jsonl"], args.positions // 4)
-    write_parquet(files["flat.parquet"], args.positions)
+    for name, write, positions in (("topk.jsonl", write_jsonl, args.positions),
+                                   ("topk-varying.jsonl", write_jsonl_varying, args.positions),
+                                   ("topk-small.jsonl", write_jsonl, args.positions // 4),
+                                   ("flat.parquet", write_parquet, args.positions)):
+        if not (args.reuse and os.path.exists(files[name])):
+            write(files[name], positions)
     results: dict = {"machine": machine(), "positions": args.positions, "repeat": args.repeat,
                      "load_average_at_start": os.getloadavg()[0]}
     for name, path, reader in (("jsonl_topk20_same_tokens", files["topk.jsonl"], "read_json"),
