@@ -23,7 +23,7 @@ def _topk(rng: np.random.Generator, k: int, shared: dict | None = None) -> dict:
     if shared is not None and rng.random() < 0.7:
         tokens = list(dict.fromkeys(list(shared)[: int(rng.integers(0, len(shared) + 1))] + tokens))[:k]
     probs = rng.dirichlet(np.ones(len(tokens) + 1))[:-1] * rng.uniform(0.5, 1.0)
-    return {t: math.log(p) if p > 0 else -700.0 for t, p in zip(tokens, probs)}
+    return {t: math.log(p) if p > 0 else -700.0 for t, p in zip(tokens, probs, strict=True)}
 
 
 def _step(rng: np.random.Generator, i: int) -> dict:
@@ -82,7 +82,7 @@ def _same(a, b) -> bool:
     if isinstance(a, float) and isinstance(b, float):
         return math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12)
     if isinstance(a, list | tuple) and isinstance(b, list | tuple):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
     return a == b
 
 
@@ -113,9 +113,9 @@ def _ingest_both(tmp_path, monkeypatch, path: str, **options) -> tuple[dict, lis
 def _assert_same(results: dict) -> None:
     fast, python = results["fast"], results["python"]
     assert fast[:8] == python[:8]
-    for table, rows_f, rows_p in zip(("steps", "positions"), fast[8], python[8]):
+    for table, rows_f, rows_p in zip(("steps", "positions"), fast[8], python[8], strict=True):
         assert len(rows_f) == len(rows_p), table
-        for rf, rp in zip(rows_f, rows_p):
+        for rf, rp in zip(rows_f, rows_p, strict=True):
             assert _same(rf, rp), (table, rf, rp)
 
 
@@ -141,8 +141,8 @@ def test_the_fast_path_handles_the_benchmark_shapes(tmp_path, monkeypatch):
     """Many top-20 positions with the same tokens everywhere, as `simulate` writes (ISO times, emitted tokens)."""
     rng = np.random.default_rng(7)
     tokens = [str(t) for t in rng.choice(32000, 20, replace=False)]
-    p = {t: math.log(v) for t, v in zip(tokens, rng.dirichlet(np.ones(21))[:20])}
-    q = {t: math.log(v) for t, v in zip(tokens, rng.dirichlet(np.ones(21))[:20])}
+    p = {t: math.log(v) for t, v in zip(tokens, rng.dirichlet(np.ones(21))[:20], strict=True)}
+    q = {t: math.log(v) for t, v in zip(tokens, rng.dirichlet(np.ones(21))[:20], strict=True)}
     lines = []
     for i in range(3000):
         draft = [int(t) for t in rng.choice(tokens, 4)]
