@@ -24,6 +24,7 @@ from ingest import write_jsonl, write_jsonl_varying
 TYPED = """
 import json, time, duckdb
 c = duckdb.connect()
+c.execute('SET enable_progress_bar = false')  # its bar on stdout would hide the JSON line
 cols = {{'request_id': 'VARCHAR', 'draft_tokens': 'BIGINT[]', 'accepted': 'BIGINT',
          'target_logprobs': {kind!r}, 'draft_logprobs': {kind!r}}}
 touch = {touch!r}
@@ -34,7 +35,7 @@ print(json.dumps({{'seconds': time.perf_counter() - t}}))
 """
 BARE = """
 import json, time, duckdb
-c = duckdb.connect(); t = time.perf_counter()
+c = duckdb.connect(); c.execute('SET enable_progress_bar = false'); t = time.perf_counter()
 c.execute("CREATE TABLE t AS SELECT * FROM read_json(?)", [{path!r}])
 print(json.dumps({{'seconds': time.perf_counter() - t,
                    'logprobs_type': c.execute("SELECT data_type FROM information_schema.columns WHERE "
