@@ -104,37 +104,37 @@ WITH raw AS (
     FROM fields
 ), shared AS (
     -- p_i(x_i) and q_i(x_i): the probability each side lists for the drafted token (NULL where unlisted); for
-    -- the bounds, where each listed token of one side stands in the other's list (0 where it does not)
+    -- the bounds, where each token the target lists stands in the draft's list (0 where it does not)
     SELECT *, tp[1:g] AS tpg,
            list_transform(tp, lambda p: coalesce(list_sum(p), 0)) AS tsum,
            list_transform(qp, lambda p: coalesce(list_sum(p), 0)) AS qsum,
            list_transform(list_zip(tk, tp, d), lambda z: z[2][list_position(z[1], CAST(z[3] AS VARCHAR))]) AS pt,
            list_transform(list_zip(qk, qp, d), lambda z: z[2][list_position(z[1], CAST(z[3] AS VARCHAR))]) AS qt,
            CASE WHEN topk_bounds THEN list_transform(list_zip(tk[1:g], qk), lambda z:
-               list_transform(z[1], lambda t: coalesce(list_position(z[2], t), 0))) END AS q_at,
-           CASE WHEN topk_bounds THEN list_transform(list_zip(qk, tk[1:g]), lambda z:
-               list_transform(z[1], lambda t: coalesce(list_position(z[2], t), 0))) END AS p_at
+               list_transform(z[1], lambda t: coalesce(list_position(z[2], t), 0))) END AS q_at
     FROM probs
 ), crossed AS (
-    -- the other side's probability of each listed token (NULL where unlisted), and each side's smallest listed
-    -- probability (1 where it lists none)
+    -- the draft's probability of each token the target lists (NULL where unlisted), and each side's smallest
+    -- listed probability (1 where it lists none)
     SELECT *,
            list_transform(list_zip(qp, q_at), lambda z: list_select(z[1], z[2])) AS q_at_p,
-           list_transform(list_zip(tpg, p_at), lambda z: list_select(z[1], z[2])) AS p_at_q,
            list_transform(tpg, lambda v: coalesce(list_min(v), 1)) AS mp,
            list_transform(qp, lambda v: coalesce(list_min(v), 1)) AS mq
     FROM shared
 ), parts AS (
     -- beta's sharp bounds (theory.beta_bounds_topk_flat): F = sum over shared tokens of min(p, q); a (b): the
-    -- target's (draft's) unshared tokens, each capped by the other side's smallest listed probability; U: each
-    -- side's unlisted mass.
+    -- target's (draft's) unshared tokens, each capped by the other side's smallest listed probability (b as the
+    -- sum over all the draft's tokens less that over the shared ones, which q_at_p holds: keys are distinct); U:
+    -- each side's unlisted mass.
     SELECT *,
            list_transform(list_zip(tpg, q_at_p), lambda z: coalesce(list_sum(list_transform(list_zip(z[1], z[2]),
                lambda y: CASE WHEN y[2] IS NOT NULL THEN least(y[1], y[2]) END)), 0)) AS f,
            list_transform(list_zip(tpg, q_at_p, mq), lambda z: coalesce(list_sum(list_transform(
                list_zip(z[1], z[2]), lambda y: CASE WHEN y[2] IS NULL THEN least(y[1], z[3]) END)), 0)) AS a,
-           list_transform(list_zip(qp, p_at_q, mp), lambda z: coalesce(list_sum(list_transform(
-               list_zip(z[1], z[2]), lambda y: CASE WHEN y[2] IS NULL THEN least(y[1], z[3]) END)), 0)) AS b,
+           list_transform(list_zip(qp, q_at_p, mp), lambda z: greatest(
+               coalesce(list_sum(list_transform(z[1], lambda q: least(q, z[3]))), 0)
+               - coalesce(list_sum(list_transform(z[2], lambda q: CASE WHEN q IS NOT NULL THEN least(q, z[3]) END)), 0),
+               0)) AS b,
            list_transform(tsum[1:g], lambda x: greatest(1 - x, 0)) AS up,
            list_transform(qsum, lambda x: greatest(1 - x, 0)) AS uq
     FROM crossed
