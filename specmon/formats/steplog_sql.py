@@ -9,11 +9,13 @@ parser) through a vectorised function.
 
 The query is a screen, not a judge: a line it cannot vouch for (any fault, a listed mass within 1e-9 of the
 tolerance, an unknown or repeated field, dense distributions, a negative or huge epoch, a repeated token in a
-top-k object) flags the file, and so does any error of DuckDB's reader (invalid JSON, a field of the wrong shape, a
-line over 16 MB, a corrupt gzip stream). A flagged file is staged by the Python path instead (steplog_jsonl's
-Reader), which names every fault with its file, line and field exactly as before; nothing of the fast attempt is
-kept. Values are JSON text checked by their first character before any cast, so DuckDB's lenient casts ("1" or
-true as a number, 1.0 as an integer) never let through what parse_step refuses.
+top-k object, a list field that is null or no list, a trailing comma, which DuckDB's parser accepts) flags the file,
+and so does any error of DuckDB's reader (invalid JSON, a line over 16 MB, a corrupt gzip stream). A flagged file
+is staged by the Python path instead (steplog_jsonl's Reader), which names every fault with its file, line and
+field exactly as before; nothing of the fast attempt is kept. Values are JSON text checked before any cast (a
+string by its quote, an integer by its digits, a number by DuckDB's cast from the text, which refuses quotes and
+true/false/null), so DuckDB's lenient casts ("1" or true as a number, 1.0 as an integer) never let through what
+parse_step refuses.
 """
 from __future__ import annotations
 
