@@ -262,3 +262,20 @@ def test_re_ingesting_a_fast_file_changes_nothing(tmp_path):
         assert (first.status, first.steps, first.positions) == ("stored", 5, 10)
         assert again.status == "already ingested"
         assert s.query("SELECT count(*) FROM positions")[0][0] == 10
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_mutated_line_is_stored_or_refused_as_the_python_path_does(tmp_path, monkeypatch, seed):
+    """One character of one line deleted, replaced or inserted at random: whatever the fast path does, the
+    result (stored rows or faults) is the Python path's."""
+    rng = np.random.default_rng(100 + seed)
+    lines = [orjson.dumps(_step(rng, i)) for i in range(8)]
+    n = int(rng.integers(len(lines)))
+    line = bytearray(lines[n])
+    at = int(rng.integers(len(line)))
+    char = bytes([b'0123456789-.eE,:[]{}" tfnul'[int(rng.integers(27))]])
+    kind = int(rng.integers(3))
+    line[at:at + (kind < 2)] = b"" if kind == 0 else char
+    lines[n] = bytes(line)
+    results, _ = _ingest_both(tmp_path, monkeypatch, _write(tmp_path / "m.jsonl", lines), skip_bad=True)
+    _assert_same(results)

@@ -217,7 +217,9 @@ class Reader:
 
         The rows are staged in file order and moved in that order by a plain scan (no join, no sort), so the
         move streams: its memory does not grow with the file."""
-        templates = [r[0] for r in cur.execute("SELECT DISTINCT template FROM stage.staging_steps").fetchall()]
+        # Segments are made in the order their templates first appear in the file, whichever path staged it.
+        templates = [r[0] for r in cur.execute(
+            "SELECT template FROM stage.staging_steps GROUP BY template ORDER BY min(local_step)").fetchall()]
         segments = [get_or_create_segment(cur, run_id, t) for t in templates]
         segment_of = "map(?::VARCHAR[], ?::INTEGER[])[template]"
         base = next_step_id(cur)
