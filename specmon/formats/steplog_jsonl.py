@@ -144,7 +144,6 @@ class Reader:
         job = self.job
         self.store = store
         total = os.path.getsize(job.path)
-        batch = _StepBatch()
         with store.staging() as (self.staging_path, cur):
             staged = steplog_sql.stage(cur, job.path, sum_tol=job.sum_tol, default_template=job.default_template,
                                        ingest_time=job.ingest_time)
@@ -153,14 +152,15 @@ class Reader:
                 job.rows_read, job.steps, job.positions, job.no_time = steps, steps, positions, no_time
                 self.local_step = steps
             else:
-                self._stage_lines(cur, batch, total)
+                self._stage_lines(cur, total)
         if job.progress:
             job.progress(total, total)
         job.check()
 
-    def _stage_lines(self, cur: duckdb.DuckDBPyConnection, batch: _StepBatch, total: int) -> None:
+    def _stage_lines(self, cur: duckdb.DuckDBPyConnection, total: int) -> None:
         """The Python path: every line decoded by orjson and parsed by steplog.parse_steps, faults named."""
         job = self.job
+        batch = _StepBatch()
         done = 0
         try:
             for chunk in _chunks(textio.lines(job.path, MAX_JSON_LINE_BYTES)):
