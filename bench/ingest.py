@@ -1,10 +1,12 @@
 """Ingest throughput and peak memory, each beside DuckDB's own bare load of the same file, in one run.
 
     nice python bench/ingest.py [--positions 1000000] [--repeat 3] [--workdir DIR] [--out results.json]
-                                [--only flat_parquet ...]
+                                [--only flat_parquet ...] [--reuse]
 
 Each load runs in a fresh process, specmon and the bare load alternating, `--repeat` times; the figures are the
 median and the range, of wall time and of CPU time (all threads; less moved by other jobs on a shared machine).
+The JSONL files are also ingested by the step log's Python path alone (the fast path made to hand the file over),
+which is what a file with a fault, dense distributions or unknown fields costs.
 Files (k = 4, vocabulary 32,000):
 1. JSONL with top-20 logprobs per position, the same 20 tokens at every position (what `specmon simulate
    --distributions topk` writes: one fixed pair), against CREATE TABLE AS SELECT * FROM read_json(file).
@@ -96,6 +98,9 @@ INGEST = """
 import json, time
 from specmon.store import Store
 from specmon.ingest import ingest_file
+from specmon.formats import steplog_sql
+if {python_path!r}:
+    steplog_sql.stage = lambda *args, **kwargs: None  # as if the fast path refused the file: the Python path
 s = Store({db!r}); t = time.perf_counter(); c = time.process_time(); r = ingest_file(s, {path!r})
 dt, cpu = time.perf_counter() - t, time.process_time() - c
 assert r.status == 'stored', r.faults
@@ -121,16 +126,26 @@ def _spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def compare(workdir: str, name: str, path: str, reader: str, repeat: int) -> dict:
-    """specmon's ingest and the bare load of one file, alternating, each in a fresh process."""
-    ours, bare, ratios = [], [], []
+def _ingest(workdir: str, name: str, path: str, python_path: bool = False) -> dict:
+    return run_child(INGEST.format(db=_fresh(os.path.join(workdir, f"{name}.duckdb")), path=path,
+                                   python_path=python_path))
+
+
+def compare(workdir: str, name: str, path: str, reader: str, repeat: int, python_path: bool) -> dict:
+    """specmon's ingest and the bare load of one file, alternating, each in a fresh process; with python_path,
+    also the step log's Python path alone (what a file the fast path hands over costs)."""
+    ours, bare, ratios, python = [], [], [], []
     for _ in range(repeat):
-        ing = run_child(INGEST.format(db=_fresh(os.path.join(workdir, f"{name}.duckdb")), path=path))
+        ing = _ingest(workdir, name, path)
         raw = run_child(BARE.format(db=_fresh(os.path.join(workdir, f"{name}-bare.duckdb")), path=path, reader=reader))
+        if python_path:
+            python.append(_ingest(workdir, name, path, python_path=True))
         ours.append(ing)
         bare.append(raw)
         ratios.append(ing["seconds"] / raw["seconds"])
     positions = ours[0]["positions"]
+    extra = {"python_path_s": _spread([r["seconds"] for r in python]),
+             "python_path_positions_per_s": _spread([positions / r["seconds"] for r in python])} if python else {}
     return {
         "file_mb": os.path.getsize(path) / 2**20,
         "specmon_s": _spread([r["seconds"] for r in ours]),
@@ -143,6 +158,7 @@ def compare(workdir: str, name: str, path: str, reader: str, repeat: int) -> dic
         "cpu_ratio_to_bare": _spread([o["cpu_seconds"] / b["cpu_seconds"] for o, b in zip(ours, bare, strict=True)]),
         "specmon_peak_rss_mb": _spread([r["peak_rss_mb"] for r in ours]),
         "bare_peak_rss_mb": _spread([r["peak_rss_mb"] for r in bare]),
+        **extra,
     }
 
 
@@ -162,6 +178,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="also write the results here (JSON)")
     ap.add_argument("--only", nargs="+", choices=sorted(COMPARISONS), default=sorted(COMPARISONS),
                     help="run only these comparisons (e.g. flat_parquet at 10M, without 10M-position JSON Lines)")
+    ap.add_argument("--reuse", action="store_true", help="keep the input files already in --workdir")
     args = ap.parse_args()
     w = args.workdir or tempfile.mkdtemp(prefix="specmon-bench-")
     os.makedirs(w, exist_ok=True)
@@ -170,12 +187,14 @@ def main() -> None:
     for name in (n for n in COMPARISONS if n in args.only):
         file, reader = COMPARISONS[name]
         path = os.path.join(w, file)
-        WRITERS[file](path, args.positions)
-        results[name] = compare(w, name, path, reader, args.repeat)
+        if not (args.reuse and os.path.exists(path)):
+            WRITERS[file](path, args.positions)
+        results[name] = compare(w, name, path, reader, args.repeat, python_path=reader == "read_json")
     if "jsonl_topk20_same_tokens" in args.only:
         small = os.path.join(w, "topk-small.jsonl")
-        write_jsonl(small, args.positions // 4)
-        quarter = run_child(INGEST.format(db=_fresh(os.path.join(w, "small.duckdb")), path=small))
+        if not (args.reuse and os.path.exists(small)):
+            write_jsonl(small, args.positions // 4)
+        quarter = _ingest(w, "small", small)
         results["jsonl_peak_rss_mb_at_quarter_size"] = quarter["peak_rss_mb"]
     results["load_average_at_end"] = os.getloadavg()[0]
     text = json.dumps(results, indent=2)

@@ -1,14 +1,15 @@
-"""What reading top-k step logs costs, by reader: why the step-log ingest parses with orjson and numpy rather than
-with DuckDB's JSON reader.
+"""What reading top-k step logs costs, by reader: why the step log's fast path (specmon/formats/steplog_sql.py)
+reads the logprob objects as JSON text and splits each with json_keys and json_extract rather than as MAPs.
 
     nice python bench/jsonl_readers.py [--positions 100000] [--workdir DIR]
 
 On the two top-20 files of bench/ingest.py (the same 20 tokens at every position, and tokens that change per
 position), each in a fresh process: DuckDB's read_json with the logprobs typed as MAP(VARCHAR, DOUBLE)[] (what
-the checks and bounds would need), as MAP(INTEGER, DOUBLE)[], and as VARCHAR[] (the objects left as text, which
-would still have to be parsed), each reduced by a query that touches every value of both fields (nothing is stored); DuckDB's bare auto-detected
+the checks and bounds would need), as MAP(INTEGER, DOUBLE)[], as VARCHAR[] (the objects left as text), and as
+JSON[] with each object split into its keys and values by json_keys and json_extract (what the fast path does),
+each reduced by a query that touches every value of both fields (nothing is stored); DuckDB's bare auto-detected
 load; orjson.loads of every line; and orjson plus steplog.parse_steps (validation, p_token, q_token, beta's
-bounds), which is what specmon runs.
+bounds), which is the Python path.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from ingest import write_jsonl, write_jsonl_varying
 TYPED = """
 import json, time, duckdb
 c = duckdb.connect()
+c.execute('SET enable_progress_bar = false')  # its bar on stdout would hide the JSON line
 cols = {{'request_id': 'VARCHAR', 'draft_tokens': 'BIGINT[]', 'accepted': 'BIGINT',
          'target_logprobs': {kind!r}, 'draft_logprobs': {kind!r}}}
 touch = {touch!r}
@@ -33,7 +35,7 @@ print(json.dumps({{'seconds': time.perf_counter() - t}}))
 """
 BARE = """
 import json, time, duckdb
-c = duckdb.connect(); t = time.perf_counter()
+c = duckdb.connect(); c.execute('SET enable_progress_bar = false'); t = time.perf_counter()
 c.execute("CREATE TABLE t AS SELECT * FROM read_json(?)", [{path!r}])
 print(json.dumps({{'seconds': time.perf_counter() - t,
                    'logprobs_type': c.execute("SELECT data_type FROM information_schema.columns WHERE "
@@ -57,6 +59,10 @@ TOUCH = {
                               "list_sum(list_transform(draft_logprobs, lambda m: list_sum(map_values(m))))",
     "VARCHAR[]": "list_sum(list_transform(target_logprobs, lambda m: length(m))) + "
                  "list_sum(list_transform(draft_logprobs, lambda m: length(m)))",
+    "JSON[]": " + ".join(
+        f"list_sum(list_transform({field}, lambda o: len(json_keys(o)) + "
+        "list_sum(TRY_CAST(CAST(json_extract(o, '$.*') AS VARCHAR[]) AS DOUBLE[]))))"
+        for field in ("target_logprobs", "draft_logprobs")),
 }
 
 

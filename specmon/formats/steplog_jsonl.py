@@ -1,13 +1,12 @@
 """specmon's step log as JSON Lines (plain or gzip, with or without a BOM): one step per line (specmon.steplog).
 
-Lines are decoded by orjson and validated a chunk at a time by steplog.parse_steps (which vouches for the common
-case in numpy passes and leaves every fault to parse_step, so messages name the line and field exactly as before).
-Steps stream in batches into a staging file of their own, so memory stays bounded by the batch and the main
-database is not locked while a large file is read; the publishing transaction moves them in at once, by a plain
-scan in file order.
-
-orjson's decoding is now the largest single cost; DuckDB's JSON reader decodes top-k logprobs typed as MAP faster
-(bench/jsonl_readers.py; docs/benchmarks.md, "Ingest"), the next step for this reader.
+A file is first offered to the fast path (steplog_sql: DuckDB reads, checks and stages the whole file, with no
+Python per step). Where it cannot vouch for every line (a fault, dense distributions, unknown fields, anything
+DuckDB reads more leniently than orjson), the file is read by the Python path below instead: lines decoded by
+orjson and validated a chunk at a time by steplog.parse_steps (which vouches for the common case in numpy passes and
+leaves every fault to parse_step, so messages name the line and field exactly as before). Either way the steps go
+into a staging file of their own, so the main database is not locked while a large file is read; the publishing
+transaction moves them in at once, by a plain scan in file order.
 """
 from __future__ import annotations
 
@@ -20,7 +19,7 @@ import pyarrow as pa
 
 from specmon import steplog
 from specmon.faults import Fault, RowFault
-from specmon.formats import textio
+from specmon.formats import steplog_sql, textio
 from specmon.formats.base import Job
 from specmon.limits import MAX_JSON_LINE_BYTES
 from specmon.store import Store, get_or_create_segment, next_step_id
@@ -145,24 +144,36 @@ class Reader:
         job = self.job
         self.store = store
         total = os.path.getsize(job.path)
-        batch = _StepBatch()
-        done = 0
         with store.staging() as (self.staging_path, cur):
-            try:
-                for chunk in _chunks(textio.lines(job.path, MAX_JSON_LINE_BYTES)):
-                    done += sum(len(raw) for _, raw, _ in chunk)
-                    self._stage(chunk, batch)
-                    if len(batch) >= _BATCH_STEPS:
-                        self._flush(batch, cur)
-                        if job.progress:
-                            job.progress(min(done, total), total)
-                if len(batch) and not (job.fault_count and not job.skip_bad):
-                    self._flush(batch, cur)
-            except textio.Unreadable as exc:
-                job.fault(Fault(job.name, 0, "", str(exc)))
+            staged = steplog_sql.stage(cur, job.path, sum_tol=job.sum_tol, default_template=job.default_template,
+                                       ingest_time=job.ingest_time)
+            if staged is not None:
+                steps, positions, no_time = staged
+                job.rows_read, job.steps, job.positions, job.no_time = steps, steps, positions, no_time
+                self.local_step = steps
+            else:
+                self._stage_lines(cur, total)
         if job.progress:
             job.progress(total, total)
         job.check()
+
+    def _stage_lines(self, cur: duckdb.DuckDBPyConnection, total: int) -> None:
+        """The Python path: every line decoded by orjson and parsed by steplog.parse_steps, faults named."""
+        job = self.job
+        batch = _StepBatch()
+        done = 0
+        try:
+            for chunk in _chunks(textio.lines(job.path, MAX_JSON_LINE_BYTES)):
+                done += sum(len(raw) for _, raw, _ in chunk)
+                self._stage(chunk, batch)
+                if len(batch) >= _BATCH_STEPS:
+                    self._flush(batch, cur)
+                    if job.progress:
+                        job.progress(min(done, total), total)
+            if len(batch) and not (job.fault_count and not job.skip_bad):
+                self._flush(batch, cur)
+        except textio.Unreadable as exc:
+            job.fault(Fault(job.name, 0, "", str(exc)))
 
     def _stage(self, chunk: list[tuple[int, bytes, bool]], batch: _StepBatch) -> None:
         """Parse a chunk of lines (steplog.parse_steps) and add its good steps to the batch, in file order."""
@@ -206,7 +217,9 @@ class Reader:
 
         The rows are staged in file order and moved in that order by a plain scan (no join, no sort), so the
         move streams: its memory does not grow with the file."""
-        templates = [r[0] for r in cur.execute("SELECT DISTINCT template FROM stage.staging_steps").fetchall()]
+        # Segments are made in the order their templates first appear in the file, whichever path staged it.
+        templates = [r[0] for r in cur.execute(
+            "SELECT template FROM stage.staging_steps GROUP BY template ORDER BY min(local_step)").fetchall()]
         segments = [get_or_create_segment(cur, run_id, t) for t in templates]
         segment_of = "map(?::VARCHAR[], ?::INTEGER[])[template]"
         base = next_step_id(cur)
