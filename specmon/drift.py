@@ -10,8 +10,8 @@ alarms when the sum reaches h. Acceptance is correlated within a request, so a t
 tokens would alarm far too often; h is instead calibrated on simulated in-control streams built from the
 reference window (calibrate): its clusters resampled for their sizes, a cluster acceptance drawn from a beta
 distribution with the reference's mean and spread between clusters, and points drawn to match it (steps from the
-reference's own steps, tilted; windows binomial), until the simulated expected number of points between false
-alarms (ARL0, counting the re-alarms after each restart) matches the one asked for. Pure numpy; no I/O.
+reference's per-position profile shifted to that acceptance; windows binomial), until the simulated number of
+points per false alarm of the restarted CUSUM (every re-alarm counted) is the one asked for. Pure numpy; no I/O.
 """
 from __future__ import annotations
 
@@ -136,15 +136,16 @@ def calibrate(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p
     The in-control process is known only through the reference's G clusters, and the false-alarm rate depends
     steeply on its acceptance and on how much that varies over a stretch of points. So each group is one
     plausible process: G clusters drawn with replacement from the reference (the bootstrap's picture of the
-    sampling error). Its streams_per_group streams of 5 x arl0_steps points are clusters drawn from the group,
-    each keeping its size (request length in steps, window's checked positions) and given an acceptance r drawn
-    from the group's request acceptances (_beta_rates: the empirical-Bayes posterior of another cluster of
-    the group, so the reference's own mix of acceptances, hard requests included, whatever its shape); points are
-    made to match r: an engine window gets accepted ~ Binomial(checked, r), a request gets steps drawn from the
-    group's own steps exponentially tilted to acceptance r (_tilted_steps). The streams are watched with the
-    reference's own p0 and p1, and h is solved for where the groups' mean rate of the restarted CUSUM (every
-    alarm, re-alarms included, over the points watched: the figure the stated rate promises) is 1 / arl0_steps
-    (_solve).
+    sampling error). Its streams_per_group streams of 5 x arl0_steps points are clusters drawn from the group, each
+    given an acceptance r from a beta distribution with the group's mean and spread between clusters (by moments,
+    _beta_rates) and points to match: an engine window keeps its checked count and gets accepted ~ Binomial(checked,
+    r); a request gets a length from the group's lengths smoothed on the log scale and steps drawn from the group's
+    per-position profile shifted to r (_tilted_steps). Resampling the reference's clusters as they are, a hundred
+    of them, would let the rare poor request (or window) that sets off a false alarm once in thousands of points be
+    missing or over-represented by chance, and the threshold follow that luck; the smoothing gives every group the
+    tail its spread implies. The streams are watched with the reference's own p0 and p1, and h is solved for where
+    the groups' mean rate of the restarted CUSUM (every alarm, re-alarms included, over the points watched: the
+    figure the stated rate promises) is 1 / arl0_steps (_solve).
     """
     rng = np.random.default_rng(seed)
     a = np.asarray(accepted, dtype=float)
@@ -171,8 +172,8 @@ def _solve(s: list[np.ndarray], arl0_steps: int) -> float:
 
     A start: h is bisected on the rate from a fresh start, (n - 1) / (sum of the n streams' run lengths to the
     first alarm) per group (one vectorised pass per h). The restarted CUSUM alarms at least as often (after an
-    alarm the points that follow are often the rest of the same poor request), so from there h is raised in
-    steps of 25% until the restarted rate, counted exactly (_restarted_rate), is at most the stated one, and found
+    alarm the points that follow are often the rest of the same poor request), so from there h is moved in
+    steps of 25% until the restarted rate, counted exactly (_restarted_rate), brackets the stated one, and found
     inside that bracket by false position on log rate against h (an in-control CUSUM's alarm rate falls about
     exponentially in h), to within 1% of the stated rate or 0.5% of h; where it stops short, the quieter end."""
     w = [g - np.minimum(np.minimum.accumulate(g, axis=1), 0.0) for g in s]
@@ -194,17 +195,22 @@ def _solve(s: list[np.ndarray], arl0_steps: int) -> float:
     def log_rate(h: float) -> float:
         return math.log(max(_restarted_rate(s, h, arl0_steps), 1e-3 / arl0_steps))
 
-    # bracket [lo, hi]: too many alarms at lo, few enough at hi; then false position on log rate (Illinois)
-    lo, r_lo = hi, log_rate(hi)
-    if r_lo <= target:
-        return float(lo)
-    hi = lo
-    while True:
-        hi *= 1.25
-        r_hi = log_rate(hi)
-        if r_hi <= target or hi > 1e4:
-            break
-        lo, r_lo = hi, r_hi
+    # bracket [lo, hi]: too many alarms at lo, few enough at hi, found in steps of 25% from the fresh-start h
+    # (usually upwards; downwards where the fresh-start estimate, from few streams per group, came out high)
+    h0, r0 = hi, log_rate(hi)
+    lo, r_lo, hi, r_hi = h0, r0, h0, r0
+    if r0 > target:
+        while r_hi > target and hi < 1e4:
+            lo, r_lo = hi, r_hi
+            hi *= 1.25
+            r_hi = log_rate(hi)
+    else:
+        while r_lo <= target and lo > 0.05:
+            hi, r_hi = lo, r_lo
+            lo /= 1.25
+            r_lo = log_rate(lo)
+        if r_lo <= target:
+            return float(hi)
     side = 0
     for _ in range(8):
         if hi - lo < 5e-3 * hi or r_lo - r_hi < 0.02:
