@@ -344,9 +344,10 @@ def tables(r: dict) -> str:
             out.append(f"\nstated {stated:,}, {shape} request acceptance: ratio {min(ratios):.2f} to "
                        f"{max(ratios):.2f} (mean {np.mean(ratios):.2f}); "
                        f"{inside} of {len(cells)} cells within 0.8-1.25; {ci_inside} whose 95% CI meets the band")
-    out.append("\n| correlation | lengths | k | stated | streams | alarmed in the 3,000 steps before the change | mean "
-               "delay (se) | median delay | mean abs change-time error | median error | truth in likely range |"
-               "\n|---|---|---|---|---|---|---|---|---|---|---|")
+    if r["delays"]:
+        out.append("\n| correlation | lengths | k | stated | streams | alarmed in the 3,000 steps before the change | "
+                   "mean delay (se) | median delay | mean abs change-time error | median error | truth in likely "
+                   "range |\n|---|---|---|---|---|---|---|---|---|---|---|")
     for c in r["delays"]:
         out.append(f"| {c['rho']} | {c['lengths']} | {c['k']} | {c['stated']:,} | {c['streams']} | "
                    f"{c['alarmed_before_change']} | {c['mean_delay']:.1f} ({c['mean_delay_se']:.1f}) | "
@@ -373,6 +374,7 @@ def merge(paths: list[str], out: str | None) -> None:
     has it, wall_s summed (the sections ran side by side, so it is CPU-bound time, not elapsed)."""
     parts = [json.load(open(p)) for p in paths]
     results = {"machine": parts[0]["machine"], "full": parts[0]["full"], "reference_steps": parts[0]["reference_steps"],
+               "calibration_version": max(p.get("calibration_version", 1) for p in parts),
                "sections": [s for p in parts for s in p["sections"]],
                "wall_s_per_part": {",".join(p["sections"]): p["wall_s"] for p in parts}}
     for key in ("intervals", "false_alarms", "delays"):
