@@ -341,9 +341,11 @@ def tables(r: dict) -> str:
             ratios = [c["ratio_to_stated"] for c in cells]
             inside = sum(0.8 <= x <= 1.25 for x in ratios)
             ci_inside = sum(c["ci95"][0] <= 1.25 * stated and c["ci95"][1] >= 0.8 * stated for c in cells)
+            episodes = [c["steps_per_episode"] / stated for c in cells]
             out.append(f"\nstated {stated:,}, {shape} request acceptance: ratio {min(ratios):.2f} to "
                        f"{max(ratios):.2f} (mean {np.mean(ratios):.2f}); "
-                       f"{inside} of {len(cells)} cells within 0.8-1.25; {ci_inside} whose 95% CI meets the band")
+                       f"{inside} of {len(cells)} cells within 0.8-1.25; {ci_inside} whose 95% CI meets the band; "
+                       f"counted as episodes {min(episodes):.2f} to {max(episodes):.2f}")
     if r["delays"]:
         out.append("\n| correlation | lengths | k | stated | streams | alarmed in the 3,000 steps before the change | "
                    "mean delay (se) | median delay | mean abs change-time error | median error | truth in likely "
