@@ -323,8 +323,7 @@ def _tilted_steps(rng: np.random.Generator, a: np.ndarray, n: np.ndarray, invers
     weight[:, :-1] *= 1 - q  # P(exactly j accepted) for j < k
     tilt_rate = (weight @ kinds[:, 0]) / (weight @ kinds[:, 1])  # increasing in theta
     cdf = np.cumsum(weight / weight.sum(axis=1, keepdims=True), axis=1)
-    # row g's cdf shifted by g, so one sorted search draws every step's kind from its own row
-    flat = (np.arange(len(TILT_GRID))[:, None] + cdf).ravel()
+    columns = [np.ascontiguousarray(cdf[:, j]) for j in range(len(kinds) - 1)]  # a step's kind: cdf values below u
     x_kind = (kinds[:, 0] * wa + (kinds[:, 1] - kinds[:, 0]) * wr).astype(np.float32)
     pa = np.bincount(inverse, weights=a, minlength=n_requests)[pool]
     pn = np.bincount(inverse, weights=n, minlength=n_requests)[pool]
@@ -336,7 +335,10 @@ def _tilted_steps(rng: np.random.Generator, a: np.ndarray, n: np.ndarray, invers
             lengths = _smoothed_lengths(rng, steps[pool], draws)
             rates = _beta_rates(rng, pa, pn, steps[pool], draws)
             row = np.repeat(np.searchsorted(tilt_rate, rates).clip(0, len(TILT_GRID) - 1), lengths)[:n_points - filled]
-            picked = (np.searchsorted(flat, row + rng.random(len(row))) - row * len(kinds)).clip(0, len(kinds) - 1)
+            u = rng.random(len(row))
+            picked = np.zeros(len(row), dtype=np.int64)
+            for column in columns:
+                picked += u > column[row]
             out[i, filled:filled + len(row)] = x_kind[picked]
             filled += len(row)
     return out
