@@ -40,7 +40,7 @@ CHANGE_CONFIDENCE = 0.99  # template change verdicts at the two-sided 1% level
 CHANGE_RANGE_DROP = 3.0
 CALIBRATION_GROUPS = 40  # x 5 streams
 # Bumped whenever calibrate gives another threshold for the same input, so persisted thresholds are recomputed.
-CALIBRATION_VERSION = 3
+CALIBRATION_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -321,21 +321,19 @@ def _tilted_steps(rng: np.random.Generator, a: np.ndarray, n: np.ndarray, invers
     q = 1 / (1 + np.exp(-(np.log((passed + 0.5) / (reached - passed + 0.5))[None, :] + TILT_GRID[:, None])))
     weight = np.concatenate([np.ones((len(TILT_GRID), 1)), np.cumprod(q, axis=1)], axis=1)  # P(reach position j)
     weight[:, :-1] *= 1 - q  # P(exactly j accepted) for j < k
-    step_a, step_n = weight @ kinds[:, 0], weight @ kinds[:, 1]  # a step's expected accepted, checked per row
-    tilt_rate = step_a / step_n  # increasing in theta
+    tilt_rate = (weight @ kinds[:, 0]) / (weight @ kinds[:, 1])  # increasing in theta
     cdf = np.cumsum(weight / weight.sum(axis=1, keepdims=True), axis=1)
     columns = [np.ascontiguousarray(cdf[:, j]) for j in range(len(kinds) - 1)]  # a step's kind: cdf values below u
     x_kind = (kinds[:, 0] * wa + (kinds[:, 1] - kinds[:, 0]) * wr).astype(np.float32)
     pa = np.bincount(inverse, weights=a, minlength=n_requests)[pool]
     pn = np.bincount(inverse, weights=n, minlength=n_requests)[pool]
     draws = int(n_points / steps[pool].mean() * 1.5) + 16
-    prior = _request_prior(pa, pn, steps[pool], step_a, step_n, tilt_rate)
     out = np.empty((n_streams, n_points), dtype=np.float32)
     for i in range(n_streams):
         filled = 0
         while filled < n_points:
             lengths = _smoothed_lengths(rng, steps[pool], draws)
-            rates = rng.beta(prior[0], prior[1], draws) if len(prior) == 2 else np.full(draws, prior[0])
+            rates = _beta_rates(rng, pa, pn, steps[pool], draws)
             row = np.repeat(np.searchsorted(tilt_rate, rates).clip(0, len(TILT_GRID) - 1), lengths)[:n_points - filled]
             u = rng.random(len(row))
             picked = np.zeros(len(row), dtype=np.int64)
@@ -344,34 +342,6 @@ def _tilted_steps(rng: np.random.Generator, a: np.ndarray, n: np.ndarray, invers
             out[i, filled:filled + len(row)] = x_kind[picked]
             filled += len(row)
     return out
-
-
-def _request_prior(pa: np.ndarray, pn: np.ndarray, steps: np.ndarray, step_a: np.ndarray, step_n: np.ndarray,
-                   tilt_rate: np.ndarray) -> tuple[float, ...]:
-    """Beta(A, B) of request acceptance for a group of requests with accepted pa of checked pn and steps steps,
-    whose simulated steps (expected accepted step_a and checked step_n at each tilt, of per-token acceptance
-    tilt_rate) have the group's own per-token acceptance sum(pa) / sum(pn); (r,) where no spread is left.
-
-    The spread between requests is _beta_prior's (by moments, requests weighted by their steps); its mean is not
-    the weighted mean of the requests' own a / n, which sits below their acceptance for short requests (drafting
-    stops at the first rejection, so a request of one step that accepts nothing counts 0 of 1 and one that accepts
-    everything k of k: for r = 0.8 and k = 4 a one-step request's a / n averages 0.65), and a group of many short
-    requests would be simulated as poorer than it is. So the mean is solved (bisection) for the group's per-token
-    acceptance, the ratio of expected accepted to checked positions over the beta distribution, computed on 512
-    fixed draws (a generator of its own, so the group's streams do not depend on how many steps it took)."""
-    target = float(pa.sum() / max(pn.sum(), 1))
-    prior = _beta_prior(pa, pn, steps)
-    if prior is None:
-        return (target,)
-    m = prior[0] + prior[1]
-    lo, hi = 0.001, 0.999
-    for _ in range(30):
-        mid = (lo + hi) / 2
-        r = np.random.default_rng(0).beta(mid * m, (1 - mid) * m, 512)
-        row = np.searchsorted(tilt_rate, r).clip(0, len(tilt_rate) - 1)
-        lo, hi = (mid, hi) if step_a[row].sum() / step_n[row].sum() < target else (lo, mid)
-    mean = (lo + hi) / 2
-    return mean * m, (1 - mean) * m
 
 
 def _smoothed_lengths(rng: np.random.Generator, lengths: np.ndarray, size: int) -> np.ndarray:
