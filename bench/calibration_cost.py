@@ -13,9 +13,9 @@ import json
 import time
 
 import numpy as np
-
 import streams
 from _common import machine
+
 from specmon import drift
 
 

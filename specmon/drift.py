@@ -176,21 +176,8 @@ def _solve(s: list[np.ndarray], arl0_steps: int) -> float:
     steps of 25% until the restarted rate, counted exactly (_restarted_rate), brackets the stated one, and found
     inside that bracket by false position on log rate against h (an in-control CUSUM's alarm rate falls about
     exponentially in h), to within 1% of the stated rate or 0.5% of h; where it stops short, the quieter end."""
-    w = [g - np.minimum(np.minimum.accumulate(g, axis=1), 0.0) for g in s]
     target = math.log(1.0 / arl0_steps)
-
-    def first_rate(h: float) -> float:
-        return float(np.mean([(len(g) - 1) / first_alarm_steps(g, h).sum() for g in w]))
-
-    lo, hi = 0.1, 1.0
-    while first_rate(hi) > 1.0 / arl0_steps and hi < 1e4:
-        lo, hi = hi, hi * 2
-    while hi - lo > 1e-2 * hi:
-        mid = (lo + hi) / 2
-        if first_rate(mid) > 1.0 / arl0_steps:
-            lo = mid
-        else:
-            hi = mid
+    hi = _fresh_start_threshold(s, arl0_steps)
 
     def log_rate(h: float) -> float:
         return math.log(max(_restarted_rate(s, h, arl0_steps), 1e-3 / arl0_steps))
@@ -230,6 +217,26 @@ def _solve(s: list[np.ndarray], arl0_steps: int) -> float:
                 r_lo = (r_lo + target) / 2
             side = 1
     return float(hi)
+
+
+def _fresh_start_threshold(s: list[np.ndarray], arl0_steps: int) -> float:
+    """h (to 1%) at which the groups' mean rate from a fresh start, (n - 1) / (sum of the n streams' run lengths to
+    the first alarm) per group, is 1 / arl0_steps: one vectorised pass per h."""
+    w = [g - np.minimum(np.minimum.accumulate(g, axis=1), 0.0) for g in s]
+
+    def first_rate(h: float) -> float:
+        return float(np.mean([(len(g) - 1) / first_alarm_steps(g, h).sum() for g in w]))
+
+    lo, hi = 0.1, 1.0
+    while first_rate(hi) > 1.0 / arl0_steps and hi < 1e4:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1e-2 * hi:
+        mid = (lo + hi) / 2
+        if first_rate(mid) > 1.0 / arl0_steps:
+            lo = mid
+        else:
+            hi = mid
+    return hi
 
 
 def _restarted_rate(s: list[np.ndarray], h: float, arl0_steps: int) -> float:
