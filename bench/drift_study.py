@@ -378,7 +378,12 @@ def merge(paths: list[str], out: str | None) -> None:
     results = {"machine": parts[0]["machine"], "full": parts[0]["full"], "reference_steps": parts[0]["reference_steps"],
                "calibration_version": max(p.get("calibration_version", 1) for p in parts),
                "sections": [s for p in parts for s in p["sections"]],
-               "wall_s_per_part": {",".join(p["sections"]): p["wall_s"] for p in parts}}
+               "wall_s_per_part": {}}
+    for p in parts:  # a part split across processes (--rhos) appears once per process
+        name = ",".join(p["sections"])
+        name = next(f"{name} ({i})" for i in range(1, len(parts) + 2) if f"{name} ({i})" not in
+                    results["wall_s_per_part"]) if name in results["wall_s_per_part"] else name
+        results["wall_s_per_part"][name] = p["wall_s"]
     for key in ("intervals", "false_alarms", "delays"):
         results[key] = [c for p in parts for c in p[key]]
     for p in parts:
