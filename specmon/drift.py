@@ -171,7 +171,7 @@ def _solve(s: list[np.ndarray], arl0_steps: int) -> float:
     cumulative increments, one stream a row.
 
     A start: h is bisected on the rate from a fresh start, (n - 1) / (sum of the n streams' run lengths to the
-    first alarm) per group (one vectorised pass per h). The restarted CUSUM alarms at least as often (after an
+    first alarm) per group (one vectorised pass per h). The restarted CUSUM usually alarms more often (after an
     alarm the points that follow are often the rest of the same poor request), so from there h is moved in
     steps of 25% until the restarted rate, counted exactly (_restarted_rate), brackets the stated one, and found
     inside that bracket by false position on log rate against h (an in-control CUSUM's alarm rate falls about
