@@ -211,6 +211,10 @@ def main() -> None:
     ap.add_argument("--sections", default=",".join(SECTIONS),
                     help=f"comma-separated parts to run, each with its own seed (default all: {','.join(SECTIONS)}), "
                          "so they can run as separate processes and be joined with --merge")
+    ap.add_argument("--windows", type=int, help="reference windows per false-alarm cell at a stated 2,000 "
+                    "(default 40, --full 100); half as many at 20,000 unless --full")
+    ap.add_argument("--rhos", help="comma-separated request correlations of the false-alarm cells (default all), to "
+                    "split a part across processes")
     ap.add_argument("--merge", nargs="+", metavar="JSON", help="join the outputs of runs of separate sections")
     ap.add_argument("--tables", metavar="JSON", help="print docs/drift.md's tables and goal figures from a result")
     args = ap.parse_args()
@@ -225,7 +229,10 @@ def main() -> None:
     t0 = time.perf_counter()
     reps, windows = (2000, 100) if args.full else (300, 40)
     reps = args.reps or reps
+    windows = args.windows or windows
+    fa_rhos = tuple(float(x) for x in args.rhos.split(",")) if args.rhos else RHOS
     results: dict = {"machine": machine(), "full": args.full, "reference_steps": drift.REFERENCE_STEPS,
+                     "calibration_version": drift.CALIBRATION_VERSION, "windows": windows,
                      "sections": sections, "intervals": [], "false_alarms": [], "delays": []}
     if "intervals" in sections:
         rng = np.random.default_rng(2026)
@@ -240,19 +247,21 @@ def main() -> None:
     for arl0 in (2000, 20_000):
         if f"false_alarms_{arl0}" not in sections:
             continue
-        rng = np.random.default_rng(arl0)
-        for rho in RHOS:
+        for rho in fa_rhos:
+            rng = np.random.default_rng([arl0, round(rho * 100)])  # one seed per correlation: --rhos splits alike
             for lengths in LENGTHS:
                 for k in (KS if args.full or arl0 == 2000 else (4,)):
                     cell = {"rho": rho, "lengths": lengths, "k": k}
                     cell.update(false_alarm_cell(rng, rho, lengths, k, arl0,
-                                                 windows if args.full or arl0 == 2000 else 20))
+                                                 windows if args.full or arl0 == 2000 else windows // 2))
                     results["false_alarms"].append(cell)
                     print(json.dumps(cell), flush=True)
     if "false_alarms_two_point" in sections:
         # request acceptance from two kinds of request, not the beta family the calibration smooths with
-        rng = np.random.default_rng(2029)
         for rho in (0.05, 0.2):
+            if rho not in fa_rhos:
+                continue
+            rng = np.random.default_rng([2029, round(rho * 100)])
             for lengths in LENGTHS:
                 cell = {"rho": rho, "lengths": lengths, "k": 4, "shape": "two-point"}
                 cell.update(false_alarm_cell(rng, rho, lengths, 4, 2000, windows, "two-point"))
@@ -332,12 +341,15 @@ def tables(r: dict) -> str:
             ratios = [c["ratio_to_stated"] for c in cells]
             inside = sum(0.8 <= x <= 1.25 for x in ratios)
             ci_inside = sum(c["ci95"][0] <= 1.25 * stated and c["ci95"][1] >= 0.8 * stated for c in cells)
+            episodes = [c["steps_per_episode"] / stated for c in cells]
             out.append(f"\nstated {stated:,}, {shape} request acceptance: ratio {min(ratios):.2f} to "
                        f"{max(ratios):.2f} (mean {np.mean(ratios):.2f}); "
-                       f"{inside} of {len(cells)} cells within 0.8-1.25; {ci_inside} whose 95% CI meets the band")
-    out.append("\n| correlation | lengths | k | stated | streams | alarmed in the 3,000 steps before the change | mean "
-               "delay (se) | median delay | mean abs change-time error | median error | truth in likely range |"
-               "\n|---|---|---|---|---|---|---|---|---|---|---|")
+                       f"{inside} of {len(cells)} cells within 0.8-1.25; {ci_inside} whose 95% CI meets the band; "
+                       f"counted as episodes {min(episodes):.2f} to {max(episodes):.2f}")
+    if r["delays"]:
+        out.append("\n| correlation | lengths | k | stated | streams | alarmed in the 3,000 steps before the change | "
+                   "mean delay (se) | median delay | mean abs change-time error | median error | truth in likely "
+                   "range |\n|---|---|---|---|---|---|---|---|---|---|---|")
     for c in r["delays"]:
         out.append(f"| {c['rho']} | {c['lengths']} | {c['k']} | {c['stated']:,} | {c['streams']} | "
                    f"{c['alarmed_before_change']} | {c['mean_delay']:.1f} ({c['mean_delay_se']:.1f}) | "
@@ -364,8 +376,14 @@ def merge(paths: list[str], out: str | None) -> None:
     has it, wall_s summed (the sections ran side by side, so it is CPU-bound time, not elapsed)."""
     parts = [json.load(open(p)) for p in paths]
     results = {"machine": parts[0]["machine"], "full": parts[0]["full"], "reference_steps": parts[0]["reference_steps"],
+               "calibration_version": max(p.get("calibration_version", 1) for p in parts),
                "sections": [s for p in parts for s in p["sections"]],
-               "wall_s_per_part": {",".join(p["sections"]): p["wall_s"] for p in parts}}
+               "wall_s_per_part": {}}
+    for p in parts:  # a part split across processes (--rhos) appears once per process
+        name = ",".join(p["sections"])
+        name = next(f"{name} ({i})" for i in range(1, len(parts) + 2) if f"{name} ({i})" not in
+                    results["wall_s_per_part"]) if name in results["wall_s_per_part"] else name
+        results["wall_s_per_part"][name] = p["wall_s"]
     for key in ("intervals", "false_alarms", "delays"):
         results[key] = [c for p in parts for c in p[key]]
     for p in parts:
