@@ -123,7 +123,7 @@ class RunDrift:
 
 
 @dataclass(frozen=True)
-class _Stream:
+class Stream:
     accepted: np.ndarray
     checked: np.ndarray
     ts_us: np.ndarray
@@ -155,7 +155,7 @@ def run_annotations(store: Store, run: str) -> list[Event]:
             for r in df.itertuples(index=False)]
 
 
-def _window_stream(store: Store, run: str) -> _Stream | None:
+def _window_stream(store: Store, run: str) -> Stream | None:
     """Engine windows with per-position counts, as points: (accepted, checked) positions per window."""
     df = engine_summary.windows(store, run)
     if df.empty:
@@ -168,11 +168,11 @@ def _window_stream(store: Store, run: str) -> _Stream | None:
     a, n = np.array([c for c in checks if c is not None]).T
     df = df[keep]
     ts = df["end_ts"].to_numpy(dtype="datetime64[us]").astype(np.int64)
-    return _Stream(a, n, ts, np.arange(len(a)), df["template"].to_numpy(dtype=object),
+    return Stream(a, n, ts, np.arange(len(a)), df["template"].to_numpy(dtype=object),
                    int(df["k"].max()) if df["k"].notna().any() else 1, "windows")
 
 
-def _events(stream: _Stream, notes: list[Event]) -> list[Event]:
+def _events(stream: Stream, notes: list[Event]) -> list[Event]:
     """Template changes in time order: each template's first point in the data, then the annotations."""
     _, first = np.unique(stream.template, return_index=True)
     seen = [Event(_when(stream.ts_us[i]), stream.template[i], "data") for i in sorted(first)][1:]
@@ -186,12 +186,12 @@ def _when(ts_us: int) -> datetime:
     return pd.Timestamp(int(ts_us), unit="us").to_pydatetime()
 
 
-def _sums(stream: _Stream, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _sums(stream: Stream, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     _, inverse = np.unique(stream.cluster[mask], return_inverse=True)
     return (np.bincount(inverse, weights=stream.accepted[mask]), np.bincount(inverse, weights=stream.checked[mask]))
 
 
-def _changes(run: str, stream: _Stream, events: list[Event], break_even: float | None) -> list[TemplateChange]:
+def _changes(run: str, stream: Stream, events: list[Event], break_even: float | None) -> list[TemplateChange]:
     """A data template change compares the previous template's points with the new one's (so templates served
     side by side stay apart); an annotation compares the points between the previous change and it with those
     between it and the next."""
@@ -217,7 +217,7 @@ def _changes(run: str, stream: _Stream, events: list[Event], break_even: float |
     return out
 
 
-def _template_at(stream: _Stream, t: int) -> str:
+def _template_at(stream: Stream, t: int) -> str:
     earlier = stream.template[stream.ts_us < t]
     return earlier[-1] if len(earlier) else stream.template[0]
 
@@ -268,15 +268,22 @@ def _analyse(store: Store, run: str, c: float | None, arl0_steps: int, kept: _Ke
     if steps is not None:
         return steps
     stream = _window_stream(store, run)
-    empty = pd.DataFrame(columns=["ts", "W"])
     if stream is None:
-        return RunDrift(run, None, [], [], empty, note="the run has no step log and no engine windows with "
-                        "per-position counts, so per-token acceptance (what the detector watches) is unknown",
-                        annotations=notes)
+        return RunDrift(run, None, [], [], pd.DataFrame(columns=["ts", "W"]), note="the run has no step log and no "
+                        "engine windows with per-position counts, so per-token acceptance (what the detector "
+                        "watches) is unknown", annotations=notes)
+    return whole_stream_drift(store, run, stream, c, arl0_steps, notes)
+
+
+def whole_stream_drift(store: Store, run: str, stream: Stream, c: float | None, arl0_steps: int,
+                       notes: list[Event]) -> RunDrift:
+    """The analysis of a stream held whole in memory: engine windows (few), and what a step log's kept state must
+    equal (tests/test_drift_state.py)."""
+    empty = pd.DataFrame(columns=["ts", "W"])
     break_even = _break_even(store, run, c, stream.k)
     events = _events(stream, notes)
     changes = _changes(run, stream, events, break_even)
-    reference = drift.REFERENCE_WINDOWS
+    reference = drift.REFERENCE_STEPS if stream.unit == "steps" else drift.REFERENCE_WINDOWS
     design = drift.design_for(stream.accepted, stream.checked, stream.cluster, stream.k, break_even, arl0_steps,
                               reference, unit=stream.unit)
     if design is None:

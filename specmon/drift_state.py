@@ -392,6 +392,7 @@ def stored_threshold(cur: duckdb.DuckDBPyConnection, found: dict[str, float]) ->
         row = cur.execute("SELECT h FROM drift_calibrations WHERE calibration_key = ?", [key]).fetchall()
         if row:
             return float(row[0][0])
-        found[key] = drift.calibrate(accepted, checked, clusters, p0, p1, arl0_steps)
+        # through drift's in-process memory: a process that opens several databases calibrates a reference once
+        found[key] = drift._calibrate_cached(accepted, checked, clusters, p0, p1, arl0_steps)
         return found[key]
     return threshold
