@@ -206,3 +206,23 @@ def test_a_fresh_process_does_not_calibrate_again(tmp_path, lines):
     with Store(db) as s, s.transaction() as cur:
         cur.execute("DELETE FROM drift_calibrations")
     assert run()[0] == "0"  # the kept state holds its design
+
+
+def test_a_template_first_seen_at_the_time_of_the_last_step_taken_in(store, tmp_path, lines):
+    """The new template's first step shares its time with the last step of the state (the template before it is
+    looked up in the database), and an annotation is the first event (the template before it, too)."""
+    records = [json.loads(line) for line in lines[:3200]]
+    for i, rec in enumerate(records):
+        rec["template"] = "a" if i < 2500 else "c"
+    records[2499]["ts"] = records[2500]["ts"] = records[2498]["ts"]  # two steps at that time before it
+    (tmp_path / "e1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records[:2500]))
+    (tmp_path / "e2.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records[2500:]))
+    assert ingest_file(store, str(tmp_path / "e1.jsonl"), run="edge").status == "stored"
+    compare(store, "edge")
+    assert ingest_file(store, str(tmp_path / "e2.jsonl"), run="edge").status == "stored"
+    result = compare(store, "edge")
+    assert [(ch.previous, ch.template) for ch in result.changes] == [("a", "c")]
+    at = datetime.fromisoformat(records[1200]["ts"].rstrip("Z")) + timedelta(milliseconds=500)
+    alarms.annotate(store, "edge", "b", at, "first event")
+    result = compare(store, "edge")
+    assert result.changes[0].source == "annotation" and result.changes[0].previous == "a"
