@@ -19,6 +19,7 @@ import pandas as pd
 from specmon import drift, drift_state, engine_summary, summary, theory
 from specmon.drift_state import State
 from specmon.faults import SpecmonError
+from specmon.segments import finite
 from specmon.store import Store
 
 _ANNOTATIONS_SQL = """
@@ -227,6 +228,16 @@ def _chart_frame(ts_us: np.ndarray, w: np.ndarray) -> pd.DataFrame:
 
 
 def _break_even(store: Store, run: str, c: float | None, k: int) -> float | None:
+    """The run's break-even alpha*: its step log's (or engine windows') where the summary knows k and c, else from
+    the c given and the stream's k."""
+    found = summary.step_cost(store, run, c)
+    if found is not None:
+        step_k, step_c = found
+        if step_c is None:
+            return None  # the step log's c is unknown, and so is its engine and replay rows' (given or declared)
+        be = finite(theory.break_even_alpha(step_k, step_c)) if step_k else None
+        if be is not None:
+            return be
     rows = summary.summarize(store, by="run", c=c, run=run, per_position=False)
     for row in rows:
         if row["break_even_alpha"] is not None:

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specmon import alarms, drift, watch
+from specmon import alarms, drift, summary, watch
 from specmon.ingest import ingest_file
 from specmon.store import Store
 from test_drift_engines import vllm_log
@@ -226,3 +226,28 @@ def test_a_template_first_seen_at_the_time_of_the_last_step_taken_in(store, tmp_
     alarms.annotate(store, "edge", "b", at, "first event")
     result = compare(store, "edge")
     assert result.changes[0].source == "annotation" and result.changes[0].previous == "a"
+
+
+def test_the_break_even_the_detector_uses_is_the_summary_s(store, tmp_path, lines):
+    """alarms._break_even reads only k and c (summary.step_cost); it must equal summarize(by="run")'s break-even:
+    c measured from timings, declared for a watched run, given, or unknown."""
+    timed = [json.loads(line) for line in lines[:600]]
+    for i, rec in enumerate(timed):
+        rec.update(target_ms=30.0 + i % 7, draft_ms=4.0 + i % 5)
+    (tmp_path / "timed.jsonl").write_text("".join(json.dumps(r) + "\n" for r in timed))
+    (tmp_path / "plain.jsonl").write_text("".join(lines[:600]))
+    assert ingest_file(store, str(tmp_path / "timed.jsonl"), run="timed").status == "stored"
+    assert ingest_file(store, str(tmp_path / "plain.jsonl"), run="plain").status == "stored"
+    with store.transaction() as cur:
+        cur.execute("INSERT INTO watch_sources (source_key, kind, location, run, c) VALUES "
+                    "('steplog:x', 'steplog', 'x', 'declared', 0.15)")
+    (tmp_path / "declared.jsonl").write_text("".join(lines[600:900]))
+    assert ingest_file(store, str(tmp_path / "declared.jsonl"), run="declared").status == "stored"
+    seen = set()
+    for run in ("timed", "plain", "declared"):
+        for c in (None, 0.2):
+            want = [r["break_even_alpha"] for r in summary.summarize(store, by="run", c=c, run=run,
+                                                                      per_position=False)]
+            assert alarms._break_even(store, run, c, 4) == want[0]
+            seen.add(want[0] is None)
+    assert seen == {True, False}
