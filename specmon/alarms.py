@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
+from typing import NoReturn
 
 import numpy as np
 import pandas as pd
@@ -367,28 +368,41 @@ def _current_state(cur, path: str, run: str, ids: list[int], total: int, k: int,
         if state.points != total:
             if state.points < drift.REFERENCE_STEPS:
                 break  # the reference itself grows: another design
-            new = drift_state.read_points(cur, ids, after=state.last_key)
-            if state.points + len(new) != total:
+            state = _advance_all(cur, ids, state)
+            if state.points != total:
                 break  # steps arrived before the last point taken in
-            state = drift_state.advance(state, new, functools.partial(_older, cur, ids, state.last_key),
-                                        functools.partial(drift_state.segment_before, cur, ids))
             kept.changed = True
         if state.design.k != k:
             state = replace(state, design=replace(state.design, k=k))
             kept.changed = True
         kept.state = state
         return state
-    points = drift_state.read_points(cur, ids)
-    design = drift.design_for(points.accepted, points.checked, points.cluster, k, break_even, arl0_steps,
+    first = drift_state.read_points(cur, ids, limit=drift_state.CHUNK_POINTS)
+    design = drift.design_for(first.accepted, first.checked, first.cluster, k, break_even, arl0_steps,
                               drift.REFERENCE_STEPS, unit="steps",
                               threshold=drift_state.stored_threshold(cur, kept.calibrations))
     if design is None:
         return None
     fresh = State(drift_state.design_key(design.p1, arl0_steps),
-                  drift_state.reference_hash(points.take(0, drift.REFERENCE_STEPS)), design)
-    kept.state = drift_state.advance(fresh, points, lambda *_: points, lambda t: None)
+                  drift_state.reference_hash(first.take(0, drift.REFERENCE_STEPS)), design)
+    kept.state = _advance_all(cur, ids, drift_state.advance(fresh, first, _never, _never))
     kept.changed = True
     return kept.state
+
+
+def _never(*_: object) -> NoReturn:
+    raise AssertionError("a state built from the first point has nothing taken in before")
+
+
+def _advance_all(cur, ids: list[int], state: State) -> State:
+    """The state advanced by every stored step after its last point, read CHUNK_POINTS at a time (memory stays
+    bounded however long the run)."""
+    while True:
+        new = drift_state.read_points(cur, ids, after=state.last_key, limit=drift_state.CHUNK_POINTS)
+        state = drift_state.advance(state, new, functools.partial(_older, cur, ids, state.last_key),
+                                    functools.partial(drift_state.segment_before, cur, ids))
+        if len(new) < drift_state.CHUNK_POINTS:
+            return state
 
 
 def _older(cur, ids: list[int], upto: tuple[int, int], since: int, key: tuple[int, int]) -> drift_state.Points:

@@ -36,6 +36,7 @@ STATE_VERSION = 1  # raised when what a state holds or means changes: older stat
 SAVE_TIMEOUT_S = 0.2  # how long saving a state may wait for the database before it is skipped
 STATES_PER_RUN = 4  # designs kept per run (another c or false-alarm rate is another design)
 CHART_POINTS = 2000  # the W chart's rows at most
+CHUNK_POINTS = 1_000_000  # points read at a time (about 60 MB of columns)
 _EPOCH = datetime(1970, 1, 1)
 _HOUR_US = 3_600_000_000
 

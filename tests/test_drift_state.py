@@ -11,6 +11,7 @@ as a watched log that grows; after every piece the analysis is compared, field b
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import subprocess
@@ -20,11 +21,11 @@ from datetime import datetime, timedelta
 import numpy as np
 import pandas as pd
 import pytest
+from test_drift_engines import vllm_log
 
-from specmon import alarms, drift, summary, watch
+from specmon import alarms, drift, drift_state, summary, watch
 from specmon.ingest import ingest_file
 from specmon.store import Store
-from test_drift_engines import vllm_log
 
 T0 = datetime(2026, 3, 1, 22, 17, 3)
 _STREAM_SQL = """
@@ -39,7 +40,8 @@ def scratch(store: Store, run: str, c: float | None = None) -> alarms.RunDrift:
     s = store.query_df(_STREAM_SQL, [run])
     stream = alarms.Stream(s["accepted"].to_numpy(float), s["checked"].to_numpy(float), s["ts_us"].to_numpy(np.int64),
                            s["cluster"].to_numpy(), s["template"].to_numpy(object), int(s["k"].max()), "steps")
-    return alarms.whole_stream_drift(store, run, stream, c, drift.DEFAULT_ARL0_STEPS, alarms.run_annotations(store, run))
+    notes = alarms.run_annotations(store, run)
+    return alarms.whole_stream_drift(store, run, stream, c, drift.DEFAULT_ARL0_STEPS, notes)
 
 
 def assert_same(got, want, where: str) -> None:
@@ -99,10 +101,11 @@ def kept_points(store: Store, run: str) -> list[int]:
     return [r[0] for r in store.query("SELECT points FROM drift_states WHERE run = ? ORDER BY points", [run])]
 
 
-def test_pieces_in_order_advance_the_kept_state_and_match_the_whole_stream(store, tmp_path, lines):
+def test_pieces_in_order_advance_the_kept_state_and_match_the_whole_stream(store, tmp_path, lines, monkeypatch):
+    monkeypatch.setattr(drift_state, "CHUNK_POINTS", 2100)  # long pieces are read in several chunks
     cuts = [0, 1500, 2600, 4100, 5000, 6400, 7300, len(lines)]  # the first piece is shorter than the reference
     total = 0
-    for i, (lo, hi) in enumerate(zip(cuts, cuts[1:])):
+    for i, (lo, hi) in enumerate(itertools.pairwise(cuts)):
         piece = tmp_path / f"piece{i}.jsonl"
         piece.write_text("".join(lines[lo:hi]))
         assert ingest_file(store, str(piece), run="prod").status == "stored"
@@ -128,10 +131,11 @@ def test_pieces_in_order_advance_the_kept_state_and_match_the_whole_stream(store
     assert any(ch.source == "annotation" for ch in result.changes)
 
 
-def test_pieces_out_of_order_rebuild_where_steps_arrive_before_the_last_one(store, tmp_path, lines):
+def test_pieces_out_of_order_rebuild_where_steps_arrive_before_the_last_one(store, tmp_path, lines, monkeypatch):
+    monkeypatch.setattr(drift_state, "CHUNK_POINTS", 3000)
     cuts = [0, 2500, 3300, 5200, 6100, len(lines)]
     pieces = []
-    for i, (lo, hi) in enumerate(zip(cuts, cuts[1:])):
+    for i, (lo, hi) in enumerate(itertools.pairwise(cuts)):
         pieces.append(tmp_path / f"p{i}.jsonl")
         pieces[-1].write_text("".join(lines[lo:hi]))
     for i in (0, 2, 1, 4, 3):
