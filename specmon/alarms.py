@@ -337,7 +337,16 @@ def _step_drift(store: Store, run: str, c: float | None, arl0_steps: int, notes:
         empty = pd.DataFrame(columns=["ts", "W"])
         firsts = state.firsts if state is not None else _firsts(cur, ids)
         events = _step_events(names, firsts, notes)
-        changes = _step_changes(cur, run, names, firsts, events, break_even)
+        # the verdicts read every per-request sum of the templates compared (O(requests)): reused while the stream,
+        # the events and the break-even are the same (the page reruns after every write, the watcher every poll)
+        memo = (store.path, run, state.points, state.last_key, tuple(events), break_even) if state else None
+        changes = _CHANGES.get(memo) if memo else None
+        if changes is None:
+            changes = _step_changes(cur, run, names, firsts, events, break_even)
+            if memo:
+                _CHANGES[memo] = changes
+                while len(_CHANGES) > 32:
+                    _CHANGES.pop(next(iter(_CHANGES)))
     if state is None:
         return RunDrift(run, None, [], changes, empty, "steps", "the reference window has no checked positions",
                         notes)
@@ -354,6 +363,9 @@ def _step_drift(store: Store, run: str, c: float | None, arl0_steps: int, notes:
     chart = _chart_frame(np.array([p[0] for p in state.chart], dtype=np.int64),
                          np.array([p[1] for p in state.chart], dtype=float))
     return RunDrift(run, design, found, changes, chart, "steps", None, notes)
+
+
+_CHANGES: dict[tuple, list[TemplateChange]] = {}
 
 
 def _current_state(cur, path: str, run: str, ids: list[int], total: int, k: int, break_even: float | None,
