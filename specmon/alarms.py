@@ -259,7 +259,7 @@ def analyse_run(store: Store, run: str, c: float | None = None,
     with store.reading():
         result = _analyse(store, run, c, arl0_steps, kept)
     if kept.state is not None:
-        drift_state.remember(store.path, run, kept.state)
+        drift_state.remember(drift_state.identity(store), run, kept.state)
     if kept.changed or kept.calibrations:
         drift_state.save(store, run, kept.state if kept.changed else None, kept.calibrations)
     return result
@@ -333,13 +333,14 @@ def _step_drift(store: Store, run: str, c: float | None, arl0_steps: int, notes:
         if not total:
             return None
         break_even = _break_even(store, run, c, int(k))
-        state = _current_state(cur, store.path, run, ids, int(total), int(k), break_even, arl0_steps, kept)
+        where = drift_state.identity(store)
+        state = _current_state(cur, where, run, ids, int(total), int(k), break_even, arl0_steps, kept)
         empty = pd.DataFrame(columns=["ts", "W"])
         firsts = state.firsts if state is not None else _firsts(cur, ids)
         events = _step_events(names, firsts, notes)
         # the verdicts read every per-request sum of the templates compared (O(requests)): reused while the stream,
         # the events and the break-even are the same (the page reruns after every write, the watcher every poll)
-        memo = (store.path, run, state.points, state.last_key, tuple(events), break_even) if state else None
+        memo = (where, run, state.reference, state.points, state.last_key, tuple(events), break_even) if state else None
         changes = _CHANGES.get(memo) if memo else None
         if changes is None:
             changes = _step_changes(cur, run, names, firsts, events, break_even)
@@ -368,21 +369,22 @@ def _step_drift(store: Store, run: str, c: float | None, arl0_steps: int, notes:
 _CHANGES: dict[tuple, list[TemplateChange]] = {}
 
 
-def _current_state(cur, path: str, run: str, ids: list[int], total: int, k: int, break_even: float | None,
+def _current_state(cur, path: tuple, run: str, ids: list[int], total: int, k: int, break_even: float | None,
                    arl0_steps: int, kept: _Kept) -> State | None:
     """The detector's state after every stored step: a kept one of this design advanced by the steps after its
     last point, where it still describes the stream, else built from every step. None if the reference has no
     checked positions."""
-    for state in sorted(drift_state.load_states(cur, path, run).values(), key=lambda s: -s.points):
+    for state in drift_state.load_states(cur, path, run):
         p1 = drift.target_p1(state.design.p0, break_even)
         if state.design_key != drift_state.design_key(p1, arl0_steps):
             continue
         if state.points != total:
-            if state.points < drift.REFERENCE_STEPS:
-                break  # the reference itself grows: another design
+            # a state of fewer points than the reference would change its reference; steps that arrived before its
+            # last point make the count disagree: neither describes the stream any more
+            if state.points < drift.REFERENCE_STEPS or state.points + drift_state.count_after(
+                    cur, ids, state.last_key) != total:
+                continue
             state = _advance_all(cur, ids, state)
-            if state.points != total:
-                break  # steps arrived before the last point taken in
             kept.changed = True
         if state.design.k != k:
             state = replace(state, design=replace(state.design, k=k))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -162,6 +163,13 @@ def read_points(cur: duckdb.DuckDBPyConnection, segments: Sequence[int], after: 
                   np.asarray(s["k"], dtype=np.int64), np.asarray(s["ts_us"], dtype=np.int64),
                   np.asarray(s["step_id"], dtype=np.int64), np.asarray(s["segment_id"], dtype=np.int64),
                   np.asarray(s["cluster"]))
+
+
+def count_after(cur: duckdb.DuckDBPyConnection, segments: Sequence[int], after: tuple[int, int]) -> int:
+    """How many of the run's points follow the key `after` in stream order."""
+    return int(cur.execute(f"SELECT count(*) FROM steps WHERE segment_id IN ({', '.join('?' * len(segments))}) "
+                           "AND ts >= ? AND (ts > ? OR step_id > ?)",
+                           [*segments, _at(after[0]), _at(after[0]), after[1]]).fetchall()[0][0])
 
 
 def segment_before(cur: duckdb.DuckDBPyConnection, segments: Sequence[int], ts_us: int) -> int | None:
@@ -330,22 +338,33 @@ def chart_points(ts_us: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 
 # -- kept in the database and in this process ----------------------------------------------------------------------
-_MEMO: OrderedDict[tuple[str, str, str], State] = OrderedDict()
+_MEMO: OrderedDict[tuple[tuple, str, str], State] = OrderedDict()
 _MEMO_GUARD = threading.Lock()
 
 
-def load_states(cur: duckdb.DuckDBPyConnection, path: str, run: str) -> dict[str, State]:
-    """The run's kept states by design key: the database's, or this process's where it has taken in more."""
-    found = {key: State.from_json(text) for key, text in
-             cur.execute("SELECT design_key, state FROM drift_states WHERE run = ?", [run]).fetchall()}
+def identity(store: Store) -> tuple:
+    """Which database a state in this process's memory belongs to: the file (a file removed and created again
+    under the same name is another), or the in-memory store."""
+    try:
+        st = os.stat(store.path)
+        return store.path, st.st_dev, st.st_ino
+    except OSError:
+        return store.path, id(store)
+
+
+def load_states(cur: duckdb.DuckDBPyConnection, path: tuple, run: str) -> list[State]:
+    """The run's kept states, the furthest first: the database's, and this process's that descend from one of them
+    (same design and reference; a file created again under a reused name and inode has none of them)."""
+    found = [State.from_json(text) for (text,) in
+             cur.execute("SELECT state FROM drift_states WHERE run = ?", [run]).fetchall()]
+    known = {(st.design_key, st.reference) for st in found}
     with _MEMO_GUARD:
-        for (p, r, key), st in _MEMO.items():
-            if p == path and r == run and (key not in found or found[key].points < st.points):
-                found[key] = st
-    return found
+        found += [st for (p, r, _), st in _MEMO.items()
+                  if p == path and r == run and (st.design_key, st.reference) in known]
+    return sorted(found, key=lambda st: -st.points)
 
 
-def remember(path: str, run: str, state: State) -> None:
+def remember(path: tuple, run: str, state: State) -> None:
     with _MEMO_GUARD:
         _MEMO[(path, run, state.design_key)] = state
         _MEMO.move_to_end((path, run, state.design_key))

@@ -255,3 +255,15 @@ def test_the_break_even_the_detector_uses_is_the_summary_s(store, tmp_path, line
             assert alarms._break_even(store, run, c, 4) == want[0]
             seen.add(want[0] is None)
     assert seen == {True, False}
+
+
+def test_a_database_created_again_under_the_same_name_is_not_mistaken_for_the_old_one(tmp_path, lines):
+    """This process keeps states in memory beside the database's; a new file of the same name and the same step
+    count must not inherit them."""
+    db = tmp_path / "again.duckdb"
+    for lo in (0, 500):
+        (tmp_path / f"l{lo}.jsonl").write_text("".join(lines[lo:lo + 3000]))
+        with Store(str(db)) as s:
+            assert ingest_file(s, str(tmp_path / f"l{lo}.jsonl"), run="prod").status == "stored"
+            compare(s, "prod")
+        db.unlink()
