@@ -1,6 +1,7 @@
 """The dashboard and the CLI at 1M, 10M and 100M drafted positions.
 
     python bench/scale.py [--sizes 1000000 10000000 100000000] [--workdir DIR] [--browser-upto 10000000]
+    python bench/scale.py --table RESULTS.json     # the docs' table, printed from a run's results
 
 Each database is built by the project's own tools: flat-form Parquet files of at most 10,000,000 positions each
 (k = 4, two templates, 50 steps per request, one step every 0.05 s, so a request spans buckets now and then), each
@@ -120,9 +121,51 @@ def measure(db: str, browser: bool, repeats: int) -> dict:
         "all_pages_cold_s": sum(p["cold_s"] for p in pages.values()),
         "segments": len(json.loads(out[out.index("["):])),
     }
-    if browser:
-        result["overview_from_serve_s"] = first_page_seconds(db)
+    if browser:  # three starts: the first may also read the database file from disk
+        result["overview_from_serve_s"] = [first_page_seconds(db) for _ in range(3)]
+    result["load_average"] = os.getloadavg()[0]
     return result
+
+
+def _seconds(v: float) -> str:
+    return f"{v:.3f} s" if v < 0.1 else f"{v:.2f} s"
+
+
+def table(results: dict) -> str:
+    """The Markdown table of docs/benchmarks.md ("Scale"), every figure from a run's printed JSON."""
+    sizes = results["sizes"]
+    rows: list[tuple[str, list[str]]] = []
+
+    def row(label: str, cell) -> None:
+        rows.append((label, [cell(sizes[n]) for n in sizes]))
+
+    def ingest(r: dict) -> str:
+        files = r["ingest"] or []
+        if not files:
+            return "(built earlier)"
+        rates = [f["positions_per_s"] for f in files]
+        rss = max(f["peak_rss_mb"] for f in files)
+        rate = f"{rates[0]:,.0f}" if len(rates) == 1 else f"{min(rates):,.0f}-{max(rates):,.0f} over {len(rates)} files"
+        return f"{rate} ({rss:,.0f} MB)"
+
+    row("ingest, positions/s per file (peak RSS)", ingest)
+    row("database on disk", lambda r: f"{r['disk_mb']:,.0f} MB")
+    row("`specmon summary --json`, fresh process", lambda r: _seconds(r["summary_cli_cold_s"]))
+    row("`summarize` warm, by template / by day",
+        lambda r: f"{_seconds(r['summary_warm_s']['template'])} / {_seconds(r['summary_warm_s']['day'])}")
+    for page in next(iter(sizes.values()))["pages"]:
+        row(f"{page.capitalize()} warm / cold",
+            lambda r, page=page: f"{_seconds(r['pages'][page]['warm_s'])} / {_seconds(r['pages'][page]['cold_s'])}")
+    row("`specmon check --c 0.2`, fresh process (peak RSS)",
+        lambda r: f"{_seconds(r['check_cli_s'])} ({r['check_peak_rss_mb']:,.0f} MB)")
+    row("`specmon serve` to a rendered Overview in Chromium (three starts)",
+        lambda r: ", ".join(_seconds(v) for v in np.atleast_1d(r.get("overview_from_serve_s", []))) or "-")
+    row("load average (1 min) after the measurements", lambda r: f"{r['load_average']:.1f}" if "load_average" in r
+        else "not recorded")
+    head = "| | " + " | ".join(f"{int(n):,}" for n in sizes) + " |"
+    lines = [head, "|---" * (len(sizes) + 1) + "|"]
+    lines += [f"| {label} | " + " | ".join(cells) + " |" for label, cells in rows]
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -132,7 +175,12 @@ def main() -> None:
     ap.add_argument("--browser-upto", type=int, default=10_000_000,
                     help="time the Overview in Chromium for databases up to this many positions")
     ap.add_argument("--keep", action="store_true", help="keep the databases")
+    ap.add_argument("--table", metavar="RESULTS", help="print the docs' table from a run's JSON output and stop")
     args = ap.parse_args()
+    if args.table:
+        with open(args.table) as fh:
+            print(table(json.load(fh)))
+        return
     work = args.workdir or tempfile.mkdtemp(prefix="specmon-scale-")
     os.makedirs(work, exist_ok=True)
     results = {"machine": machine(), "sizes": {}}

@@ -2,6 +2,9 @@
 
 Exit codes: 0 success; 1 the data says no (a file rejected, a segment at risk or losing); 2 an error
 (bad arguments, unreadable database, nothing to judge).
+
+A command imports the modules that need pandas (summaries, alarms, readers, the demo) when it runs, so `specmon
+serve` starts the dashboard without loading them first (tests/test_cli.py holds that).
 """
 from __future__ import annotations
 
@@ -17,17 +20,28 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from specmon import __version__, alarms, demo, display, drift, prometheus, resources, sampler, summary, theory, times
+from specmon import __version__, display, drift, formats, resources, sampler, theory, times
 from specmon.faults import SpecmonError
-from specmon.ingest import FORMATS, IngestResult, ingest_file, ingest_samples, ingest_stream
 from specmon.segments import is_problem
-from specmon.settings import KS_LEVEL, LIVE_DEFAULTS, THEORY_K_MAX, LiveSettings
+from specmon.settings import (
+    GROUPINGS,
+    KS_LEVEL,
+    LIVE_DEFAULTS,
+    PULL_REQUEST_TIMEOUT_S,
+    PULL_TIMEOUT_S,
+    THEORY_K_MAX,
+    LiveSettings,
+)
 from specmon.steplog import DEFAULT_SUM_TOLERANCE
 from specmon.store import DB_ENV, DEFAULT_DB, DEFAULT_LOCK_TIMEOUT_S, LOCK_TIMEOUT_ENV, Store
 from specmon.text import printable
+
+if TYPE_CHECKING:
+    from specmon.ingest import IngestResult
 
 EXIT_OK, EXIT_FINDING, EXIT_ERROR = 0, 1, 2
 _PAPER_P = "0.38,0.22,0.16,0.12,0.08,0.04"
@@ -44,6 +58,8 @@ def _err(msg: str) -> None:
 
 
 def _open_store(args: argparse.Namespace, *, with_demo: bool = False) -> Store:
+    from specmon import demo
+
     store = Store(args.db, lock_timeout=args.lock_timeout)
     if with_demo and not args.no_demo and demo.ensure_demo(store):
         _err(f"{store.path} was empty: loaded the demo data (run {demo.DEMO_RUN!r}); it hides once you ingest a log")
@@ -82,6 +98,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def _ingest_one(store: Store, path: str, name: str, args: argparse.Namespace) -> IngestResult:
+    from specmon.ingest import ingest_file, ingest_stream
+
     """One file (or standard input, path "-") through the ingest, with a progress bar on stderr."""
     bar, update = _progress_bar(Path(name).name)
     options = dict(run=args.run or ("stdin" if path == "-" else None), template=args.template,
@@ -144,6 +162,8 @@ def _print_table(rows: list[dict]) -> None:
 
 
 def cmd_summary(args: argparse.Namespace) -> int:
+    from specmon import demo, summary
+
     with _open_store(args, with_demo=True) as store:
         rows = summary.summarize(store, by=args.by, c=args.c)
     demo_only = bool(rows) and rows[0]["demo"]  # summarize shows demo rows only while nothing else is stored
@@ -173,6 +193,8 @@ def parse_since(text: str | None, flag: str = "--since") -> datetime | None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from specmon import alarms, summary
+
     since = parse_since(args.since)
     with _open_store(args) as store:
         rows = summary.summarize(store, by="template", c=args.c, since=since, per_position=False)
@@ -229,6 +251,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_annotate(args: argparse.Namespace) -> int:
+    from specmon import alarms
+
     at = parse_since(args.at, "--at") or times.utc_now()
     with _open_store(args) as store:
         annotation_id = alarms.annotate(store, args.run, args.template, at, args.note)
@@ -248,6 +272,9 @@ def _duration_seconds(text: str, flag: str) -> float:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
+    from specmon import prometheus
+    from specmon.ingest import ingest_samples
+
     end = times.utc_now()
     since_s = _duration_seconds(args.since, "--since")
     if since_s > (end - datetime(1970, 1, 1)).total_seconds():
@@ -307,7 +334,7 @@ def _live_settings(args: argparse.Namespace) -> LiveSettings:
 def cmd_live(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from specmon import live  # torch and transformers load only for the commands that run models
+    from specmon import live, summary  # torch and transformers load only for the commands that run models
 
     settings = _live_settings(args)
     pair = live.load_pair(args.target, None if settings.ngram else args.draft)
@@ -376,7 +403,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_replay(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from specmon import live, replay
+    from specmon import live, replay, summary
 
     pair = live.load_pair(args.target, args.draft)
     transcripts = replay.read_transcripts(args.transcripts)
@@ -400,6 +427,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_alert_rule(args: argparse.Namespace) -> int:
+    from specmon import alarms
+
     print(alarms.prometheus_alert_rule(args.k, args.c, window=args.window, for_=args.for_,
                                        metric_prefix=args.prefix), end="")
     return EXIT_OK
@@ -450,6 +479,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from specmon import demo
+
     if args.write_log:
         with open(args.write_log, "wb") as out:
             n = demo.write_demo_log(out)
@@ -522,7 +553,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.db:
         env[DB_ENV] = args.db
     flags = _streamlit_flags({"server.address": args.address, "server.port": args.port, "server.headless": True})
-    cmd = [sys.executable, "-m", "streamlit", "run", str(resources.APP), *flags]
+    cmd = [sys.executable, "-m", "streamlit", "run", str(resources.SERVER), *flags]
     if not args.watch:
         return run_child(cmd, env)
     from specmon import watch
@@ -586,7 +617,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--template", help="template for steps whose log line names none")
     p.add_argument("--skip-bad", action="store_true", help="store the good rows; write rejected ones to --report")
     p.add_argument("--report", help="where --skip-bad writes rejected rows (default: ./FILE.rejected.jsonl)")
-    p.add_argument("--format", choices=FORMATS, help="skip format detection")
+    p.add_argument("--format", choices=formats.names(), help="skip format detection")
     p.add_argument("--sum-tol", type=float, default=DEFAULT_SUM_TOLERANCE,
                    help=f"how far a distribution may sum from 1 (default {DEFAULT_SUM_TOLERANCE:g})")
     p.add_argument("--json", action="store_true", help="one JSON object per file on stdout")
@@ -597,7 +628,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "per-position rates, tokens per step, c, break-even and status. Shows the demo "
                                    "data while nothing of your own is ingested.")
     p.add_argument("--json", action="store_true", help="a JSON array of segment objects (keys in the README)")
-    p.add_argument("--by", choices=summary.GROUPINGS, default="template", help="segment by run, run+template "
+    p.add_argument("--by", choices=GROUPINGS, default="template", help="segment by run, run+template "
                    "(default), or run+template+day")
     p.add_argument("--c", type=_cost, help="draft cost / target cost, overriding the one measured from timings")
     p.add_argument("--no-demo", action="store_true", help="do not load the demo data into an empty database")
@@ -692,11 +723,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step", default="1m", help="sample spacing (default 1m)")
     p.add_argument("--run", default="prometheus", help="run to store into (default prometheus)")
     p.add_argument("--template", help="segment label for these samples")
-    p.add_argument("--timeout", type=_seconds, default=prometheus.DEFAULT_REQUEST_TIMEOUT_S, metavar="SECONDS",
+    p.add_argument("--timeout", type=_seconds, default=PULL_REQUEST_TIMEOUT_S, metavar="SECONDS",
                    help=f"give up on a request not answered in full within this time (default "
-                        f"{prometheus.DEFAULT_REQUEST_TIMEOUT_S:g})")
-    p.add_argument("--total-timeout", type=_seconds, default=prometheus.DEFAULT_PULL_TIMEOUT_S, metavar="SECONDS",
-                   help=f"give up on the whole pull after this time (default {prometheus.DEFAULT_PULL_TIMEOUT_S:g})")
+                        f"{PULL_REQUEST_TIMEOUT_S:g})")
+    p.add_argument("--total-timeout", type=_seconds, default=PULL_TIMEOUT_S, metavar="SECONDS",
+                   help=f"give up on the whole pull after this time (default {PULL_TIMEOUT_S:g})")
     p.set_defaults(func=cmd_pull)
 
     p = sub.add_parser("watch", parents=[db], help="follow engine logs, step logs, an inbox or Prometheus until "

@@ -25,6 +25,7 @@ import pandas as pd
 
 from specmon import times
 from specmon.faults import SpecmonError
+from specmon.settings import PULL_REQUEST_TIMEOUT_S, PULL_TIMEOUT_S
 
 COUNTERS = ("spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total",
             "spec_decode_num_accepted_tokens_total", "spec_decode_num_accepted_tokens_per_pos_total")
@@ -84,8 +85,6 @@ def counter_windows(samples: pd.DataFrame) -> pd.DataFrame:
 
 
 # Bounds on what a Prometheus server can make `specmon pull` do: wait, and hold in memory.
-DEFAULT_REQUEST_TIMEOUT_S = 30.0
-DEFAULT_PULL_TIMEOUT_S = 300.0
 MAX_REPLY_BYTES = 256 << 20
 
 
@@ -265,7 +264,7 @@ def _sample(pair: object, where: str, here: str, counter: bool) -> tuple[datetim
 
 
 def query_range(url: str, metric: str, start: datetime, end: datetime, step_s: float,
-                timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S) -> list[Sample]:
+                timeout_s: float = PULL_REQUEST_TIMEOUT_S) -> list[Sample]:
     """The raw samples of one metric from Prometheus' /api/v1/query_range, within timeout_s seconds overall."""
     params = urllib.parse.urlencode({"query": metric, "start": start.replace(tzinfo=timezone.utc).timestamp(),
                                      "end": end.replace(tzinfo=timezone.utc).timestamp(), "step": step_s})
@@ -278,7 +277,7 @@ def query_range(url: str, metric: str, start: datetime, end: datetime, step_s: f
 
 
 def pull(url: str, start: datetime, end: datetime, step_s: float, *,
-         timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, total_timeout_s: float = DEFAULT_PULL_TIMEOUT_S) -> list[Sample]:
+         timeout_s: float = PULL_REQUEST_TIMEOUT_S, total_timeout_s: float = PULL_TIMEOUT_S) -> list[Sample]:
     """The raw speculative-decoding samples Prometheus holds between start and end, every step_s seconds.
 
     Each request must finish within timeout_s and the whole pull (one request per metric) within

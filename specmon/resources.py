@@ -20,6 +20,7 @@ def _on_disk(*parts: str) -> Path:
 
 UI = _on_disk("ui")  # the page files
 APP = UI / "app.py"
+SERVER = UI / "dashboard_server.py"  # what `specmon serve` runs: APP with a start-up hook
 STREAMLIT_CONFIG = UI / "streamlit.toml"
 DEMO_LOG = _on_disk("data", "demo_steplog.jsonl")
 MODELS = _on_disk("data", "models")

@@ -13,6 +13,8 @@ CONFIDENCE = 0.95
 GAP_Z_LIMIT = 3.0
 # The level of the losslessness KS tests (`specmon verify`, the Losslessness page): p below it fails.
 KS_LEVEL = 0.01
+# How summaries segment the data: by run, by run and template, or by run, template and UTC day.
+GROUPINGS = ("run", "template", "day")
 # Time buckets for timelines: name -> interval (a fixed list, so no user text reaches the SQL).
 BUCKETS = {"hour": "1 hour", "6 hours": "6 hours", "day": "1 day", "week": "7 days"}
 # Largest draft length `specmon theory` tabulates and a live run's cost measurement times (verification passes of
@@ -24,6 +26,12 @@ REFERENCE_KS = (2, 4, 8)
 # Where a segment has no k or no c of its own, the Economics page starts from these.
 DEFAULT_K = 4
 EXAMPLE_C = 0.10
+
+
+# A Prometheus pull (`specmon pull`, watched Prometheus sources): the limit on one HTTP request, and on the whole
+# pull (a query_range split into many requests).
+PULL_REQUEST_TIMEOUT_S = 30.0
+PULL_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)

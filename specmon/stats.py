@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats as sps
+from scipy import special
 
 # Bins whose expected count is below this are pooled before a chi-square test (Cochran's rule of thumb).
 MIN_EXPECTED_PER_BIN = 5.0
@@ -122,8 +122,8 @@ def chi_square_gof(counts: np.ndarray, p: np.ndarray) -> TestResult:
     counts, expected = counts[keep], expected[keep]
     if len(counts) < 2:
         return TestResult(0.0, 1.0, 0)
-    stat, pvalue = sps.chisquare(counts, expected)
-    return TestResult(float(stat), float(pvalue), len(counts) - 1)
+    stat = float(np.sum((counts - expected) ** 2 / expected))
+    return TestResult(stat, float(special.chdtrc(len(counts) - 1, stat)), len(counts) - 1)
 
 
 def randomized_pit(probs: np.ndarray, tokens: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -148,19 +148,22 @@ def randomized_pit_of(below: np.ndarray, mass: np.ndarray, rng: np.random.Genera
 
 
 def uniformity_ks(u: np.ndarray) -> TestResult:
-    """Kolmogorov-Smirnov test of u against U(0, 1)."""
+    """Kolmogorov-Smirnov test of u against U(0, 1) (exact p-value for small samples, as scipy computes it)."""
+    # scipy.stats takes half a second to import; only this test needs it, so the dashboard's first page need not
+    from scipy import stats as sps
+
     res = sps.kstest(np.asarray(u, dtype=float), "uniform")
     return TestResult(float(res.statistic), float(res.pvalue))
 
 
 def normal_quantile(confidence: float) -> float:
     """z such that a two-sided normal interval of this confidence is estimate +- z * se."""
-    return float(sps.norm.ppf(0.5 + confidence / 2))
+    return float(special.ndtri(0.5 + confidence / 2))
 
 
 def t_quantile(confidence: float, dof: float) -> float:
     """The two-sided t quantile with dof degrees of freedom (the normal one at dof = inf)."""
-    return normal_quantile(confidence) if math.isinf(dof) else float(sps.t.ppf(0.5 + confidence / 2, dof))
+    return normal_quantile(confidence) if math.isinf(dof) else float(special.stdtrit(dof, 0.5 + confidence / 2))
 
 
 def wilson_interval(successes: float, trials: float, confidence: float = 0.95,

@@ -283,8 +283,22 @@ MIGRATIONS.append(
     INSERT INTO rollup_positions BY NAME {ROLLUP_POSITIONS_SELECT.format(where="true")};
     """
 )
+# Which requests have one rollup row in their run: sole rows are already per-request totals, so a summary reads them
+# as they are and groups only the others (a request across hours or watched pieces), by far the fewer.
+# {where} picks the (run, request) pairs to recount (r is rollup_requests, sg its segment).
+_SOLE_UPDATE = """
+UPDATE rollup_requests rq SET sole = c.n = 1
+FROM (SELECT sg.run_id, r.request_id, count(*) AS n FROM rollup_requests r JOIN segments sg USING (segment_id)
+      {where} GROUP BY ALL) c, segments sg
+WHERE sg.segment_id = rq.segment_id AND c.run_id = sg.run_id AND c.request_id = rq.request_id
+"""
 MIGRATIONS.append(
-    # 9: the drift detector's state per run and design, and calibrated thresholds, so an analysis reads only the
+    # 9: rollup_requests.sole, computed from the rollup rows already stored.
+    "ALTER TABLE rollup_requests ADD COLUMN sole BOOLEAN NOT NULL DEFAULT false;"
+    + _SOLE_UPDATE.format(where="") + ";"
+)
+MIGRATIONS.append(
+    # 10: the drift detector's state per run and design, and calibrated thresholds, so an analysis reads only the
     # steps stored since the previous one and a fresh process does not calibrate again (specmon.drift_state).
     """
     CREATE TABLE drift_states (
@@ -671,6 +685,10 @@ def refresh_rollups(cur: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
         return
     cur.execute(f"INSERT INTO rollup_requests BY NAME {ROLLUP_REQUESTS_SELECT.format(where='st.ingest_id = ?')}",
                 [ingest_id])
+    # the requests this ingest touched: one row now, or more (rows from earlier ingests of the same run)
+    cur.execute(_SOLE_UPDATE.format(where="SEMI JOIN (SELECT sg2.run_id, r2.request_id FROM rollup_requests r2 "
+                                          "JOIN segments sg2 USING (segment_id) WHERE r2.ingest_id = ?) t "
+                                          "ON t.run_id = sg.run_id AND t.request_id = r.request_id"), [ingest_id])
     cur.execute(f"INSERT INTO rollup_positions BY NAME "
                 f"{ROLLUP_POSITIONS_SELECT.format(where='p.step_id BETWEEN ? AND ? AND st.ingest_id = ?')}",
                 [lo, hi, ingest_id])

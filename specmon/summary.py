@@ -15,10 +15,8 @@ import pandas as pd
 
 from specmon import engine_summary, predicted, stats
 from specmon.segments import Estimate, PositionSummary, SegmentSummary, economics, finite, point_beta, position_summary
-from specmon.settings import BUCKETS, CONFIDENCE, GAP_Z_LIMIT
+from specmon.settings import BUCKETS, CONFIDENCE, GAP_Z_LIMIT, GROUPINGS
 from specmon.store import _HOUR_OF_STEP, ROLLUP_EXACT, ROLLUP_POSITIONS_SELECT, ROLLUP_REQUESTS_SELECT, Store
-
-GROUPINGS = ("run", "template", "day")
 
 _NO_BUCKET = "NULL::TIMESTAMP"
 # Floating-point sums in DuckDB run in parallel in no fixed order, so their last digits moved between runs of
@@ -37,23 +35,36 @@ _EDGE = "?::TIMESTAMP IS NOT NULL AND st.ts >= ?::TIMESTAMP AND " + _HOUR_OF_STE
 
 _STEPS_SQL = """
 WITH rq AS (""" + _ROLLUP_ROWS.format(table="rollup_requests", edge=ROLLUP_REQUESTS_SELECT.format(where=_EDGE)) + """
-), s AS (
-    -- grouped by number (segment or run id), named at the end: fewer bytes to hash per rollup row
+), s AS NOT MATERIALIZED (
+    -- grouped by number (segment or run id), named at the end: fewer bytes to hash per rollup row; read three
+    -- times (sole requests, the others, the totals), each a plain scan of the rollups, rather than materialised
     SELECT ss.{key} AS key, {bucket} AS bucket, i.ingested_at, rq.*
     FROM rq JOIN shown_segments ss USING (segment_id) JOIN ingests i USING (ingest_id)
     WHERE ? IS NULL OR ss.run = ?
 ), per_request AS (
-    SELECT key, bucket, request_id,
+    -- per-request totals: a sole rollup row is one already (store.py); the rest are added up per request
+    SELECT key, bucket, steps::DOUBLE AS steps, accepted::DOUBLE AS accepted, checked::DOUBLE AS checked,
+           b_accepted::DOUBLE AS b_accepted, b_checked::DOUBLE AS b_checked, b_lo::DOUBLE AS b_lo, b_hi::DOUBLE AS b_hi
+    FROM s WHERE sole
+    UNION ALL
+    SELECT key, bucket,
            sum(steps)::DOUBLE AS steps, sum(accepted)::DOUBLE AS accepted, sum(checked)::DOUBLE AS checked,
            sum(b_accepted)::DOUBLE AS b_accepted, sum(b_checked)::DOUBLE AS b_checked,
            sum(b_lo)::DOUBLE AS b_lo, sum(b_hi)::DOUBLE AS b_hi
-    FROM s GROUP BY key, bucket, request_id
+    FROM s WHERE sole IS NOT TRUE GROUP BY key, bucket, request_id
+), by_step AS (
+    SELECT key, bucket,
+           sum(steps) AS steps, sum(drafted) AS drafted, sum(checked) AS checked, sum(accepted) AS accepted,
+           max(k) AS k, sum(drafted) / sum(steps) AS mean_g, sum(timed) AS timed,
+           min(first_ts) AS first_ts, max(last_ts) AS last_ts, sum(ts_inferred) AS ts_inferred,
+           max(ingested_at) AS last_ingest
+    FROM s GROUP BY key, bucket
 ), leverage AS (
     -- CR2 weights 1 / (1 - n_j / N): for alpha n_j is checked positions, for L it is steps; a cluster holding
     -- all of N (one request) has no such weight: 1, and the statistics ignore the spread of a single cluster anyway
-    SELECT *, coalesce(1 / nullif(1 - checked / nullif(sum(checked) OVER seg, 0), 0), 1) AS w_n,
-              coalesce(1 / nullif(1 - steps / sum(steps) OVER seg, 0), 1) AS w_s
-    FROM per_request WINDOW seg AS (PARTITION BY key, bucket)
+    SELECT r.*, coalesce(1 / nullif(1 - r.checked / nullif(t.checked, 0), 0), 1) AS w_n,
+                coalesce(1 / nullif(1 - r.steps / t.steps, 0), 1) AS w_s
+    FROM per_request r JOIN by_step t ON r.key = t.key AND r.bucket IS NOT DISTINCT FROM t.bucket
 ), by_request AS (
     SELECT key, bucket, count(*) AS requests,
            sum(accepted * accepted) AS saa, sum(accepted * checked) AS san, sum(checked * checked) AS snn,
@@ -72,13 +83,6 @@ WITH rq AS (""" + _ROLLUP_ROWS.format(table="rollup_requests", edge=ROLLUP_REQUE
            sum((b_accepted - b_lo)::{exact})::DOUBLE AS d_lo, sum(pow(b_accepted - b_lo, 2)::{exact})::DOUBLE AS dd_lo,
            sum((b_accepted - b_hi)::{exact})::DOUBLE AS d_hi, sum(pow(b_accepted - b_hi, 2)::{exact})::DOUBLE AS dd_hi
     FROM leverage GROUP BY key, bucket
-), by_step AS (
-    SELECT key, bucket,
-           sum(steps) AS steps, sum(drafted) AS drafted, sum(checked) AS checked, sum(accepted) AS accepted,
-           max(k) AS k, sum(drafted) / sum(steps) AS mean_g, sum(timed) AS timed,
-           min(first_ts) AS first_ts, max(last_ts) AS last_ts, sum(ts_inferred) AS ts_inferred,
-           max(ingested_at) AS last_ingest
-    FROM s GROUP BY key, bucket
 ), named AS (
     SELECT {key} AS key, any_value(run) AS run, any_value({template}) AS template, any_value(demo) AS demo,
            any_value(meta)::VARCHAR AS meta
@@ -172,6 +176,12 @@ def segments(store: Store, by: str = "template", c: float | None = None, *, run:
         raise ValueError(f"by must be one of {GROUPINGS}, got {by!r}")
     if bucket is not None and bucket not in BUCKETS:
         raise ValueError(f"bucket must be one of {tuple(BUCKETS)}, got {bucket!r}")
+    with store.reading():  # one connection for the half-dozen queries (opening one costs ~15 ms)
+        return _segments(store, by, c, run, bucket, per_position, since)
+
+
+def _segments(store: Store, by: str, c: float | None, run: str | None, bucket: str | None, per_position: bool,
+              since: datetime | None) -> list[SegmentSummary]:
     day_output = by == "day"
     if day_output:
         by, bucket = "template", "day"

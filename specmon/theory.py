@@ -9,7 +9,6 @@ import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-from scipy.optimize import brentq
 
 from specmon.settings import THEORY_K_MAX
 
@@ -67,8 +66,18 @@ def break_even_alpha(k: int, c: float) -> float:
         return 0.0
     if speedup(1.0, k, c) < 1.0:
         return math.nan
-    # S is increasing in alpha with S(0) = 1/(1+kc) < 1, so the root in (0, 1] is unique.
-    return float(brentq(lambda a: speedup(a, k, c) - 1.0, 0.0, 1.0, xtol=1e-12))
+    # S is increasing in alpha with S(0) = 1/(1+kc) < 1, so the root in (0, 1] is unique and bisection finds it
+    # to the last bit (64 halvings of [0, 1] pass double precision). The tokens are summed as 1 + a + ... + a^k:
+    # the closed form cancels near a = 1 and would put a root at c = 1 (exactly alpha* = 1) below 1.
+    powers = np.arange(k + 1)
+    lo, hi = 0.0, 1.0
+    for _ in range(64):
+        mid = 0.5 * (lo + hi)
+        if float(np.sum(mid ** powers)) < 1.0 + k * c:
+            lo = mid
+        else:
+            hi = mid
+    return hi
 
 
 def beta(p: np.ndarray, q: np.ndarray) -> np.ndarray | float:

@@ -1,4 +1,4 @@
-"""End to end in a real browser: Debian's chromium driven by Playwright against `streamlit run app.py`.
+"""End to end in a real browser: Debian's chromium driven by Playwright against `specmon serve`.
 
 Uploads a step log through the upload widget, finds the new run on Overview, visits every page, saves a screenshot
 of each under test-artifacts/screenshots/, and fails on any exception or error element. Uploads a real vLLM log
@@ -50,9 +50,8 @@ def start_app(tmp_path):
     def start(db: str) -> str:
         port = free_port()
         log = open(tmp_path / "streamlit.log", "wb")
-        proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
-                                 "--server.address", "127.0.0.1", "--server.headless", "true"],
-                                cwd=ROOT, env={**os.environ, "SPECMON_DB": db}, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([sys.executable, "-m", "specmon.cli", "serve", "--db", db, "--port", str(port)],
+                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         running.append((proc, log))
         url = f"http://127.0.0.1:{port}"
         deadline = time.time() + 60

@@ -1,6 +1,7 @@
 """The CLI as a user meets it: separate processes, exit codes, messages on stderr."""
 import json
 import subprocess
+import sys
 from dataclasses import replace
 
 import jsonschema
@@ -213,3 +214,12 @@ def test_live_defaults_are_the_shared_settings():
     args = cli.build_parser().parse_args(["live", "--ngram", "--k", "3", "--top-p", "0.9", "--seed", "7"])
     assert cli._live_settings(args) == replace(LIVE_DEFAULTS, ngram=True, k=3, top_p=0.9, seed=7)
     assert cli._live_settings(args).proposer == "ngram"
+
+
+def test_serve_starts_without_loading_pandas_or_the_readers():
+    """`specmon serve` only starts Streamlit: the CLI imports what the other commands need when they run, which
+    keeps the time from `specmon serve` to the first page short (docs/benchmarks.md)."""
+    loaded = subprocess.run([sys.executable, "-c", "import sys, specmon.cli; print(sorted(sys.modules))"],
+                            capture_output=True, text=True, check=True).stdout
+    for heavy in ("pandas", "scipy.stats", "specmon.summary", "specmon.ingest", "specmon.alarms", "torch"):
+        assert f"'{heavy}'" not in loaded, heavy
