@@ -10,6 +10,7 @@ where a new template first appears in the data, and where an annotation (`specmo
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import NoReturn
@@ -284,20 +285,22 @@ def _analyse(store: Store, run: str, c: float | None, arl0_steps: int, kept: _Ke
         return RunDrift(run, None, [], [], pd.DataFrame(columns=["ts", "W"]), note="the run has no step log and no "
                         "engine windows with per-position counts, so per-token acceptance (what the detector "
                         "watches) is unknown", annotations=notes)
-    return whole_stream_drift(store, run, stream, c, arl0_steps, notes)
+    with store.cursor() as cur:  # the reading block's connection
+        return whole_stream_drift(store, run, stream, c, arl0_steps, notes,
+                                  drift_state.stored_threshold(cur, kept.calibrations))
 
 
 def whole_stream_drift(store: Store, run: str, stream: Stream, c: float | None, arl0_steps: int,
-                       notes: list[Event]) -> RunDrift:
+                       notes: list[Event], threshold: Callable[..., float] | None = None) -> RunDrift:
     """The analysis of a stream held whole in memory: engine windows (few), and what a step log's kept state must
-    equal (tests/test_drift_state.py)."""
+    equal (tests/test_drift_state.py). threshold: as drift.design_for's."""
     empty = pd.DataFrame(columns=["ts", "W"])
     break_even = _break_even(store, run, c, stream.k)
     events = _events(stream, notes)
     changes = _changes(run, stream, events, break_even)
     reference = drift.REFERENCE_STEPS if stream.unit == "steps" else drift.REFERENCE_WINDOWS
     design = drift.design_for(stream.accepted, stream.checked, stream.cluster, stream.k, break_even, arl0_steps,
-                              reference, unit=stream.unit)
+                              reference, unit=stream.unit, threshold=threshold)
     if design is None:
         return RunDrift(run, None, [], changes, empty, stream.unit, "the reference window has no checked positions",
                         notes)

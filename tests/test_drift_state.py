@@ -176,6 +176,8 @@ def test_engine_windows_beside_a_step_log(store, tmp_path, lines):
     compare(store, "steps")
     windows = alarms.analyse_run(store, "vllm", c=0.3)
     assert windows.unit == "windows" and len(windows.alarms) == 1 and kept_points(store, "vllm") == []
+    # engine windows are analysed whole (few), but their threshold is kept beside the step log's
+    assert store.query("SELECT count(*) FROM drift_calibrations")[0][0] == 2
 
 
 FRESH_PROCESS = """
