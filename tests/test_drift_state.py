@@ -269,3 +269,28 @@ def test_a_database_created_again_under_the_same_name_is_not_mistaken_for_the_ol
             assert ingest_file(s, str(tmp_path / f"l{lo}.jsonl"), run="prod").status == "stored"
             compare(s, "prod")
         db.unlink()
+
+
+def test_saving_a_state_gives_way_to_another_process_holding_the_database(tmp_path, lines):
+    """The save after an analysis is a cache write: while another process holds the file it is skipped after
+    SAVE_TIMEOUT_S, quietly, and the analysis is kept in this process and saved by the next one."""
+    from test_concurrency import _hold
+
+    db = str(tmp_path / "busy.duckdb")
+    (tmp_path / "log.jsonl").write_text("".join(lines[:2400]))
+    with Store(db, on_wait=lambda _: pytest.fail("the save must not announce a wait")) as s:
+        assert ingest_file(s, str(tmp_path / "log.jsonl"), run="prod").status == "stored"
+        with s.reading():
+            kept = alarms._Kept()
+            alarms._analyse(s, "prod", None, drift.DEFAULT_ARL0_STEPS, kept)  # the analysis, before its save
+        holder = _hold(db, 60)
+        try:
+            assert drift_state.save(s, "prod", kept.state, kept.calibrations) is False
+        finally:
+            holder.stdin.write("done\n")
+            holder.stdin.flush()
+            holder.wait(timeout=60)
+        assert kept_points(s, "prod") == []
+        drift_state.remember(drift_state.identity(s), "prod", kept.state)
+        compare(s, "prod")  # nothing kept in the database: built again, and saved
+        assert kept_points(s, "prod") == [2400]
