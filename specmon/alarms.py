@@ -164,7 +164,7 @@ def _window_stream(store: Store, run: str) -> Stream | None:
     if df.empty:
         return None
     df = df.sort_values("end_ts", kind="stable").reset_index(drop=True)
-    checks = [engine_summary.window_checks(w) for _, w in df.iterrows()]
+    checks = [engine_summary.window_checks(w) for w in engine_summary.check_rows(df)]
     keep = np.array([c is not None for c in checks])
     if not keep.any():
         return None
