@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from typing import NoReturn
 
 import numpy as np
 import pandas as pd
 
-from specmon import drift, drift_state, engine_summary, summary, theory
+from specmon import drift, drift_state, engine_summary, stats, summary, theory
 from specmon.drift_state import State
 from specmon.faults import SpecmonError
 from specmon.segments import finite
@@ -341,16 +341,7 @@ def _step_drift(store: Store, run: str, c: float | None, arl0_steps: int, notes:
         empty = pd.DataFrame(columns=["ts", "W"])
         firsts = state.firsts if state is not None else _firsts(cur, ids)
         events = _step_events(names, firsts, notes)
-        # the verdicts read every per-request sum of the templates compared (O(requests)): reused while the stream,
-        # the events and the break-even are the same (the page reruns after every write, the watcher every poll)
-        memo = (where, run, state.reference, state.points, state.last_key, tuple(events), break_even) if state else None
-        changes = _CHANGES.get(memo) if memo else None
-        if changes is None:
-            changes = _step_changes(cur, run, names, firsts, events, break_even)
-            if memo:
-                _CHANGES[memo] = changes
-                while len(_CHANGES) > 32:
-                    _CHANGES.pop(next(iter(_CHANGES)))
+        changes = _step_verdicts(cur, run, names, firsts, events, break_even, state, kept)
     if state is None:
         return RunDrift(run, None, [], changes, empty, "steps", "the reference window has no checked positions",
                         notes)
@@ -369,7 +360,29 @@ def _step_drift(store: Store, run: str, c: float | None, arl0_steps: int, notes:
     return RunDrift(run, design, found, changes, chart, "steps", None, notes)
 
 
-_CHANGES: dict[tuple, list[TemplateChange]] = {}
+def _step_verdicts(cur, run: str, names: dict[int, str], firsts: list[list], events: list[Event],
+                   break_even: float | None, state: State | None, kept: _Kept) -> list[TemplateChange]:
+    """The template-change verdicts: kept in the state while its points, the events and the break-even are the
+    same (the page reruns after every write, a fresh `check` reads them back), else judged again and kept."""
+    key = [[e.ts.isoformat(), e.template, e.source, e.note] for e in events] + [break_even]
+    if state is not None and state.verdicts is not None and state.verdicts["key"] == key:
+        return [_change_from_json(c) for c in state.verdicts["changes"]]
+    changes = _step_changes(cur, run, names, firsts, events, break_even)
+    if state is not None:
+        state.verdicts = {"key": key, "changes": [_change_json(c) for c in changes]}
+        kept.changed = True
+    return changes
+
+
+def _change_json(ch: TemplateChange) -> dict:
+    return {**asdict(ch), "first_ts": ch.first_ts.isoformat()}
+
+
+def _change_from_json(d: dict) -> TemplateChange:
+    c = d["comparison"]
+    comparison = drift.Comparison(stats.Interval(**c["before"]), stats.Interval(**c["after"]), c["z"], c["verdict"],
+                                  c["critical"])
+    return TemplateChange(**{**d, "first_ts": datetime.fromisoformat(d["first_ts"]), "comparison": comparison})
 
 
 def _current_state(cur, path: tuple, run: str, ids: list[int], total: int, k: int, break_even: float | None,

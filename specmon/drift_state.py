@@ -115,6 +115,9 @@ class State:
     since_prev_ts: int = 0
     chart_stride: int = 1
     chart: list[list] = field(default_factory=list)  # [ts_us of the stretch's first point, max W, points]
+    # the template-change verdicts at these points, with what else they depend on (alarms keeps them: reading every
+    # per-request sum of the templates compared costs O(requests)); None until computed, and after every advance
+    verdicts: dict | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), default=lambda v: v.item())  # numpy scalars
@@ -224,7 +227,7 @@ def advance(state: State, new: Points, older: Callable[[int, tuple[int, int]], P
     if 0 < base < drift.REFERENCE_STEPS:
         raise ValueError("a state with an incomplete reference is rebuilt, not advanced")
     s = replace(state, firsts=[list(f) for f in state.firsts], episodes=list(state.episodes),
-                chart=[list(c) for c in state.chart])
+                chart=[list(c) for c in state.chart], verdicts=None)
     _take_firsts(s, new, before)
     cum_a = s.totals[0] + np.cumsum(new.accepted)
     cum_n = s.totals[1] + np.cumsum(new.checked)
@@ -381,10 +384,9 @@ def save(store: Store, run: str, state: State | None, calibrations: dict[str, fl
                 cur.execute("INSERT OR IGNORE INTO drift_calibrations VALUES (?, ?, now()::TIMESTAMP)", [key, h])
             if state is not None:
                 # states of another reference (the stream was rebuilt) describe nothing stored any more
-                cur.execute("DELETE FROM drift_states WHERE run = ? AND json_extract_string(state, '$.reference') "
-                            "<> ?", [run, state.reference])
-                cur.execute("INSERT OR REPLACE INTO drift_states VALUES (?, ?, ?, ?, now()::TIMESTAMP)",
-                            [run, state.design_key, state.points, state.to_json()])
+                cur.execute("DELETE FROM drift_states WHERE run = ? AND reference <> ?", [run, state.reference])
+                cur.execute("INSERT OR REPLACE INTO drift_states VALUES (?, ?, ?, ?, ?, now()::TIMESTAMP)",
+                            [run, state.design_key, state.reference, state.points, state.to_json()])
                 cur.execute("DELETE FROM drift_states WHERE run = ? AND design_key NOT IN (SELECT design_key FROM "
                             "drift_states WHERE run = ? ORDER BY updated_at DESC LIMIT ?)", [run, run, STATES_PER_RUN])
         return True

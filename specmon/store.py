@@ -304,8 +304,9 @@ MIGRATIONS.append(
     CREATE TABLE drift_states (
         run         VARCHAR NOT NULL,
         design_key  VARCHAR NOT NULL,          -- false-alarm rate, p1, calibration and state versions
+        reference   VARCHAR NOT NULL,          -- sha256 of the reference's points
         points      BIGINT NOT NULL,           -- stream points the state has taken in
-        state       JSON NOT NULL,
+        state       VARCHAR NOT NULL,          -- JSON text (Python's: an infinite float as Infinity)
         updated_at  TIMESTAMP NOT NULL,
         PRIMARY KEY (run, design_key)
     );

@@ -188,7 +188,7 @@ calls = []
 calibrate = drift.calibrate
 drift.calibrate = lambda *a, **k: calls.append(1) or calibrate(*a, **k)
 result = alarms.analyse_run(Store(sys.argv[1]), "prod")
-print(len(calls), len(result.alarms), result.design.h)
+print(len(calls), len(result.alarms), result.design.h, repr(result.changes).replace(" ", ""))
 """
 
 
@@ -203,7 +203,8 @@ def test_a_fresh_process_does_not_calibrate_again(tmp_path, lines):
                               check=True).stdout.split()
 
     first, second = run(), run()
-    assert first[0] == "1" and second[0] == "0" and first[1:] == second[1:]
+    # the second reads the threshold, the state and the template-change verdicts back from the database
+    assert first[0] == "1" and second[0] == "0" and first[1:] == second[1:] and "TemplateChange" in first[3]
     with Store(db) as s:
         assert s.query("SELECT count(*) FROM drift_calibrations")[0][0] == 1
         with s.transaction() as cur:
