@@ -9,34 +9,25 @@ where a new template first appears in the data, and where an annotation (`specmo
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import functools
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
+from typing import NoReturn
 
 import numpy as np
 import pandas as pd
 
-from specmon import drift, engine_summary, summary, theory
+from specmon import drift, drift_state, engine_summary, stats, summary, theory
+from specmon.drift_state import State
 from specmon.faults import SpecmonError
+from specmon.segments import finite
 from specmon.store import Store
 
-# The whole stream as numbers only (strings for millions of steps are what makes a query slow): the request id
-# travels as its 64-bit hash, which only has to tell requests apart.
-_STREAM_SQL = """
-SELECT st.accepted, st.checked, coalesce(st.k, st.g) AS k, epoch_us(st.ts) AS ts_us, st.segment_id,
-       hash(st.request_id) AS cluster
-FROM steps st JOIN run_segments rs USING (segment_id)
-WHERE rs.run = ? ORDER BY st.ts, st.step_id
-"""
-_SEGMENT_NAMES_SQL = """
-SELECT segment_id, template FROM run_segments WHERE run = ?
-"""
 _ANNOTATIONS_SQL = """
 SELECT a.annotation_id, a.template, a.starts_at, a.note, a.created_at FROM annotations a JOIN runs r USING (run_id)
 WHERE r.name = ? ORDER BY a.starts_at, a.annotation_id
 """
-# The detector's statistic is kept at most this many points for charts (the maximum of each stretch, so peaks
-# that crossed the threshold stay visible).
-CHART_POINTS = 2000
 
 
 @dataclass(frozen=True)
@@ -135,7 +126,7 @@ class RunDrift:
 
 
 @dataclass(frozen=True)
-class _Stream:
+class Stream:
     accepted: np.ndarray
     checked: np.ndarray
     ts_us: np.ndarray
@@ -167,38 +158,24 @@ def run_annotations(store: Store, run: str) -> list[Event]:
             for r in df.itertuples(index=False)]
 
 
-def _step_stream(store: Store, run: str) -> _Stream | None:
-    with store.cursor() as cur:
-        s = cur.execute(_STREAM_SQL, [run]).fetchnumpy()
-    if not len(s["accepted"]):
-        return None
-    names = dict(store.query(_SEGMENT_NAMES_SQL, [run]))
-    # one lookup per segment, not per step (a run has millions of steps and a handful of segments)
-    ids, index = np.unique(np.asarray(s["segment_id"]), return_inverse=True)
-    template = np.array([names[i] for i in ids], dtype=object)[index]
-    return _Stream(np.asarray(s["accepted"], dtype=float), np.asarray(s["checked"], dtype=float),
-                   np.asarray(s["ts_us"], dtype=np.int64), np.asarray(s["cluster"]), template,
-                   int(np.max(s["k"])), "steps")
-
-
-def _window_stream(store: Store, run: str) -> _Stream | None:
+def _window_stream(store: Store, run: str) -> Stream | None:
     """Engine windows with per-position counts, as points: (accepted, checked) positions per window."""
     df = engine_summary.windows(store, run)
     if df.empty:
         return None
     df = df.sort_values("end_ts", kind="stable").reset_index(drop=True)
-    checks = [engine_summary.window_checks(w) for _, w in df.iterrows()]
+    checks = [engine_summary.window_checks(w) for w in engine_summary.check_rows(df)]
     keep = np.array([c is not None for c in checks])
     if not keep.any():
         return None
     a, n = np.array([c for c in checks if c is not None]).T
     df = df[keep]
     ts = df["end_ts"].to_numpy(dtype="datetime64[us]").astype(np.int64)
-    return _Stream(a, n, ts, np.arange(len(a)), df["template"].to_numpy(dtype=object),
+    return Stream(a, n, ts, np.arange(len(a)), df["template"].to_numpy(dtype=object),
                    int(df["k"].max()) if df["k"].notna().any() else 1, "windows")
 
 
-def _events(stream: _Stream, notes: list[Event]) -> list[Event]:
+def _events(stream: Stream, notes: list[Event]) -> list[Event]:
     """Template changes in time order: each template's first point in the data, then the annotations."""
     _, first = np.unique(stream.template, return_index=True)
     seen = [Event(_when(stream.ts_us[i]), stream.template[i], "data") for i in sorted(first)][1:]
@@ -212,12 +189,12 @@ def _when(ts_us: int) -> datetime:
     return pd.Timestamp(int(ts_us), unit="us").to_pydatetime()
 
 
-def _sums(stream: _Stream, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _sums(stream: Stream, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     _, inverse = np.unique(stream.cluster[mask], return_inverse=True)
     return (np.bincount(inverse, weights=stream.accepted[mask]), np.bincount(inverse, weights=stream.checked[mask]))
 
 
-def _changes(run: str, stream: _Stream, events: list[Event], break_even: float | None) -> list[TemplateChange]:
+def _changes(run: str, stream: Stream, events: list[Event], break_even: float | None) -> list[TemplateChange]:
     """A data template change compares the previous template's points with the new one's (so templates served
     side by side stay apart); an annotation compares the points between the previous change and it with those
     between it and the next."""
@@ -243,18 +220,26 @@ def _changes(run: str, stream: _Stream, events: list[Event], break_even: float |
     return out
 
 
-def _template_at(stream: _Stream, t: int) -> str:
+def _template_at(stream: Stream, t: int) -> str:
     earlier = stream.template[stream.ts_us < t]
     return earlier[-1] if len(earlier) else stream.template[0]
 
 
-def _chart_points(ts_us: np.ndarray, w: np.ndarray) -> pd.DataFrame:
-    stride = max(1, -(-len(w) // CHART_POINTS))
-    starts = np.arange(0, len(w), stride)
-    return pd.DataFrame({"ts": pd.to_datetime(ts_us[starts], unit="us"), "W": np.maximum.reduceat(w, starts)})
+def _chart_frame(ts_us: np.ndarray, w: np.ndarray) -> pd.DataFrame:
+    return pd.DataFrame({"ts": pd.to_datetime(ts_us, unit="us"), "W": w})
 
 
 def _break_even(store: Store, run: str, c: float | None, k: int) -> float | None:
+    """The run's break-even alpha*: its step log's (or engine windows') where the summary knows k and c, else from
+    the c given and the stream's k."""
+    found = summary.step_cost(store, run, c)
+    if found is not None:
+        step_k, step_c = found
+        if step_c is None:
+            return None  # the step log's c is unknown, and so is its engine and replay rows' (given or declared)
+        be = finite(theory.break_even_alpha(step_k, step_c)) if step_k else None
+        if be is not None:
+            return be
     rows = summary.summarize(store, by="run", c=c, run=run, per_position=False)
     for row in rows:
         if row["break_even_alpha"] is not None:
@@ -268,20 +253,54 @@ def _break_even(store: Store, run: str, c: float | None, k: int) -> float | None
 def analyse_run(store: Store, run: str, c: float | None = None,
                 arl0_steps: int = drift.DEFAULT_ARL0_STEPS) -> RunDrift:
     """Calibrate the detector on the run's first points, run it, date each drop, and judge every template change
-    and annotation. Works on step logs, engine log windows and Prometheus samples alike."""
+    and annotation. Works on step logs, engine log windows and Prometheus samples alike. A step log's detector
+    advances a kept state by the steps stored since (specmon.drift_state), saved afterwards where the database is
+    free; on one connection."""
+    kept = _Kept()
+    with store.reading():
+        result = _analyse(store, run, c, arl0_steps, kept)
+    if kept.state is not None:
+        drift_state.remember(drift_state.identity(store), run, kept.state)
+    if kept.changed or kept.calibrations:
+        drift_state.save(store, run, kept.state if kept.changed else None, kept.calibrations)
+    return result
+
+
+@dataclass
+class _Kept:
+    """What an analysis leaves to keep: the detector's state, whether it moved, and new thresholds."""
+
+    state: State | None = None
+    changed: bool = False
+    calibrations: dict[str, float] = field(default_factory=dict)
+
+
+def _analyse(store: Store, run: str, c: float | None, arl0_steps: int, kept: _Kept) -> RunDrift:
     notes = run_annotations(store, run)
-    stream = _step_stream(store, run) or _window_stream(store, run)
-    empty = pd.DataFrame(columns=["ts", "W"])
+    steps = _step_drift(store, run, c, arl0_steps, notes, kept)
+    if steps is not None:
+        return steps
+    stream = _window_stream(store, run)
     if stream is None:
-        return RunDrift(run, None, [], [], empty, note="the run has no step log and no engine windows with "
-                        "per-position counts, so per-token acceptance (what the detector watches) is unknown",
-                        annotations=notes)
+        return RunDrift(run, None, [], [], pd.DataFrame(columns=["ts", "W"]), note="the run has no step log and no "
+                        "engine windows with per-position counts, so per-token acceptance (what the detector "
+                        "watches) is unknown", annotations=notes)
+    with store.cursor() as cur:  # the reading block's connection
+        return whole_stream_drift(store, run, stream, c, arl0_steps, notes,
+                                  drift_state.stored_threshold(cur, kept.calibrations))
+
+
+def whole_stream_drift(store: Store, run: str, stream: Stream, c: float | None, arl0_steps: int,
+                       notes: list[Event], threshold: Callable[..., float] | None = None) -> RunDrift:
+    """The analysis of a stream held whole in memory: engine windows (few), and what a step log's kept state must
+    equal (tests/test_drift_state.py). threshold: as drift.design_for's."""
+    empty = pd.DataFrame(columns=["ts", "W"])
     break_even = _break_even(store, run, c, stream.k)
     events = _events(stream, notes)
     changes = _changes(run, stream, events, break_even)
     reference = drift.REFERENCE_STEPS if stream.unit == "steps" else drift.REFERENCE_WINDOWS
     design = drift.design_for(stream.accepted, stream.checked, stream.cluster, stream.k, break_even, arl0_steps,
-                              reference, unit=stream.unit)
+                              reference, unit=stream.unit, threshold=threshold)
     if design is None:
         return RunDrift(run, None, [], changes, empty, stream.unit, "the reference window has no checked positions",
                         notes)
@@ -299,7 +318,172 @@ def analyse_run(store: Store, run: str, c: float | None = None,
                                 _when(stream.ts_us[a.last_alarm_index]), a.count,
                                 bool(len(w) - a.last_alarm_index <= drift.EPISODE_GAP), a.alpha_before,
                                 a.alpha_after, design, break_even, lo, hi, near))
-    return RunDrift(run, design, found, changes, _chart_points(stream.ts_us, w), stream.unit, None, notes)
+    return RunDrift(run, design, found, changes, _chart_frame(*drift_state.chart_points(stream.ts_us, w)),
+                    stream.unit, None, notes)
+
+
+def _step_drift(store: Store, run: str, c: float | None, arl0_steps: int, notes: list[Event],
+                kept: _Kept) -> RunDrift | None:
+    """The analysis of a run's step log from its kept state, None where the run has no steps."""
+    with store.cursor() as cur:
+        names = dict(cur.execute("SELECT segment_id, template FROM run_segments WHERE run = ? ORDER BY segment_id",
+                                 [run]).fetchall())
+        ids = list(names)
+        if not ids:
+            return None
+        total, k = cur.execute(f"SELECT sum(steps), max(k) FROM rollup_requests WHERE segment_id IN "
+                               f"({', '.join('?' * len(ids))})", ids).fetchall()[0]
+        if not total:
+            return None
+        break_even = _break_even(store, run, c, int(k))
+        where = drift_state.identity(store)
+        state = _current_state(cur, where, run, ids, int(total), int(k), break_even, arl0_steps, kept)
+        empty = pd.DataFrame(columns=["ts", "W"])
+        firsts = state.firsts if state is not None else _firsts(cur, ids)
+        events = _step_events(names, firsts, notes)
+        changes = _step_verdicts(cur, run, names, firsts, events, break_even, state, kept)
+    if state is None:
+        return RunDrift(run, None, [], changes, empty, "steps", "the reference window has no checked positions",
+                        notes)
+    design = state.design
+    found = []
+    for e in state.episodes:
+        change_ts, after, hi = _when(e.ts_us["change"]), _when(e.ts_us["after"]), _when(e.ts_us["hi"])
+        near = tuple(ev for ev in events if after < ev.ts <= hi)
+        in_force = [ev for ev in events if ev.ts <= change_ts]
+        template = in_force[-1].template if in_force else names[e.segment]
+        found.append(AlarmEvent(run, template, change_ts, _when(e.ts_us["alarm"]), _when(e.ts_us["last"]), e.count,
+                                bool(state.points - e.last <= drift.EPISODE_GAP), design.p0, e.alpha_after, design,
+                                break_even, _when(e.ts_us["lo"]), hi, near))
+    chart = _chart_frame(np.array([p[0] for p in state.chart], dtype=np.int64),
+                         np.array([p[1] for p in state.chart], dtype=float))
+    return RunDrift(run, design, found, changes, chart, "steps", None, notes)
+
+
+def _step_verdicts(cur, run: str, names: dict[int, str], firsts: list[list], events: list[Event],
+                   break_even: float | None, state: State | None, kept: _Kept) -> list[TemplateChange]:
+    """The template-change verdicts: kept in the state while its points, the events and the break-even are the
+    same (the page reruns after every write, a fresh `check` reads them back), else judged again and kept."""
+    key = [[e.ts.isoformat(), e.template, e.source, e.note] for e in events] + [break_even]
+    if state is not None and state.verdicts is not None and state.verdicts["key"] == key:
+        return [_change_from_json(c) for c in state.verdicts["changes"]]
+    changes = _step_changes(cur, run, names, firsts, events, break_even)
+    if state is not None:
+        state.verdicts = {"key": key, "changes": [_change_json(c) for c in changes]}
+        kept.changed = True
+    return changes
+
+
+def _change_json(ch: TemplateChange) -> dict:
+    return {**asdict(ch), "first_ts": ch.first_ts.isoformat()}
+
+
+def _change_from_json(d: dict) -> TemplateChange:
+    c = d["comparison"]
+    comparison = drift.Comparison(stats.Interval(**c["before"]), stats.Interval(**c["after"]), c["z"], c["verdict"],
+                                  c["critical"])
+    return TemplateChange(**{**d, "first_ts": datetime.fromisoformat(d["first_ts"]), "comparison": comparison})
+
+
+def _current_state(cur, path: tuple, run: str, ids: list[int], total: int, k: int, break_even: float | None,
+                   arl0_steps: int, kept: _Kept) -> State | None:
+    """The detector's state after every stored step: a kept one of this design advanced by the steps after its
+    last point, where it still describes the stream, else built from every step. None if the reference has no
+    checked positions."""
+    for state in drift_state.load_states(cur, path, run):
+        p1 = drift.target_p1(state.design.p0, break_even)
+        if state.design_key != drift_state.design_key(p1, arl0_steps):
+            continue
+        if state.points != total:
+            # a state of fewer points than the reference would change its reference; steps that arrived before its
+            # last point make the count disagree: neither describes the stream any more
+            if state.points < drift.REFERENCE_STEPS or state.points + drift_state.count_after(
+                    cur, ids, state.last_key) != total:
+                continue
+            state = _advance_all(cur, ids, state)
+            kept.changed = True
+        if state.design.k != k:
+            state = replace(state, design=replace(state.design, k=k))
+            kept.changed = True
+        kept.state = state
+        return state
+    first = drift_state.read_points(cur, ids, limit=drift_state.CHUNK_POINTS)
+    design = drift.design_for(first.accepted, first.checked, first.cluster, k, break_even, arl0_steps,
+                              drift.REFERENCE_STEPS, unit="steps",
+                              threshold=drift_state.stored_threshold(cur, kept.calibrations))
+    if design is None:
+        return None
+    fresh = State(drift_state.design_key(design.p1, arl0_steps),
+                  drift_state.reference_hash(first.take(0, drift.REFERENCE_STEPS)), design)
+    kept.state = _advance_all(cur, ids, drift_state.advance(fresh, first, _never, _never))
+    kept.changed = True
+    return kept.state
+
+
+def _never(*_: object) -> NoReturn:
+    raise AssertionError("a state built from the first point has nothing taken in before")
+
+
+def _advance_all(cur, ids: list[int], state: State) -> State:
+    """The state advanced by every stored step after its last point, read CHUNK_POINTS at a time (memory stays
+    bounded however long the run)."""
+    while True:
+        new = drift_state.read_points(cur, ids, after=state.last_key, limit=drift_state.CHUNK_POINTS)
+        state = drift_state.advance(state, new, functools.partial(_older, cur, ids, state.last_key),
+                                    functools.partial(drift_state.segment_before, cur, ids))
+        if len(new) < drift_state.CHUNK_POINTS:
+            return state
+
+
+def _older(cur, ids: list[int], upto: tuple[int, int], since: int, key: tuple[int, int]) -> drift_state.Points:
+    """The points taken in already, from index `since` (at `key`) to the kept state's last one."""
+    return drift_state.read_points(cur, ids, start=key, upto=upto)
+
+
+def _firsts(cur, ids: list[int]) -> list[list]:
+    """Each segment's first step, in stream order (what a state keeps; for a run without a detector)."""
+    rows = cur.execute(f"SELECT segment_id, epoch_us(ts), step_id FROM (SELECT segment_id, ts, step_id, row_number() "
+                       f"OVER (PARTITION BY segment_id ORDER BY ts, step_id) AS i FROM steps WHERE segment_id IN "
+                       f"({', '.join('?' * len(ids))})) WHERE i = 1 ORDER BY 2, 3", ids).fetchall()
+    return [[seg, ts, step, drift_state.segment_before(cur, ids, ts)] for seg, ts, step in rows]
+
+
+def _step_events(names: dict[int, str], firsts: list[list], notes: list[Event]) -> list[Event]:
+    """Template changes in time order: each template's first step, then the annotations (as _events)."""
+    seen = [Event(_when(ts), names[seg], "data") for seg, ts, _, _ in firsts][1:]
+    seen = [e for e in seen if not any(n.template == e.template and n.ts <= e.ts for n in notes)]
+    return sorted(seen + notes, key=lambda e: e.ts)
+
+
+def _step_changes(cur, run: str, names: dict[int, str], firsts: list[list], events: list[Event],
+                  break_even: float | None) -> list[TemplateChange]:
+    """_changes for a step log, from the rollups' per-request sums (the cut hours of an annotation's stretch from
+    the steps) rather than the steps."""
+    out = []
+    ids = list(names)
+    by_name = {name: seg for seg, name in names.items()}
+    prior = {names[seg]: before for seg, _, _, before in firsts}
+    first_template = names[firsts[0][0]]
+    times = [int(np.datetime64(e.ts, "us").astype(np.int64)) for e in events]
+    for i, event in enumerate(events):
+        t = times[i]
+        if event.source == "data":
+            seg = prior.get(event.template)
+            previous = names[seg] if seg is not None else events[i - 1].template if i else first_template
+            if previous not in by_name:
+                continue
+            before = drift_state.request_sums(cur, [by_name[previous]])
+            after = drift_state.request_sums(cur, [by_name[event.template]])
+        else:
+            seg = None if i else drift_state.segment_before(cur, ids, t)
+            previous = events[i - 1].template if i else names[seg] if seg is not None else first_template
+            before = drift_state.request_sums(cur, ids, times[i - 1] if i else None, t)
+            after = drift_state.request_sums(cur, ids, t, times[i + 1] if i + 1 < len(events) else None)
+        if not len(before[0]) or not len(after[0]):
+            continue
+        out.append(TemplateChange(run, event.template, previous, event.ts, drift.compare(*before, *after),
+                                  break_even, event.source, event.note))
+    return out
 
 
 def analyse(store: Store, c: float | None = None, arl0_steps: int = drift.DEFAULT_ARL0_STEPS) -> list[RunDrift]:

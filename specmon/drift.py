@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,7 +40,8 @@ CHANGE_CONFIDENCE = 0.99  # template change verdicts at the two-sided 1% level
 # in the change's likely range (about a 95% set; the study in docs/drift.md measures how often it holds the truth).
 CHANGE_RANGE_DROP = 3.0
 CALIBRATION_GROUPS = 40  # x 5 streams
-# Bumped whenever calibrate gives another threshold for the same input, so persisted thresholds are recomputed.
+# Raised whenever calibrate gives another threshold for the same input, so thresholds kept in a database
+# (specmon.drift_state) are calibrated again rather than reused.
 CALIBRATION_VERSION = 2
 
 
@@ -88,10 +90,11 @@ def cusum(accepted: np.ndarray, checked: np.ndarray, design: Design) -> tuple[np
     return cusum_increments(x, design.h)
 
 
-def cusum_increments(x: np.ndarray, h: float) -> tuple[np.ndarray, list[int]]:
-    """The CUSUM with restarts over its increments x. Between alarms W_t = S_t - min(0, min_{s<=t} S_s) for the
-    cumulative sum S since the restart, computed with numpy over a look-ahead block that doubles until it holds
-    the next alarm (no Python loop per point)."""
+def cusum_increments(x: np.ndarray, h: float, w0: float = 0.0) -> tuple[np.ndarray, list[int]]:
+    """The CUSUM with restarts over its increments x, continuing from W = w0 before the first point (0: a fresh
+    start; a kept state passes the W it ended on). Between alarms W_t = S_t - min(0, min_{s<=t} S_s) for the
+    cumulative sum S since the restart (S starting at w0), computed with numpy over a look-ahead block that doubles
+    until it holds the next alarm (no Python loop per point)."""
     n = len(x)
     w = np.zeros(n)
     alarms = []
@@ -99,6 +102,8 @@ def cusum_increments(x: np.ndarray, h: float) -> tuple[np.ndarray, list[int]]:
     while start < n:
         stop = min(n, start + block)
         s = np.cumsum(x[start:stop])
+        if start == 0 and w0:
+            s += w0
         seg = s - np.minimum(np.minimum.accumulate(s), 0.0)
         hits = np.flatnonzero(seg >= h)
         if not hits.size and stop < n:
@@ -386,9 +391,11 @@ def _calibrate_cached(accepted: np.ndarray, checked: np.ndarray, clusters: np.nd
 def design_for(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, k: int,
                break_even: float | None, arl0_steps: int = DEFAULT_ARL0_STEPS,
                reference_steps: int = REFERENCE_STEPS, delta: float = DEFAULT_DELTA,
-               unit: str = "steps") -> Design | None:
+               unit: str = "steps", threshold: Callable[..., float] | None = None) -> Design | None:
     """Calibrate a detector on the first reference_steps points of a stream (clusters: the cluster of each of
-    those points, or of every point). None if the reference has no checks.
+    those points, or of every point). None if the reference has no checks. threshold(accepted, checked, clusters,
+    p0, p1, arl0_steps) gives h for the reference (default: calibrate, remembered in this process; a caller that
+    keeps thresholds elsewhere passes its own).
 
     p0 is the reference's per-token acceptance; p1 is break-even alpha* when it lies below p0 by more than 0.02,
     else p0 - delta.
@@ -401,7 +408,7 @@ def design_for(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, 
     p0 = float(np.clip(a.sum() / n.sum(), 0.01, 0.99))
     p1 = target_p1(p0, break_even, delta)
     ref_clusters = np.asarray(clusters)[ref]
-    h = _calibrate_cached(a, n, ref_clusters, p0, p1, arl0_steps)
+    h = (threshold or _calibrate_cached)(a, n, ref_clusters, p0, p1, arl0_steps)
     per_a, per_n = _cluster_sums(a, n, ref_clusters)
     iv = stats.cluster_robust_interval(per_a, per_n)
     return Design(p0, p1, float(h), arl0_steps, float(iv.design_effect), int(k), len(per_n), unit)

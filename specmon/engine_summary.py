@@ -10,7 +10,9 @@ treat each window (a log interval, a request, a scrape) as a cluster (stats.clus
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from datetime import datetime
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -58,7 +60,13 @@ def _has_positions(value: object) -> bool:
     return isinstance(value, (list, np.ndarray)) and len(value) > 0
 
 
-def window_checks(w: pd.Series) -> tuple[float, float] | None:
+def check_rows(windows: pd.DataFrame) -> list[dict[str, Any]]:
+    """What window_checks reads of each window, as dicts (a pandas Series per row costs tens of microseconds, and
+    a day of 5-second log lines is 17,280 windows)."""
+    return windows[["accepted_per_position", "drafts"]].to_dict("records")
+
+
+def window_checks(w: Mapping[str, Any]) -> tuple[float, float] | None:
     """(accepted, checked) positions of one window, where its per-position counts allow it."""
     if not _has_positions(w["accepted_per_position"]) or pd.isna(w["drafts"]):
         return None
@@ -136,7 +144,7 @@ def _segment(key: dict, part: pd.DataFrame, c: float | None, bucketed: bool,
     counted = part[part["drafts"].notna()]
     n_drafts = float(counted["drafts"].sum()) if len(counted) else None
     tokens_per_step, note = _tokens_per_step(part, n_drafts)
-    checks = [x for x in (window_checks(w) for _, w in part.iterrows()) if x is not None]
+    checks = [x for x in map(window_checks, check_rows(part)) if x is not None]
     k_values = part["k"].dropna()
     k = int(k_values.max()) if len(k_values) else None
     alpha, tokens = Estimate(), Estimate(tokens_per_step)

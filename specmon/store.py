@@ -295,6 +295,26 @@ MIGRATIONS.append(
     "ALTER TABLE rollup_requests ADD COLUMN sole BOOLEAN NOT NULL DEFAULT false;"
     + _SOLE_UPDATE.format(where="") + ";"
 )
+MIGRATIONS.append(
+    # 10: the drift detector's state per run and design, and calibrated thresholds, so an analysis reads only the
+    # steps stored since the previous one and a fresh process does not calibrate again (specmon.drift_state).
+    """
+    CREATE TABLE drift_states (
+        run         VARCHAR NOT NULL,
+        design_key  VARCHAR NOT NULL,          -- false-alarm rate, p1, calibration and state versions
+        reference   VARCHAR NOT NULL,          -- sha256 of the reference's points
+        points      BIGINT NOT NULL,           -- stream points the state has taken in
+        state       VARCHAR NOT NULL,          -- JSON text (Python's: an infinite float as Infinity)
+        updated_at  TIMESTAMP NOT NULL,
+        PRIMARY KEY (run, design_key)
+    );
+    CREATE TABLE drift_calibrations (
+        calibration_key VARCHAR PRIMARY KEY,   -- sha256 of the reference's points, p0, p1, arl0, CALIBRATION_VERSION
+        h               DOUBLE NOT NULL,
+        created_at      TIMESTAMP NOT NULL
+    );
+    """
+)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 # What a load stages, in its own DuckDB file (one per load, removed when the load ends).
@@ -397,9 +417,10 @@ class _ReadersWriterLock:
                 self._cond.notify_all()
 
     @contextmanager
-    def write(self) -> Iterator[None]:
+    def write(self, timeout: float | None = None) -> Iterator[None]:
         with self._cond:
-            self._cond.wait_for(lambda: not self._writer and not self._readers)
+            if not self._cond.wait_for(lambda: not self._writer and not self._readers, timeout):
+                raise SpecmonError("the database is busy in this process")
             self._writer = True
         try:
             yield
@@ -448,12 +469,13 @@ class Store:
         self._sweep_staging()
 
     # -- connections ---------------------------------------------------------------------------------------
-    def _open(self, read_only: bool) -> duckdb.DuckDBPyConnection:
-        """Connect, waiting while another process holds a conflicting lock."""
+    def _open(self, read_only: bool, timeout: float | None = None) -> duckdb.DuckDBPyConnection:
+        """Connect, waiting while another process holds a conflicting lock (timeout: this long and silently, for
+        a write that may be skipped; default lock_timeout, saying so)."""
         if self._memory is not None:
             return self._memory.cursor()
         read_only = read_only and os.path.exists(self.path)
-        deadline = time.monotonic() + self.lock_timeout
+        deadline = time.monotonic() + (self.lock_timeout if timeout is None else timeout)
         delay, told = 0.01, False
         while True:
             try:
@@ -466,7 +488,7 @@ class Store:
                         f"{self.path}: still locked by another process after {self.lock_timeout:g} s "
                         f"({str(exc).splitlines()[0]}); raise {LOCK_TIMEOUT_ENV} or --lock-timeout to wait longer"
                     ) from None
-                if not told:
+                if not told and timeout is None:
                     self.on_wait(f"waiting for the database {self.path} (another process is writing it; "
                                  f"up to {self.lock_timeout:g} s)")
                     told = True
@@ -476,9 +498,9 @@ class Store:
                 raise SpecmonError(f"{self.path}: cannot open the database ({str(exc).splitlines()[0]})") from None
 
     @contextmanager
-    def _connection(self, read_only: bool) -> Iterator[duckdb.DuckDBPyConnection]:
-        with (self._lock.read() if read_only else self._lock.write()):
-            conn = self._open(read_only)
+    def _connection(self, read_only: bool, timeout: float | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
+        with (self._lock.read() if read_only else self._lock.write(timeout)):
+            conn = self._open(read_only, timeout)
             try:
                 yield conn
             finally:
@@ -498,7 +520,7 @@ class Store:
         return tuple(stamp)
 
     @contextmanager
-    def _shared(self, read_only: bool) -> Iterator[None]:
+    def _shared(self, read_only: bool, timeout: float | None = None) -> Iterator[None]:
         """Operations inside the block, on this thread, share one connection (opening one costs tens of
         milliseconds, and a page, an analysis or a watcher's poll makes a dozen). A read-write block may read; a
         read-only block may not write."""
@@ -508,7 +530,7 @@ class Store:
                 raise RuntimeError("a write inside Store.reading(): end the reading block first")
             yield
             return
-        with self._connection(read_only=read_only) as conn:
+        with self._connection(read_only, timeout) as conn:
             self._local.conn, self._local.read_only = conn, read_only
             try:
                 yield
@@ -545,10 +567,13 @@ class Store:
             return cur.execute(sql, params or []).fetchall()
 
     @contextmanager
-    def transaction(self, attach: dict[str, str] | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
+    def transaction(self, attach: dict[str, str] | None = None,
+                    timeout: float | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
         """A write transaction: everything inside commits together or not at all. `attach` maps an alias to a
-        DuckDB file opened read-only beside the database for the transaction (a load's staging file)."""
-        with self.writing():
+        DuckDB file opened read-only beside the database for the transaction (a load's staging file). timeout:
+        give up (SpecmonError) after this many seconds without saying so, for a write that may be skipped (a cache);
+        default: wait lock_timeout, saying so."""
+        with self._shared(read_only=False, timeout=timeout):
             cur = self._local.conn
             for alias, path in (attach or {}).items():
                 cur.execute(f"ATTACH ? AS {alias} (READ_ONLY)", [path])

@@ -219,6 +219,28 @@ def _segments(store: Store, by: str, c: float | None, run: str | None, bucket: s
     return rows
 
 
+_RUN_COST_SQL = """
+SELECT max(rq.k) AS k, sum(rq.timed) AS timed, any_value(ss.meta)::VARCHAR AS meta
+FROM rollup_requests rq JOIN shown_segments ss USING (segment_id) WHERE ss.run = ?
+"""
+
+
+def step_cost(store: Store, run: str, c: float | None = None) -> tuple[int, float | None] | None:
+    """k and the draft cost c of a run's step log as summarize(by="run") has them (same rules, _cost), without the
+    intervals it computes (the drift analysis needs only its break-even); None where no such row is shown."""
+    with store.cursor() as cur:
+        row = _clean(cur.execute(_RUN_COST_SQL, [run]).df().to_dict("records")[0])
+        if row["k"] is None:
+            return None
+        row["draft_step_ms"] = row["target_ms"] = None
+        if row["timed"]:
+            fmt = dict(template="NULL::VARCHAR", bucket=_NO_BUCKET)
+            for rec in map(_clean, cur.execute(_TIMINGS_SQL.format(**fmt), [run, run, None, None]).df()
+                           .to_dict("records")):
+                row["draft_step_ms"], row["target_ms"] = rec["draft_step_ms"], rec["target_ms"]
+    return int(row["k"]), _cost(row, c, declared_costs(store).get(run))[0]
+
+
 def declared_costs(store: Store) -> dict[str, float]:
     """The draft cost c each run was declared to have where it is watched (`specmon watch --c`, `c` in the watch
     configuration): used where c is neither given nor measured from the run's own timings."""

@@ -497,9 +497,8 @@ def notices_for(store: Store, run: str, dashboard_url: str = "") -> tuple[dict[s
 
     Returns (facts, candidates): facts maps a subject ("alarm:<change time>", "status:<template>") to its state,
     candidates are (subject, state, Notice) for the watcher to send where the state is new."""
-    with store.reading():
-        segments = summary.summarize(store, by="template", run=run, per_position=False)
-        drift_result = alarms.analyse_run(store, run)
+    segments = summary.summarize(store, by="template", run=run, per_position=False)
+    drift_result = alarms.analyse_run(store, run)  # on a connection of its own, then saves its state
     now = utc_now().isoformat() + "Z"
     facts: dict[str, str] = {}
     out: list[tuple[str, str, Notice]] = []
@@ -637,10 +636,9 @@ class Watcher:
     def _announce(self, run: str) -> None:
         """Send what changed since the last announcement for this run (remembered in the database, so a
         restarted watcher does not repeat itself)."""
-        try:  # the analysis only reads: the dashboard reads beside it
-            with self.store.reading():
-                facts, candidates = notices_for(self.store, run, self.config.dashboard_url)
-                known = dict(self.store.query("SELECT subject, state FROM watch_notices WHERE run = ?", [run]))
+        try:  # the analysis reads (the dashboard reads beside it), then saves the detector's state in a short write
+            facts, candidates = notices_for(self.store, run, self.config.dashboard_url)
+            known = dict(self.store.query("SELECT subject, state FROM watch_notices WHERE run = ?", [run]))
         except SpecmonError as exc:
             self.log(f"run {run!r}: could not evaluate alarms ({exc})")
             return

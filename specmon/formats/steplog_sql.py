@@ -180,12 +180,14 @@ def stage(conn: duckdb.DuckDBPyConnection, path: str, *, sum_tol: float, default
     """Stage the whole file into staging_steps and staging_positions, or nothing: None where the fast path cannot
     vouch for every line (the caller then runs the Python path). Returns (steps, positions, steps without ts)."""
     conn.execute(_MACROS)
-    conn.create_function("sm_iso", _iso, ["VARCHAR"], "TIMESTAMP", type="arrow", side_effects=False)
+    # DuckDB takes the UDF type by name; its stubs list only an enum that the package does not export
+    conn.create_function("sm_iso", _iso, ["VARCHAR"], "TIMESTAMP", type="arrow",  # type: ignore[call-overload]
+                         side_effects=False)
     conn.execute("BEGIN TRANSACTION")
     try:
         conn.execute(f"CREATE TABLE fast_steps AS {_steps_sql(textio.is_gzip(path))}",
                      {"path": path, "known": list(_FIELDS), "mass_limit": 1.0 + sum_tol - 1e-9})
-        (bad,) = conn.execute("SELECT count(*) FILTER (NOT ok) FROM fast_steps").fetchone()
+        (bad,) = conn.execute("SELECT count(*) FILTER (NOT ok) FROM fast_steps").fetchone() or (0,)
         if bad:
             conn.execute("ROLLBACK")
             return None

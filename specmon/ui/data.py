@@ -95,8 +95,8 @@ def lossless_checks(run: str, template: str):
 
 @st.cache_data(max_entries=16)
 def _drift(path: str, generation: tuple, run: str) -> alarms.RunDrift:
-    with _store(path).reading():
-        return alarms.analyse_run(_store(path), run)
+    # not inside a reading block: the analysis reads on one connection of its own, then saves its state
+    return alarms.analyse_run(_store(path), run)
 
 
 def drift(run: str) -> alarms.RunDrift:
