@@ -69,18 +69,20 @@ def write_piece(path: str, first_step: int, steps: int, total_steps: int, seed: 
 
 
 def run_measured(cmd: list[str]) -> tuple[float, float, str]:
-    """(wall seconds, peak RSS in MB, stdout) of a child process (its own rusage, read when it is reaped)."""
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+    """(wall seconds, peak RSS in MB, stdout) of a child process. The peak is measured by /usr/bin/time, a small
+    process between this one and the child: a child this (large) process started itself would report this
+    process's peak as well, which Linux carries over through vfork and exec."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err, \
+            tempfile.NamedTemporaryFile("r") as peak:
         t = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
-        _, status, usage = os.wait4(proc.pid, 0)
+        proc = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", peak.name, *cmd], stdout=out, stderr=err,
+                              text=True)
         wall = time.perf_counter() - t
-        proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
         if proc.returncode not in (0, 1):  # check exits 1 on a problem found: an answer, not a failure
             raise RuntimeError(f"{cmd}: exit {proc.returncode}: {err.read()[-2000:]}")
-        return wall, usage.ru_maxrss / 1024, out.read()
+        return wall, int(peak.read().split()[-1]) / 1024, out.read()
 
 
 def specmon(*args: str) -> list[str]:
