@@ -8,9 +8,8 @@ Each database is built by the project's own tools: flat-form Parquet files of at
 stored by `specmon ingest` in a process of its own, as a team would store a day's logs one file at a time. Then:
 the ingest rate and peak RSS per file, `specmon summary --json` cold (a fresh process, timed from outside) and
 warm (best of five in one process), `specmon check` (the first builds the drift state), each page's queries cold
-and warm (bench/pages.py), the
-database's size on disk, and the time from `specmon serve` to a rendered Overview in Chromium. Databases are
-removed at the end unless --keep.
+and warm (bench/pages.py), the database's size on disk, and the time from `specmon serve` to a rendered Overview
+in Chromium. Databases are removed at the end unless --keep.
 """
 from __future__ import annotations
 
