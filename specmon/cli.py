@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from specmon import __version__, display, drift, formats, resources, sampler, theory, times
+from specmon import __version__, display, formats, resources, sampler, theory, times
 from specmon.faults import SpecmonError
-from specmon.segments import is_problem
 from specmon.settings import (
+    DEFAULT_ARL0_STEPS,
     GROUPINGS,
     KS_LEVEL,
     LIVE_DEFAULTS,
@@ -194,6 +194,7 @@ def parse_since(text: str | None, flag: str = "--since") -> datetime | None:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from specmon import alarms, summary
+    from specmon.segments import is_problem
 
     since = parse_since(args.since)
     with _open_store(args) as store:
@@ -643,9 +644,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "--false-alarm-steps; template changes and annotations are judged before/after.")
     p.add_argument("--c", type=_cost, help="draft cost / target cost, overriding the measured one")
     p.add_argument("--since", help="only steps, alarms and template changes since then: 6h, 2d, 30m, 1w or ISO time")
-    p.add_argument("--false-alarm-steps", type=_positive_int, default=drift.DEFAULT_ARL0_STEPS,
+    p.add_argument("--false-alarm-steps", type=_positive_int, default=DEFAULT_ARL0_STEPS,
                    help="expected steps (engine windows) between false alarms when nothing changed "
-                   f"(default {drift.DEFAULT_ARL0_STEPS})")
+                   f"(default {DEFAULT_ARL0_STEPS})")
     p.add_argument("--json", action="store_true", help="problems, statuses, alarms and template changes as JSON")
     p.set_defaults(func=cmd_check)
 

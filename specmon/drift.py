@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from specmon import stats
+from specmon.settings import DEFAULT_ARL0_STEPS
 
-DEFAULT_ARL0_STEPS = 20_000  # expected points between false alarms when nothing changed
 DEFAULT_DELTA = 0.10  # the drop to watch for when break-even is unknown or already above the reference
 # The first points of a stream set p0 and are resampled for the threshold. The false-alarm rate depends steeply on
 # how well they picture the in-control process, so more is better, at the price of watching later; docs/drift.md

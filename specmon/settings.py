@@ -2,7 +2,8 @@
 them from here.
 
 Pure constants and one settings dataclass: no I/O, nothing imported from the rest of specmon. drift.py keeps its
-detector's own tuning (false-alarm rate, reference sizes, change-verdict level) beside the detector.
+detector's own tuning (reference sizes, change-verdict level) beside the detector; the false-alarm rate a user
+may change is here.
 """
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ CONFIDENCE = 0.95
 GAP_Z_LIMIT = 3.0
 # The level of the losslessness KS tests (`specmon verify`, the Losslessness page): p below it fails.
 KS_LEVEL = 0.01
+# The drift detector's stated rate: expected points (steps or engine windows) between false alarms when nothing
+# changed (`--false-alarm-steps`, the watch configuration).
+DEFAULT_ARL0_STEPS = 20_000
 # How summaries segment the data: by run, by run and template, or by run, template and UTC day.
 GROUPINGS = ("run", "template", "day")
 # Time buckets for timelines: name -> interval (a fixed list, so no user text reaches the SQL).
