@@ -12,6 +12,7 @@ from specmon import steplog
 from specmon.faults import RowFault
 from specmon.ingest import ingest_file
 from specmon.store import Store
+from stored_rows import same, stored
 
 VOCAB = 12
 
@@ -118,22 +119,6 @@ def _one_by_one(objs, sum_tol=steplog.DEFAULT_SUM_TOLERANCE):
     return out
 
 
-def _stored(db: str) -> tuple[list, list]:
-    with Store(db) as s:
-        steps = s.query("SELECT * EXCLUDE (ingest_id, ts), CASE WHEN ts_inferred THEN NULL ELSE ts END FROM steps "
-                        "ORDER BY step_id")
-        positions = s.query("SELECT * FROM positions ORDER BY step_id, position")
-    return steps, positions
-
-
-def _same(a, b) -> bool:
-    if isinstance(a, float) and isinstance(b, float):
-        return math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12)
-    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    return a == b
-
-
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("bad", [False, True])
 def test_batch_and_line_by_line_parsing_store_the_same(tmp_path, monkeypatch, seed, bad):
@@ -148,7 +133,7 @@ def test_batch_and_line_by_line_parsing_store_the_same(tmp_path, monkeypatch, se
         assert r.status == "stored"
         report = (tmp_path / f"{how}.rejected.jsonl").read_bytes() if r.rejected else b""
         results[how] = (r.rows_read, r.steps, r.positions, r.rejected, [f.as_dict() for f in r.faults], report,
-                        _stored(db))
+                        stored(db))
     batch, single = results["batch"], results["one_by_one"]
     assert batch[:6] == single[:6]
     assert batch[1] > 500 and batch[2] > 1000
@@ -157,7 +142,7 @@ def test_batch_and_line_by_line_parsing_store_the_same(tmp_path, monkeypatch, se
     for table, rows_b, rows_s in zip(("steps", "positions"), batch[6], single[6]):
         assert len(rows_b) == len(rows_s), table
         for rb, rs in zip(rows_b, rows_s):
-            assert _same(rb, rs), (table, rb, rs)
+            assert same(rb, rs), (table, rb, rs)
     positions = batch[6][1]
     assert any(p[6] is not None and p[6] != p[7] for p in positions)  # top-k bounds (lo < hi) were computed
     assert any(p[8] is None for p in positions) and any(p[8] is not None for p in positions)

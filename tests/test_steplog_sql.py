@@ -13,6 +13,7 @@ import pytest
 from specmon.formats import steplog_sql
 from specmon.ingest import ingest_file
 from specmon.store import Store
+from stored_rows import same, stored
 
 VOCAB = 40
 
@@ -70,22 +71,6 @@ def _write(path, lines: list[bytes], *, crlf: bool = False, bom: bool = False, g
     return str(path)
 
 
-def _stored(db: str) -> tuple[list, list]:
-    with Store(db) as s:
-        steps = s.query("SELECT * EXCLUDE (ingest_id, ts), CASE WHEN ts_inferred THEN NULL ELSE ts END FROM steps "
-                        "ORDER BY step_id")
-        positions = s.query("SELECT * FROM positions ORDER BY step_id, position")
-    return steps, positions
-
-
-def _same(a, b) -> bool:
-    if isinstance(a, float) and isinstance(b, float):
-        return math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12)
-    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    return a == b
-
-
 def _ingest_both(tmp_path, monkeypatch, path: str, **options) -> tuple[dict, list]:
     """The file ingested by the fast path where it vouches for it and by the Python path alone; for each, the
     result, the --skip-bad report and the stored rows. Also returns what the fast path's stage() returned."""
@@ -106,7 +91,7 @@ def _ingest_both(tmp_path, monkeypatch, path: str, **options) -> tuple[dict, lis
         notes = [re.sub(r"ingest time [0-9-]+ [0-9:]+", "ingest time", n) for n in r.notes]
         results[how] = (r.status, r.rows_read, r.steps, r.positions, r.rejected, notes,
                         [f.as_dict() for f in r.faults], report.read_bytes() if report.exists() else b"",
-                        _stored(db))
+                        stored(db))
     return results, staged
 
 
@@ -116,7 +101,7 @@ def _assert_same(results: dict) -> None:
     for table, rows_f, rows_p in zip(("steps", "positions"), fast[8], python[8], strict=True):
         assert len(rows_f) == len(rows_p), table
         for rf, rp in zip(rows_f, rows_p, strict=True):
-            assert _same(rf, rp), (table, rf, rp)
+            assert same(rf, rp), (table, rf, rp)
 
 
 @pytest.mark.parametrize("seed", range(4))
