@@ -346,6 +346,8 @@ def insert(
 ) -> tuple[int, int, int]:
     """Insert the checked rows of `source` (flat_cast or flat_typed; its steps in flat_step_agg) as steps, with ids
     from first_step_id in the order of their first lines, and positions. Returns (steps, positions, inferred_ts)."""
+    steps, inferred, positions = cur.execute(
+        "SELECT count(*), count(*) FILTER (WHERE ts IS NULL), sum(g) FROM flat_step_agg").fetchall()[0]
     templates = [r[0] for r in cur.execute(
         "SELECT DISTINCT coalesce(template, ?) FROM flat_step_agg", [default_template]
     ).fetchall()]
@@ -365,6 +367,7 @@ def insert(
         "JOIN flat_segments sg ON sg.template = coalesce(s.template, ?)",
         [ingest_id, ingest_time, default_template],
     )
+    cur.execute("DROP TABLE flat_step_ids; DROP TABLE flat_step_agg")  # their memory goes to the positions' join
     # Positions take their step's id, segment and accepted count from the steps just written. They are found by
     # their step's id, never by where they lie: DuckDB may write them in any order, which a large insert needs less
     # memory for. checked = position <= accepted + 1 (positions shifted to 1..g); an exact beta column wins over its
@@ -380,8 +383,6 @@ def insert(
         )
     finally:
         cur.execute("RESET preserve_insertion_order")
-    steps, inferred, positions = cur.execute(
-        "SELECT count(*), count(*) FILTER (WHERE ts IS NULL), sum(g) FROM flat_step_agg").fetchall()[0]
     return int(steps), int(positions or 0), int(inferred)
 
 
