@@ -218,16 +218,25 @@ def _fixed(value: str) -> str:
     return f"CASE WHEN {value} BETWEEN 0 AND 1 THEN ({value} * {FIXED})::HUGEINT END"
 
 
+def _first_bits(n: str, base: int) -> str:
+    """SQL: the UBIGINT with bits base..base+n-1 set (NULL when they would pass bit 63)."""
+    return (f"CASE WHEN {n} = 0 THEN 0::UBIGINT WHEN {n} <= {64 - base} "
+            f"THEN (18446744073709551615::UBIGINT >> (64 - {n})::INTEGER) << {base} END")
+
+
 def _aggregate_steps(cur: duckdb.DuckDBPyConnection, source: str, cols: list[str], base: int,
-                     rules: list[tuple[str, str, str]]) -> int:
-    """Temp table flat_step_agg: one row per (request_id, step) of `source`, with its first line (its id is given at
-    insert, in the order of first lines), what a step stores and what screens it. `broken`: a row breaks a rule;
-    `suspect`: the step may break a per-step rule (a position outside base..63, positions that are not base..g once
-    each by a bitmask, the accepted positions not base..base+a-1, an accepted value missing); `two_templates`. Only
-    such steps are looked at row by row (check), so a clean file pays for one aggregate. For beta's sums over the
-    checked positions (the accepted prefix and the first rejected position): beta_lo_sum and beta_hi_sum, NULL where
-    one is missing. Returns the number of steps that are broken, suspect or name two templates."""
+                     rules: list[tuple[str, str, str]], first_step_id: int) -> int:
+    """Temp table flat_step_agg: one row per (request_id, step) of `source`, its step_id given in the order of
+    first lines, with what a step stores and what screens it. `broken`: a row breaks a rule; `suspect`: the step may
+    break a per-step rule (positions that are not base..g once each, the accepted positions not base..base+a-1,
+    both by bitmasks; an accepted value missing); `two_templates`. Only such steps are looked at row by row (check),
+    so a clean file pays for one aggregate. beta_lo_sum and beta_hi_sum: beta's bounds summed over the checked
+    positions (the accepted prefix and the first rejected position), NULL where one is missing. Returns the number
+    of steps that are broken, suspect or name two templates."""
     broken = " OR ".join(f"({where})" for _, where, _ in rules) or "false"
+    # A bit per position in base..63: the step's positions are base..g once each exactly when their bits are the
+    # first n from base (n positions given), and its accepted ones a prefix when theirs are the first a.
+    bit = f"CASE WHEN position BETWEEN {base} AND 63 THEN 1::UBIGINT << position::UBIGINT END"
     # Per bound: the fixed-point sum and count over the accepted positions and the bound at the first rejected
     # one (aggregates); the sum over the checked positions from them, or the other bound's, or NULL (outer).
     sums, outer = [], []
@@ -246,27 +255,30 @@ def _aggregate_steps(cur: duckdb.DuckDBPyConnection, source: str, cols: list[str
                          f"WHEN {b}_accepted_n = accepted AND {b}_next IS NOT NULL "
                          f"THEN (coalesce({b}_accepted, 0) + {b}_next)::DOUBLE / {FIXED} END AS beta_{b}_sum")
     cur.execute(
-        "CREATE OR REPLACE TEMP TABLE flat_step_agg AS SELECT request_id, step, first_line, g, accepted, ts, template, "
+        # Numbered by a window over the sorted rows as they come: a window that sorts by first_line itself carries
+        # every column through its sort, several times slower.
+        "CREATE OR REPLACE TEMP TABLE flat_step_agg AS SELECT ? + row_number() OVER () - 1 AS step_id, * FROM ("
+        "SELECT request_id, step, first_line, g, accepted, ts, template, "
         f"two_templates, suspect, broken, {', '.join(outer)} FROM ("
         "SELECT request_id, step, min(line) AS first_line, count(*)::INTEGER AS g, "
         "(count(*) FILTER (WHERE accepted))::INTEGER AS accepted, "
         f"min(ts) AS ts, min(template) AS template, {''.join(sums)}"
         "min(template) IS DISTINCT FROM max(template) AS two_templates, "
         "request_id IS NOT NULL AND step IS NOT NULL AND count(position) > 0 AND NOT coalesce("
-        f"  min(position) >= {base} AND max(position) <= 63 AND count(accepted) = count(position) "
-        f"  AND max(position) - {base} + 1 = count(position) "
-        "  AND bit_count(bit_or(CASE WHEN position BETWEEN 0 AND 63 THEN 1::UBIGINT << position::UBIGINT END)) "
-        "      = count(position) "
-        f"  AND coalesce(max(position) FILTER (WHERE accepted), {base - 1}) "
-        f"      = {base - 1} + count(*) FILTER (WHERE accepted), "
+        "  count(accepted) = count(position) "
+        f"  AND bit_or({bit}) = {_first_bits('count(position)', base)} "
+        f"  AND coalesce(bit_or({bit}) FILTER (WHERE accepted), 0) "
+        f"      = {_first_bits('count(*) FILTER (WHERE accepted)', base)}, "
         f"false) AS suspect, coalesce(bool_or({broken}), false) AS broken "
-        f"FROM {source} GROUP BY request_id, step)"
+        f"FROM {source} GROUP BY request_id, step) ORDER BY first_line)",
+        [first_step_id],
     )
     return int(cur.execute(
         "SELECT count(*) FILTER (WHERE broken OR suspect OR two_templates) FROM flat_step_agg").fetchall()[0][0])
 
 
-def screen(cur: duckdb.DuckDBPyConnection, flat: FlatFile) -> tuple[int, list[tuple[str, str, str]], bool]:
+def screen(cur: duckdb.DuckDBPyConnection, flat: FlatFile,
+           first_step_id: int) -> tuple[int, list[tuple[str, str, str]], bool]:
     """Cast the file (view flat_cast) and aggregate its steps (flat_step_agg). Returns (base, the row rules,
     whether any step may hold a fault). base: 0 for a file numbered from 0 (as vLLM numbers positions), stored
     shifted to 1..g; else 1."""
@@ -274,7 +286,7 @@ def screen(cur: duckdb.DuckDBPyConnection, flat: FlatFile) -> tuple[int, list[tu
     min_pos = cur.execute("SELECT min(position) FROM flat_cast").fetchall()[0][0]
     base = 0 if min_pos == 0 else 1
     rules = _row_rules(flat, base)
-    return base, rules, _aggregate_steps(cur, "flat_cast", flat.columns, base, rules) > 0
+    return base, rules, _aggregate_steps(cur, "flat_cast", flat.columns, base, rules, first_step_id) > 0
 
 
 def check(cur: duckdb.DuckDBPyConnection, flat: FlatFile, base: int, rules: list[tuple[str, str, str]],
@@ -313,7 +325,8 @@ def check(cur: duckdb.DuckDBPyConnection, flat: FlatFile, base: int, rules: list
     return [Fault(name, int(line), field, reason) for line, field, reason in rows]
 
 
-def reject_bad_steps(cur: duckdb.DuckDBPyConnection, flat: FlatFile, base: int) -> list[tuple[int, str, str, str]]:
+def reject_bad_steps(cur: duckdb.DuckDBPyConnection, flat: FlatFile, base: int,
+                     first_step_id: int) -> list[tuple[int, str, str, str]]:
     """Keep the rows of the steps without a faulty row in temp table flat_typed (and its steps in flat_step_agg);
     return (line, field, reason, row as JSON) of every row dropped."""
     cur.execute(
@@ -329,7 +342,7 @@ def reject_bad_steps(cur: duckdb.DuckDBPyConnection, flat: FlatFile, base: int) 
     ).fetchall()
     cur.execute("CREATE OR REPLACE TEMP TABLE flat_typed AS SELECT * FROM flat_cast "
                 "WHERE line NOT IN (SELECT line FROM flat_bad)")
-    _aggregate_steps(cur, "flat_typed", flat.columns, base, [])
+    _aggregate_steps(cur, "flat_typed", flat.columns, base, [], first_step_id)
     return dropped
 
 
@@ -338,14 +351,13 @@ def insert(
     *,
     source: str,
     base: int,
-    first_step_id: int,
     ingest_id: int,
     default_template: str,
     ingest_time: str,
     segment_for: Callable[[str], int],
 ) -> tuple[int, int, int]:
-    """Insert the checked rows of `source` (flat_cast or flat_typed; its steps in flat_step_agg) as steps, with ids
-    from first_step_id in the order of their first lines, and positions. Returns (steps, positions, inferred_ts)."""
+    """Insert the checked rows of `source` (flat_cast or flat_typed; its steps, with their ids, in flat_step_agg) as
+    steps and positions. Returns (steps, positions, inferred_ts)."""
     steps, inferred, positions = cur.execute(
         "SELECT count(*), count(*) FILTER (WHERE ts IS NULL), sum(g) FROM flat_step_agg").fetchall()[0]
     templates = [r[0] for r in cur.execute(
@@ -354,32 +366,25 @@ def insert(
     cur.execute("CREATE OR REPLACE TEMP TABLE flat_segments (template VARCHAR, segment_id INTEGER)")
     for t in templates:
         cur.execute("INSERT INTO flat_segments VALUES (?, ?)", [t, segment_for(t)])
-    # The ids are numbered over the first lines alone (a sort of narrow rows) and joined back on them: a window
-    # over the aggregate's wide rows sorts all their columns.
-    cur.execute("CREATE OR REPLACE TEMP TABLE flat_step_ids AS SELECT first_line, "
-                "? + row_number() OVER (ORDER BY first_line) - 1 AS step_id FROM flat_step_agg", [first_step_id])
     cur.execute(
         "INSERT INTO steps (step_id, ingest_id, segment_id, request_id, step_index, ts, ts_inferred, g, accepted, "
         "checked, beta_lo_sum, beta_hi_sum) "
-        "SELECT i.step_id, ?, sg.segment_id, s.request_id, s.step, coalesce(s.ts, ?::TIMESTAMP), s.ts IS NULL, "
+        "SELECT s.step_id, ?, sg.segment_id, s.request_id, s.step, coalesce(s.ts, ?::TIMESTAMP), s.ts IS NULL, "
         "s.g, s.accepted, least(s.accepted + 1, s.g), s.beta_lo_sum, s.beta_hi_sum "
-        "FROM flat_step_agg s JOIN flat_step_ids i USING (first_line) "
-        "JOIN flat_segments sg ON sg.template = coalesce(s.template, ?)",
+        "FROM flat_step_agg s JOIN flat_segments sg ON sg.template = coalesce(s.template, ?)",
         [ingest_id, ingest_time, default_template],
     )
-    cur.execute("DROP TABLE flat_step_ids; DROP TABLE flat_step_agg")  # their memory goes to the positions' join
-    # Positions take their step's id, segment and accepted count from the steps just written. They are found by
-    # their step's id, never by where they lie: DuckDB may write them in any order, which a large insert needs less
-    # memory for. checked = position <= accepted + 1 (positions shifted to 1..g); an exact beta column wins over its
-    # bounds.
+    # Positions are found by their step's id, never by where they lie: DuckDB may write them in any order, which a
+    # large insert needs less memory for. checked = position <= accepted + 1 (positions shifted to 1..g); an exact
+    # beta column wins over its bounds.
     position = f"(t.position - {base} + 1)"
     cur.execute("SET preserve_insertion_order = false")
     try:
         cur.execute(
-            f"INSERT INTO positions SELECT s.step_id, s.segment_id, {position}, t.draft_token, "
+            f"INSERT INTO positions SELECT s.step_id, sg.segment_id, {position}, t.draft_token, "
             f"{position} <= s.accepted + 1, t.accepted, coalesce(t.beta, t.beta_lo), coalesce(t.beta, t.beta_hi), "
-            f"t.p_token, t.q_token FROM {source} t JOIN steps s "
-            "ON s.ingest_id = ? AND s.request_id = t.request_id AND s.step_index = t.step", [ingest_id]
+            f"t.p_token, t.q_token FROM {source} t JOIN flat_step_agg s USING (request_id, step) "
+            "JOIN flat_segments sg ON sg.template = coalesce(s.template, ?)", [default_template]
         )
     finally:
         cur.execute("RESET preserve_insertion_order")
@@ -412,19 +417,19 @@ class Reader:
             job.notes.append(f"columns not in the flat form were ignored: {', '.join(flat.ignored_columns)}")
         for fault in faults:  # unreadable lines never reached a table
             job.fault(fault)
-        base, rules, suspect = screen(cur, flat)
+        first_step_id = next_step_id(cur)
+        base, rules, suspect = screen(cur, flat, first_step_id)
         row_faults = check(cur, flat, base, rules, job.name) if suspect else []
         for fault in row_faults:
             job.count(fault)  # reported below with its row, by reject_bad_steps
         job.check()
         source = "flat_cast"
         if row_faults:
-            for line, field_name, reason, row in reject_bad_steps(cur, flat, base):
+            for line, field_name, reason, row in reject_bad_steps(cur, flat, base, first_step_id):
                 job.report.add(Fault(job.name, line, field_name, reason), row)
             source = "flat_typed"
         job.steps, job.positions, job.no_time = insert(
-            cur, source=source, base=base, first_step_id=next_step_id(cur), ingest_id=ingest_id,
-            default_template=job.default_template,
+            cur, source=source, base=base, ingest_id=ingest_id, default_template=job.default_template,
             ingest_time=job.ingest_time.isoformat(), segment_for=lambda t: get_or_create_segment(cur, run_id, t))
         if job.progress:
             job.progress(1, 1)
