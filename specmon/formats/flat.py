@@ -218,6 +218,18 @@ def _fixed(value: str) -> str:
     return f"CASE WHEN {value} BETWEEN 0 AND 1 THEN ({value} * {FIXED})::HUGEINT END"
 
 
+# The bound at a step's first rejected position, as the least of position * 2^96 + the bound in fixed point (2^95
+# where it is missing) over its rejected positions: one min of a HUGEINT, several times cheaper than arg_min_null.
+# Positions outside 0..63 are left out (the step is suspect).
+_LOW96 = "79228162514264337593543950335"  # 2^96 - 1
+_MISSING = "39614081257132168796771975168"  # 2^95, above any bound in fixed point (2^90 at most)
+
+
+def _first_rejected(value: str) -> str:
+    return (f"min(CASE WHEN position BETWEEN 0 AND 63 THEN (position::HUGEINT << 96) + coalesce({_fixed(value)}, "
+            f"{_MISSING}::HUGEINT) END) FILTER (WHERE NOT accepted)")
+
+
 def _first_bits(n: str, base: int) -> str:
     """SQL: the UBIGINT with bits base..base+n-1 set (NULL when they would pass bit 63)."""
     return (f"CASE WHEN {n} = 0 THEN 0::UBIGINT WHEN {n} <= {64 - base} "
@@ -249,11 +261,12 @@ def _aggregate_steps(cur: duckdb.DuckDBPyConnection, source: str, cols: list[str
         else:
             sums.append(f"sum({_fixed(value)}) FILTER (WHERE accepted) AS {b}_accepted, "
                         f"count({value}) FILTER (WHERE accepted) AS {b}_accepted_n, "
-                        f"arg_min_null({_fixed(value)}, position) FILTER (WHERE NOT accepted) AS {b}_next, ")
+                        f"{_first_rejected(value)} AS {b}_next, ")
             outer.append(f"CASE WHEN accepted = g THEN CASE WHEN {b}_accepted_n = g "
                          f"THEN {b}_accepted::DOUBLE / {FIXED} END "
-                         f"WHEN {b}_accepted_n = accepted AND {b}_next IS NOT NULL "
-                         f"THEN (coalesce({b}_accepted, 0) + {b}_next)::DOUBLE / {FIXED} END AS beta_{b}_sum")
+                         f"WHEN {b}_accepted_n = accepted AND {b}_next & {_LOW96} <> {_MISSING} "
+                         f"THEN (coalesce({b}_accepted, 0) + ({b}_next & {_LOW96}))::DOUBLE / {FIXED} END "
+                         f"AS beta_{b}_sum")
     cur.execute(
         # Numbered by a window over the sorted rows as they come: a window that sorts by first_line itself carries
         # every column through its sort, several times slower.
