@@ -160,3 +160,17 @@ def test_rows_in_any_order_store_the_same_steps(store, tmp_path):
     assert got_steps == want_steps
     got_positions = store.query(f"SELECT {', '.join(POSITION_COLUMNS)} FROM positions ORDER BY step_id, position")
     assert got_positions == sorted(want_positions)
+
+
+def test_beta_sums_are_exact_where_adding_in_order_is_not(store, tmp_path):
+    """beta's step sums are the exact sum rounded once: ten accepted positions of 0.1 store 1.0 (adding the doubles
+    in order gives 0.9999999999999999), 63 positions of 1.0 store 63.0, and a bound of 0 adds nothing."""
+    rows = []
+    for step, betas in enumerate([[0.1] * 10, [1.0] * 63, [0.0, 0.5, 2.0**-30, 0.25]]):
+        rows += [{"request_id": "r", "step": step, "position": i + 1, "draft_token": 7, "accepted": True,
+                  "beta": b} for i, b in enumerate(betas)]
+    pd.DataFrame(rows).to_parquet(tmp_path / "edges.parquet")
+    assert sum([0.1] * 10) != 1.0
+    assert ingest_file(store, str(tmp_path / "edges.parquet")).status == "stored"
+    got = store.query("SELECT beta_lo_sum, beta_hi_sum FROM steps ORDER BY step_id")
+    assert got == [(1.0, 1.0), (63.0, 63.0), (0.75 + 2.0**-30, 0.75 + 2.0**-30)]
