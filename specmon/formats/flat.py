@@ -209,7 +209,7 @@ def _bound(cols: list[str], b: str) -> str | None:
 # its terms, so the aggregate runs on every thread and a re-ingest stores the same bits. A bound of at least 2^-37
 # is a whole number of units (a double has 53 significant bits), smaller ones move by at most 2^-91 when rounded to
 # one; so the stored sum is the exact sum (to within g * 2^-91), rounded once to a double: at least as close as
-# adding the doubles one by one. A HUGEINT holds the sum of 2^37 bounds of 1 (a step with that many rows is
+# adding the doubles one by one. A HUGEINT holds the sum of 2^37 - 1 bounds of 1 (a step of so many rows is
 # rejected anyway). A bound outside [0, 1] (or NaN) is left out of the sum: a row rule rejects its step.
 FIXED = "1237940039285380274899124224.0"  # 2^90, a power of two: scaling by it is exact
 
