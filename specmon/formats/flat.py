@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,9 +18,9 @@ import duckdb
 
 from specmon.faults import Fault
 from specmon.formats import textio
-from specmon.formats.base import Job, Rejected
+from specmon.formats.base import Job, Progress, Rejected
 from specmon.limits import MAX_DRAFT_LEN, MAX_TOKEN_ID
-from specmon.store import Store, get_or_create_segment, next_step_id
+from specmon.store import Store, get_or_create_segment, next_step_id, query_progress
 
 FORMATS = ("flat-parquet", "flat-csv")
 SOURCE = "steplog"
@@ -418,6 +419,12 @@ class Reader:
 
     def publish(self, cur: duckdb.DuckDBPyConnection, run_id: int, ingest_id: int) -> None:
         job = self.job
+        size = os.path.getsize(job.path)
+
+        def half(offset: int) -> Progress | None:  # the screen's pass is the first half, the writes the second
+            progress = job.progress
+            return None if progress is None else lambda done, total: progress(offset + done // 2, size)
+
         try:
             flat, faults = load(cur, job.path, job.fmt, job.name)
         except duckdb.Error as exc:  # DuckDB's reader errors name the problem; put the file in front of it
@@ -431,7 +438,8 @@ class Reader:
         for fault in faults:  # unreadable lines never reached a table
             job.fault(fault)
         first_step_id = next_step_id(cur)
-        base, rules, suspect = screen(cur, flat, first_step_id)
+        with query_progress(cur, half(0), size):
+            base, rules, suspect = screen(cur, flat, first_step_id)
         row_faults = check(cur, flat, base, rules, job.name) if suspect else []
         for fault in row_faults:
             job.count(fault)  # reported below with its row, by reject_bad_steps
@@ -441,11 +449,12 @@ class Reader:
             for line, field_name, reason, row in reject_bad_steps(cur, flat, base, first_step_id):
                 job.report.add(Fault(job.name, line, field_name, reason), row)
             source = "flat_typed"
-        job.steps, job.positions, job.no_time = insert(
-            cur, source=source, base=base, ingest_id=ingest_id, default_template=job.default_template,
-            ingest_time=job.ingest_time.isoformat(), segment_for=lambda t: get_or_create_segment(cur, run_id, t))
+        with query_progress(cur, half(size // 2), size):
+            job.steps, job.positions, job.no_time = insert(
+                cur, source=source, base=base, ingest_id=ingest_id, default_template=job.default_template,
+                ingest_time=job.ingest_time.isoformat(), segment_for=lambda t: get_or_create_segment(cur, run_id, t))
         if job.progress:
-            job.progress(1, 1)
+            job.progress(size, size)
 
     def close(self) -> None:
         """Nothing to release: the temp tables go with the transaction's connection."""
