@@ -40,6 +40,10 @@ CHANGE_CONFIDENCE = 0.99  # template change verdicts at the two-sided 1% level
 # in the change's likely range (about a 95% set; the study in docs/drift.md measures how often it holds the truth).
 CHANGE_RANGE_DROP = 3.0
 CALIBRATION_GROUPS = 40  # x 5 streams
+# The double bootstrap (calibrate): this many groups are each taken as the truth, with an inner reference drawn
+# from it and calibrated on CALIBRATION_INNER_GROUPS groups of 2 streams.
+CALIBRATION_INNER = 8
+CALIBRATION_INNER_GROUPS = 10
 # Raised whenever calibrate gives another threshold for the same input, so thresholds kept in a database
 # (specmon.drift_state) are calibrated again rather than reused.
 CALIBRATION_VERSION = 2
@@ -133,10 +137,11 @@ def target_p1(p0: float, break_even: float | None, delta: float = DEFAULT_DELTA)
 
 def calibrate(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p0: float, p1: float,
               arl0_steps: int = DEFAULT_ARL0_STEPS, groups: int = CALIBRATION_GROUPS,
-              streams_per_group: int = 5, seed: int = 0) -> float:
+              streams_per_group: int = 5, seed: int = 0, inner: int = CALIBRATION_INNER) -> float:
     """The threshold h at which the CUSUM from p0 to p1, restarted after every alarm, alarms once per arl0_steps
     in-control points, averaged over the in-control processes the reference window leaves plausible (for engine
-    windows each window is its own cluster).
+    windows each window is its own cluster), with the calibration's own bias measured and removed (a double
+    bootstrap).
 
     The in-control process is known only through the reference's G clusters, and the false-alarm rate depends
     steeply on its acceptance and on how much that varies over a stretch of points. So each group is one
@@ -145,34 +150,59 @@ def calibrate(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p
     given an acceptance r from a beta distribution with the group's mean and spread between clusters (by moments,
     _beta_rates) and points to match: an engine window keeps its checked count and gets accepted ~ Binomial(checked,
     r); a request gets a length from the group's lengths smoothed on the log scale and steps drawn from the group's
-    per-position profile shifted to r (_tilted_steps). Resampling the reference's clusters as they are, a hundred
+    per-position profile shifted to r (_StepProcess). Resampling the reference's clusters as they are, a hundred
     of them, would let the rare poor request (or window) that sets off a false alarm once in thousands of points be
     missing or over-represented by chance, and the threshold follow that luck; the smoothing gives every group the
     tail its spread implies. The streams are watched with the reference's own p0 and p1, and h is solved for where
     the groups' mean rate of the restarted CUSUM (every alarm, re-alarms included, over the points watched: the
-    figure the stated rate promises) is 1 / arl0_steps (_solve).
+    figure the stated rate promises) is the target (_solve).
+
+    That single calibration is biased: the alarm rate is convex in every error of the picture (p0, the spread, the
+    tail of lengths), and those errors are correlated (a reference with few poor requests both raises p0 and
+    shows less spread). So, with inner > 0, the first `inner` groups are each taken as the truth: a reference of as
+    many points is drawn from the group's process, p0 and p1 are set from it as design_for does (p1 kept, or the
+    same distance below p0 when p1 was not below p0 by more than 0.02), h is calibrated on it (a single calibration
+    of CALIBRATION_INNER_GROUPS groups of 2 streams), and that h is watched on the group's own streams. The mean of
+    those realised rates over the stated one is the calibration's bias factor b (clipped to [1/4, 4] against
+    Monte-Carlo noise), and h is solved for a target of 1 / (b arl0_steps): Beran's prepivoting, which assumes the
+    bias in the bootstrap's world is the bias in the real one.
     """
     rng = np.random.default_rng(seed)
     a = np.asarray(accepted, dtype=float)
     n = np.asarray(checked, dtype=float)
     _, inverse = np.unique(clusters, return_inverse=True)
     n_clusters = int(inverse.max()) + 1
-    wa, wr = llr_weights(p0, p1)
     single = n_clusters == len(a)  # engine windows: every point its own cluster
-    s = []
+    processes, points = [], []
     for _ in range(groups):
         pool = rng.integers(0, n_clusters, n_clusters)
-        if single:
-            idx = rng.choice(pool, (streams_per_group, 5 * arl0_steps))
-            x = _smoothed_windows(rng, a, n, idx, pool, wa, wr)
-        else:
-            x = _tilted_steps(rng, a, n, inverse, pool, streams_per_group, 5 * arl0_steps, wa, wr)
-        s.append(np.cumsum(x, axis=1, dtype=np.float64))
-    return _solve(s, arl0_steps)
+        process = _WindowProcess(a, n, pool) if single else _StepProcess(a, n, inverse, pool)
+        processes.append(process)
+        points.append(process.draw(rng, streams_per_group, 5 * arl0_steps)[:2])
+    s = [_cumulative(pa, pn, p0, p1) for pa, pn in points]
+    if not inner:
+        return _solve(s, arl0_steps)
+    realised = []
+    for g in range(min(inner, groups)):
+        ra, rn, rc = processes[g].draw(rng, 1, len(a), clusters=True)
+        rp0 = float(np.clip(ra.sum() / max(rn.sum(), 1), 0.01, 0.99))
+        rp1 = float(np.clip(p1 if p1 < rp0 - 0.02 else rp0 - (p0 - p1), 0.005, rp0 - 0.005))
+        rh = calibrate(ra[0], rn[0], rc[0], rp0, rp1, arl0_steps, CALIBRATION_INNER_GROUPS, 2,
+                       seed=int(rng.integers(2 ** 32)), inner=0)
+        realised.append(_restarted_rate([_cumulative(*points[g], rp0, rp1)], rh, arl0_steps))
+    bias = float(np.clip(np.mean(realised) * arl0_steps, 0.25, 4.0))
+    return _solve(s, arl0_steps, bias)
 
 
-def _solve(s: list[np.ndarray], arl0_steps: int) -> float:
-    """h at which the groups' mean alarm rate of the restarted CUSUM is 1 / arl0_steps; s holds each group's
+def _cumulative(accepted: np.ndarray, checked: np.ndarray, p0: float, p1: float) -> np.ndarray:
+    """Cumulative CUSUM increments of simulated streams (one a row) watched with p0 and p1."""
+    wa, wr = llr_weights(p0, p1)
+    x = (accepted * np.float32(wa - wr) + checked * np.float32(wr)).astype(np.float32)
+    return np.cumsum(x, axis=1, dtype=np.float64)
+
+
+def _solve(s: list[np.ndarray], arl0_steps: int, bias: float = 1.0) -> float:
+    """h at which the groups' mean alarm rate of the restarted CUSUM is 1 / (bias arl0_steps); s holds each group's
     cumulative increments, one stream a row.
 
     A start: h is bisected on the rate from a fresh start, (n - 1) / (sum of the n streams' run lengths to the
@@ -181,8 +211,8 @@ def _solve(s: list[np.ndarray], arl0_steps: int) -> float:
     steps of 25% until the restarted rate, counted exactly (_restarted_rate), brackets the stated one, and found
     inside that bracket by false position on log rate against h (an in-control CUSUM's alarm rate falls about
     exponentially in h), to within 1% of the stated rate or 0.5% of h; where it stops short, the quieter end."""
-    target = math.log(1.0 / arl0_steps)
-    hi = _fresh_start_threshold(s, arl0_steps)
+    target = math.log(1.0 / (bias * arl0_steps))
+    hi = _fresh_start_threshold(s, bias * arl0_steps)
 
     def log_rate(h: float) -> float:
         return math.log(max(_restarted_rate(s, h, arl0_steps), 1e-3 / arl0_steps))
@@ -297,63 +327,83 @@ def _beta_prior(pa: np.ndarray, pn: np.ndarray, weights: np.ndarray) -> tuple[fl
     return None if not math.isfinite(m) or m <= 0 else (mean * m, (1 - mean) * m)
 
 
-def _smoothed_windows(rng: np.random.Generator, a: np.ndarray, n: np.ndarray, idx: np.ndarray, pool: np.ndarray,
-                      wa: float, wr: float) -> np.ndarray:
-    """Increments of resampled engine windows, smoothed: each drawn window keeps its checked count n and gets
-    accepted ~ Binomial(n, r), r from _beta_rates of the group."""
-    checked = n[idx]
-    accepted = rng.binomial(checked.astype(np.int64), _beta_rates(rng, a[pool], n[pool], n[pool], idx.shape))
-    return (accepted * wa + (checked - accepted) * wr).astype(np.float32)
+class _WindowProcess:
+    """The in-control process of one group of engine windows: a drawn window keeps its checked count n and gets
+    accepted ~ Binomial(n, r), r from _beta_rates of the group (checked-weighted: a window keeps its count)."""
+
+    def __init__(self, a: np.ndarray, n: np.ndarray, pool: np.ndarray):
+        self.pool, self.n = pool, n
+        self.pa, self.pn = a[pool], n[pool]
+
+    def draw(self, rng: np.random.Generator, n_streams: int, n_points: int, clusters: bool = False
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(accepted, checked, cluster or None unless asked) of n_streams streams of n_points windows, one a row."""
+        checked = self.n[rng.choice(self.pool, (n_streams, n_points))]
+        rates = _beta_rates(rng, self.pa, self.pn, self.pn, checked.shape)
+        accepted = rng.binomial(checked.astype(np.int64), rates)
+        cluster = np.tile(np.arange(n_points), (n_streams, 1)) if clusters else None
+        return accepted.astype(np.int32), checked.astype(np.int32), cluster
 
 
 TILT_GRID = np.linspace(-8.0, 8.0, 161)  # shifts of the per-position log-odds of acceptance
 
 
-def _tilted_steps(rng: np.random.Generator, a: np.ndarray, n: np.ndarray, inverse: np.ndarray, pool: np.ndarray,
-                  n_streams: int, n_points: int, wa: float, wr: float) -> np.ndarray:
-    """Increments of (n_streams, n_points) steps of requests drawn from the group pool (positions among the
-    reference's requests, inverse the request of each step), laid end to end.
+class _StepProcess:
+    """The in-control process of one group of requests (pool: positions among the reference's requests, inverse
+    the request of each reference step), drawn as requests laid end to end.
 
     A drawn request gets a length in steps from the group's lengths, smoothed on the log scale (_smoothed_lengths),
-    and an acceptance r from _beta_rates. Its steps are drawn independently from the group's per-position profile
-    shifted to r: position i of a step is checked while all before were accepted, and accepted with probability
-    logistic(logit q_i + theta), q_i the group's own rate at position i (accepted / checked there), theta (on
-    TILT_GRID) the shift whose per-token acceptance is nearest r. So steps keep the shape of real steps (position 1
-    easier or harder than position 4, as the logs have it) at the request's own acceptance; within a request whose
-    positions share one rate this is exactly the truncated geometric step. (A tilt of the group's mix of steps,
-    which this replaced, matched r but, at an r far below the mix, kept too many fully accepted steps from the
-    easy requests in it: fewer rejections per step, a CUSUM drifting up more slowly than in a poor request.)"""
-    n_requests = int(inverse.max()) + 1
-    steps = np.bincount(inverse, minlength=n_requests)
-    k = max(int(n.max()), 1)
-    kinds = np.array([(j, min(j + 1, k)) for j in range(k + 1)], dtype=float)  # (accepted, checked) of a step
-    times = np.bincount(pool, minlength=n_requests)[inverse]  # how often the group holds each reference step
-    reached = np.array([times[n >= i].sum() for i in range(1, k + 1)])
-    passed = np.array([times[a >= i].sum() for i in range(1, k + 1)])
-    q = 1 / (1 + np.exp(-(np.log((passed + 0.5) / (reached - passed + 0.5))[None, :] + TILT_GRID[:, None])))
-    weight = np.concatenate([np.ones((len(TILT_GRID), 1)), np.cumprod(q, axis=1)], axis=1)  # P(reach position j)
-    weight[:, :-1] *= 1 - q  # P(exactly j accepted) for j < k
-    tilt_rate = (weight @ kinds[:, 0]) / (weight @ kinds[:, 1])  # increasing in theta
-    cdf = np.cumsum(weight / weight.sum(axis=1, keepdims=True), axis=1)
-    columns = [np.ascontiguousarray(cdf[:, j]) for j in range(len(kinds) - 1)]  # a step's kind: cdf values below u
-    x_kind = (kinds[:, 0] * wa + (kinds[:, 1] - kinds[:, 0]) * wr).astype(np.float32)
-    pa = np.bincount(inverse, weights=a, minlength=n_requests)[pool]
-    pn = np.bincount(inverse, weights=n, minlength=n_requests)[pool]
-    draws = int(n_points / steps[pool].mean() * 1.5) + 16
-    out = np.empty((n_streams, n_points), dtype=np.float32)
-    for i in range(n_streams):
-        filled = 0
-        while filled < n_points:
-            lengths = _smoothed_lengths(rng, steps[pool], draws)
-            rates = _beta_rates(rng, pa, pn, steps[pool], draws)
-            row = np.repeat(np.searchsorted(tilt_rate, rates).clip(0, len(TILT_GRID) - 1), lengths)[:n_points - filled]
-            u = rng.random(len(row))
-            picked = np.zeros(len(row), dtype=np.int64)
-            for column in columns:
-                picked += u > column[row]
-            out[i, filled:filled + len(row)] = x_kind[picked]
-            filled += len(row)
-    return out
+    and an acceptance r from _beta_rates (step-weighted). Its steps are drawn independently from the group's
+    per-position profile shifted to r: position i of a step is checked while all before were accepted, and accepted
+    with probability logistic(logit q_i + theta), q_i the group's own rate at position i (accepted / checked
+    there), theta (on TILT_GRID) the shift whose per-token acceptance is nearest r. So steps keep the shape of real
+    steps (position 1 easier or harder than position 4, as the logs have it) at the request's own acceptance;
+    within a request whose positions share one rate this is exactly the truncated geometric step. (A tilt of the
+    group's mix of steps, which this replaced, matched r but, at an r far below the mix, kept too many fully
+    accepted steps from the easy requests in it: fewer rejections per step, a CUSUM drifting up more slowly than
+    in a poor request.)"""
+
+    def __init__(self, a: np.ndarray, n: np.ndarray, inverse: np.ndarray, pool: np.ndarray):
+        n_requests = int(inverse.max()) + 1
+        k = max(int(n.max()), 1)
+        self.kinds = np.array([(j, min(j + 1, k)) for j in range(k + 1)], dtype=np.int8)  # (accepted, checked)
+        times = np.bincount(pool, minlength=n_requests)[inverse]  # how often the group holds each reference step
+        reached = np.array([times[n >= i].sum() for i in range(1, k + 1)])
+        passed = np.array([times[a >= i].sum() for i in range(1, k + 1)])
+        q = 1 / (1 + np.exp(-(np.log((passed + 0.5) / (reached - passed + 0.5))[None, :] + TILT_GRID[:, None])))
+        weight = np.concatenate([np.ones((len(TILT_GRID), 1)), np.cumprod(q, axis=1)], axis=1)  # P(reach j)
+        weight[:, :-1] *= 1 - q  # P(exactly j accepted) for j < k
+        kinds = self.kinds.astype(float)
+        self.tilt_rate = (weight @ kinds[:, 0]) / (weight @ kinds[:, 1])  # increasing in theta
+        cdf = np.cumsum(weight / weight.sum(axis=1, keepdims=True), axis=1)
+        self.columns = [np.ascontiguousarray(cdf[:, j]) for j in range(len(kinds) - 1)]  # kind: cdf values below u
+        self.steps = np.bincount(inverse, minlength=n_requests)[pool]
+        self.pa = np.bincount(inverse, weights=a, minlength=n_requests)[pool]
+        self.pn = np.bincount(inverse, weights=n, minlength=n_requests)[pool]
+
+    def draw(self, rng: np.random.Generator, n_streams: int, n_points: int, clusters: bool = False
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(accepted, checked, request or None unless asked) of n_streams streams of n_points steps, one a row."""
+        draws = int(n_points / self.steps.mean() * 1.5) + 16
+        picked = np.empty((n_streams, n_points), dtype=np.int8)
+        request = np.empty((n_streams, n_points), dtype=np.int64) if clusters else None
+        for i in range(n_streams):
+            filled = done = 0
+            while filled < n_points:
+                lengths = _smoothed_lengths(rng, self.steps, draws)
+                rates = _beta_rates(rng, self.pa, self.pn, self.steps, draws)
+                tilt = np.searchsorted(self.tilt_rate, rates).clip(0, len(TILT_GRID) - 1)
+                row = np.repeat(tilt, lengths)[:n_points - filled]
+                u = rng.random(len(row))
+                kind = np.zeros(len(row), dtype=np.int8)
+                for column in self.columns:
+                    kind += u > column[row]
+                picked[i, filled:filled + len(row)] = kind
+                if clusters:
+                    request[i, filled:filled + len(row)] = np.repeat(np.arange(done, done + draws), lengths)[:len(row)]
+                filled += len(row)
+                done += draws
+        return self.kinds[picked, 0], self.kinds[picked, 1], request
 
 
 def _smoothed_lengths(rng: np.random.Generator, lengths: np.ndarray, size: int) -> np.ndarray:
