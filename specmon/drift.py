@@ -44,6 +44,8 @@ CALIBRATION_GROUPS = 40  # x 5 streams
 # from it and calibrated on CALIBRATION_INNER_GROUPS groups of 2 streams.
 CALIBRATION_INNER = 8
 CALIBRATION_INNER_GROUPS = 10
+MIXING_GRID = 100  # points of the grid of cluster acceptance (_Mixing)
+MIXING_ITERATIONS = 100  # EM iterations per group, from the whole reference's fit (4 x as many)
 # Raised whenever calibrate gives another threshold for the same input, so thresholds kept in a database
 # (specmon.drift_state) are calibrated again rather than reused.
 CALIBRATION_VERSION = 2
@@ -173,10 +175,12 @@ def calibrate(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p
     _, inverse = np.unique(clusters, return_inverse=True)
     n_clusters = int(inverse.max()) + 1
     single = n_clusters == len(a)  # engine windows: every point its own cluster
+    mixing = _Mixing(np.bincount(inverse, weights=a), np.bincount(inverse, weights=n))
     processes, points = [], []
     for _ in range(groups):
         pool = rng.integers(0, n_clusters, n_clusters)
-        process = _WindowProcess(a, n, pool) if single else _StepProcess(a, n, inverse, pool)
+        rates = mixing.fit(np.bincount(pool, minlength=n_clusters))
+        process = _WindowProcess(a, n, pool, rates) if single else _StepProcess(a, n, inverse, pool, rates)
         processes.append(process)
         points.append(process.draw(rng, streams_per_group, 5 * arl0_steps)[:2])
     s = [_cumulative(pa, pn, p0, p1) for pa, pn in points]
@@ -299,48 +303,46 @@ def _restarted_rate(s: list[np.ndarray], h: float, arl0_steps: int) -> float:
     return float(np.mean(rates))
 
 
-def _beta_rates(rng: np.random.Generator, pa: np.ndarray, pn: np.ndarray, weights: np.ndarray,
-                size: int | tuple) -> np.ndarray:
-    """Cluster acceptances r ~ Beta(A, B) for a group of clusters with accepted pa of checked pn (_beta_prior); r
-    is the mean where no spread is left. Assumes a cluster's checked positions are Bernoulli(r) given r, which
-    holds for a step log (each checked position is a trial; drafting stops at the first rejection) and for
-    windows."""
-    prior = _beta_prior(pa, pn, weights)
-    if prior is None:
-        return np.full(size, float(np.clip(np.average(pa / np.maximum(pn, 1), weights=weights), 0.005, 0.995)))
-    return rng.beta(prior[0], prior[1], size)
+class _Mixing:
+    """The distribution of cluster acceptance r, estimated by nonparametric maximum likelihood (Kiefer and
+    Wolfowitz) on a grid: given r, a cluster's a accepted of n checked positions have likelihood r^a (1 - r)^(n - a)
+    (exact for a step log, whose drafting stops at the first rejection, a stopping rule the likelihood ignores, and
+    for windows), and the weights on the grid maximise the likelihood of the clusters (EM). Unlike a beta fitted by
+    moments it keeps the shape the data show (a cluster of hard requests one in ten), and where clusters do not
+    differ beyond chance it comes out nearly a single point instead of a spread the chance variation leaves."""
 
+    def __init__(self, pa: np.ndarray, pn: np.ndarray):
+        rate = pa / np.maximum(pn, 1)
+        slack = 4 * np.sqrt(0.25 / np.maximum(pn, 1))
+        self.grid = np.linspace(max(1e-3, float((rate - slack).min())), min(1 - 1e-3, float((rate + slack).max())),
+                                MIXING_GRID)
+        loglik = pa[:, None] * np.log(self.grid) + (pn - pa)[:, None] * np.log1p(-self.grid)
+        self.lik = np.exp(loglik - loglik.max(axis=1, keepdims=True))  # (clusters, grid)
+        self.start = self._em(np.ones(len(pa)), np.full(MIXING_GRID, 1 / MIXING_GRID), MIXING_ITERATIONS * 4)
 
-def _beta_prior(pa: np.ndarray, pn: np.ndarray, weights: np.ndarray) -> tuple[float, float] | None:
-    """Beta(A, B) fitted by moments to the clusters' own acceptances pa / pn weighted as the clusters are drawn
-    (weights), less their binomial part; None where no spread is left (every cluster has the mean).
+    def fit(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(grid, weights) for a group holding each reference cluster counts times (from the whole reference's
+        fit)."""
+        return self.grid, self._em(counts.astype(float), self.start, MIXING_ITERATIONS)
 
-    The weights matter: a request with higher r checks more positions per step, so its acceptance is weighted by
-    its steps, not its checked positions (the checked-weighted mean is the per-token alpha, which exceeds the
-    per-step mean of r when requests differ); a window keeps its checked count whatever its r, so windows are
-    weighted by checked positions."""
-    rate = pa / np.maximum(pn, 1)
-    mean = float(np.clip(np.average(rate, weights=weights), 0.005, 0.995))
-    between = (np.average((rate - mean) ** 2, weights=weights)
-               - np.average(mean * (1 - mean) / np.maximum(pn, 1), weights=weights))
-    m = mean * (1 - mean) / between - 1.0 if between > 0 else math.inf
-    return None if not math.isfinite(m) or m <= 0 else (mean * m, (1 - mean) * m)
+    def _em(self, counts: np.ndarray, w: np.ndarray, iterations: int) -> np.ndarray:
+        for _ in range(iterations):
+            w = w * (self.lik.T @ (counts / (self.lik @ w))) / counts.sum()
+        return w / w.sum()
 
 
 class _WindowProcess:
     """The in-control process of one group of engine windows: a drawn window keeps its checked count n and gets
     accepted ~ Binomial(n, r), r from _beta_rates of the group (checked-weighted: a window keeps its count)."""
 
-    def __init__(self, a: np.ndarray, n: np.ndarray, pool: np.ndarray):
-        self.pool, self.n = pool, n
-        self.pa, self.pn = a[pool], n[pool]
+    def __init__(self, a: np.ndarray, n: np.ndarray, pool: np.ndarray, rates: tuple[np.ndarray, np.ndarray]):
+        self.pool, self.n, self.rates = pool, n, rates
 
     def draw(self, rng: np.random.Generator, n_streams: int, n_points: int, clusters: bool = False
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """(accepted, checked, cluster or None unless asked) of n_streams streams of n_points windows, one a row."""
         checked = self.n[rng.choice(self.pool, (n_streams, n_points))]
-        rates = _beta_rates(rng, self.pa, self.pn, self.pn, checked.shape)
-        accepted = rng.binomial(checked.astype(np.int64), rates)
+        accepted = rng.binomial(checked.astype(np.int64), rng.choice(self.rates[0], size=checked.shape, p=self.rates[1]))
         cluster = np.tile(np.arange(n_points), (n_streams, 1)) if clusters else None
         return accepted.astype(np.int32), checked.astype(np.int32), cluster
 
@@ -363,7 +365,9 @@ class _StepProcess:
     accepted steps from the easy requests in it: fewer rejections per step, a CUSUM drifting up more slowly than
     in a poor request.)"""
 
-    def __init__(self, a: np.ndarray, n: np.ndarray, inverse: np.ndarray, pool: np.ndarray):
+    def __init__(self, a: np.ndarray, n: np.ndarray, inverse: np.ndarray, pool: np.ndarray,
+                 rates: tuple[np.ndarray, np.ndarray]):
+        self.rates = rates
         n_requests = int(inverse.max()) + 1
         k = max(int(n.max()), 1)
         self.kinds = np.array([(j, min(j + 1, k)) for j in range(k + 1)], dtype=np.int8)  # (accepted, checked)
@@ -378,8 +382,6 @@ class _StepProcess:
         cdf = np.cumsum(weight / weight.sum(axis=1, keepdims=True), axis=1)
         self.columns = [np.ascontiguousarray(cdf[:, j]) for j in range(len(kinds) - 1)]  # kind: cdf values below u
         self.steps = np.bincount(inverse, minlength=n_requests)[pool]
-        self.pa = np.bincount(inverse, weights=a, minlength=n_requests)[pool]
-        self.pn = np.bincount(inverse, weights=n, minlength=n_requests)[pool]
 
     def draw(self, rng: np.random.Generator, n_streams: int, n_points: int, clusters: bool = False
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -391,7 +393,7 @@ class _StepProcess:
             filled = done = 0
             while filled < n_points:
                 lengths = _smoothed_lengths(rng, self.steps, draws)
-                rates = _beta_rates(rng, self.pa, self.pn, self.steps, draws)
+                rates = rng.choice(self.rates[0], size=draws, p=self.rates[1])
                 tilt = np.searchsorted(self.tilt_rate, rates).clip(0, len(TILT_GRID) - 1)
                 row = np.repeat(tilt, lengths)[:n_points - filled]
                 u = rng.random(len(row))
