@@ -8,8 +8,9 @@ cluster (a request; for engine data, the window itself) whose points share their
 The CUSUM adds, per point, s*ln(p1/p0) + f*ln((1-p1)/(1-p0)) for s accepted and f rejected checked positions, and
 alarms when the sum reaches h. Acceptance is correlated within a request, so a threshold computed for independent
 tokens would alarm far too often; h is instead calibrated on simulated in-control streams built from the
-reference window (calibrate): its clusters resampled for their sizes, a cluster acceptance drawn from a beta
-distribution with the reference's mean and spread between clusters, and points drawn to match it (steps from the
+reference window (calibrate): its clusters resampled for their sizes, a cluster acceptance drawn from the
+distribution of cluster acceptance the reference implies (nonparametric maximum likelihood), and points drawn to
+match it (steps from the
 reference's per-position profile shifted to that acceptance; windows binomial), until the simulated number of
 points per false alarm of the restarted CUSUM (every re-alarm counted) is the one asked for. Pure numpy; no I/O.
 """
@@ -40,15 +41,11 @@ CHANGE_CONFIDENCE = 0.99  # template change verdicts at the two-sided 1% level
 # in the change's likely range (about a 95% set; the study in docs/drift.md measures how often it holds the truth).
 CHANGE_RANGE_DROP = 3.0
 CALIBRATION_GROUPS = 40  # x 5 streams
-# The double bootstrap (calibrate): this many groups are each taken as the truth, with an inner reference drawn
-# from it and calibrated on CALIBRATION_INNER_GROUPS groups of 2 streams.
-CALIBRATION_INNER = 8
-CALIBRATION_INNER_GROUPS = 10
 MIXING_GRID = 100  # points of the grid of cluster acceptance (_Mixing)
-MIXING_ITERATIONS = 100  # EM iterations per group, from the whole reference's fit (4 x as many)
+MIXING_ITERATIONS = 40  # EM iterations per group, from the whole reference's fit (10 x as many)
 # Raised whenever calibrate gives another threshold for the same input, so thresholds kept in a database
 # (specmon.drift_state) are calibrated again rather than reused.
-CALIBRATION_VERSION = 2
+CALIBRATION_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -139,35 +136,25 @@ def target_p1(p0: float, break_even: float | None, delta: float = DEFAULT_DELTA)
 
 def calibrate(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p0: float, p1: float,
               arl0_steps: int = DEFAULT_ARL0_STEPS, groups: int = CALIBRATION_GROUPS,
-              streams_per_group: int = 5, seed: int = 0, inner: int = CALIBRATION_INNER) -> float:
+              streams_per_group: int = 5, seed: int = 0) -> float:
     """The threshold h at which the CUSUM from p0 to p1, restarted after every alarm, alarms once per arl0_steps
     in-control points, averaged over the in-control processes the reference window leaves plausible (for engine
-    windows each window is its own cluster), with the calibration's own bias measured and removed (a double
-    bootstrap).
+    windows each window is its own cluster).
 
     The in-control process is known only through the reference's G clusters, and the false-alarm rate depends
     steeply on its acceptance and on how much that varies over a stretch of points. So each group is one
     plausible process: G clusters drawn with replacement from the reference (the bootstrap's picture of the
     sampling error). Its streams_per_group streams of 5 x arl0_steps points are clusters drawn from the group, each
-    given an acceptance r from a beta distribution with the group's mean and spread between clusters (by moments,
-    _beta_rates) and points to match: an engine window keeps its checked count and gets accepted ~ Binomial(checked,
-    r); a request gets a length from the group's lengths smoothed on the log scale and steps drawn from the group's
-    per-position profile shifted to r (_StepProcess). Resampling the reference's clusters as they are, a hundred
-    of them, would let the rare poor request (or window) that sets off a false alarm once in thousands of points be
-    missing or over-represented by chance, and the threshold follow that luck; the smoothing gives every group the
-    tail its spread implies. The streams are watched with the reference's own p0 and p1, and h is solved for where
-    the groups' mean rate of the restarted CUSUM (every alarm, re-alarms included, over the points watched: the
-    figure the stated rate promises) is the target (_solve).
-
-    That single calibration is biased: the alarm rate is convex in every error of the picture (p0, the spread, the
-    tail of lengths), and those errors are correlated (a reference with few poor requests both raises p0 and
-    shows less spread). So, with inner > 0, the first `inner` groups are each taken as the truth: a reference of as
-    many points is drawn from the group's process, p0 and p1 are set from it as design_for does (p1 kept, or the
-    same distance below p0 when p1 was not below p0 by more than 0.02), h is calibrated on it (a single calibration
-    of CALIBRATION_INNER_GROUPS groups of 2 streams), and that h is watched on the group's own streams. The mean of
-    those realised rates over the stated one is the calibration's bias factor b (clipped to [1/4, 4] against
-    Monte-Carlo noise), and h is solved for a target of 1 / (b arl0_steps): Beran's prepivoting, which assumes the
-    bias in the bootstrap's world is the bias in the real one.
+    given an acceptance r from the group's distribution of cluster acceptance (its nonparametric maximum-likelihood
+    estimate, _Mixing) and points to match: an engine window keeps its checked count and gets accepted ~
+    Binomial(checked, r) (_WindowProcess); a request gets a length from the group's lengths smoothed on the log
+    scale and steps drawn from the group's per-position profile shifted to r (_StepProcess). Resampling the
+    reference's clusters as they are, a hundred of them, would let the rare poor request (or window) that sets off
+    a false alarm once in thousands of points be missing or over-represented by chance, and the threshold follow
+    that luck; drawing r from the estimated distribution instead gives every group the tail its clusters imply. The
+    streams are watched with the reference's own p0 and p1, and h is solved for where the groups' mean rate of the
+    restarted CUSUM (every alarm, re-alarms included, over the points watched: the figure the stated rate
+    promises) is 1 / arl0_steps (_solve).
     """
     rng = np.random.default_rng(seed)
     a = np.asarray(accepted, dtype=float)
@@ -176,26 +163,13 @@ def calibrate(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p
     n_clusters = int(inverse.max()) + 1
     single = n_clusters == len(a)  # engine windows: every point its own cluster
     mixing = _Mixing(np.bincount(inverse, weights=a), np.bincount(inverse, weights=n))
-    processes, points = [], []
+    points = []
     for _ in range(groups):
         pool = rng.integers(0, n_clusters, n_clusters)
         rates = mixing.fit(np.bincount(pool, minlength=n_clusters))
         process = _WindowProcess(a, n, pool, rates) if single else _StepProcess(a, n, inverse, pool, rates)
-        processes.append(process)
-        points.append(process.draw(rng, streams_per_group, 5 * arl0_steps)[:2])
-    s = [_cumulative(pa, pn, p0, p1) for pa, pn in points]
-    if not inner:
-        return _solve(s, arl0_steps)
-    realised = []
-    for g in range(min(inner, groups)):
-        ra, rn, rc = processes[g].draw(rng, 1, len(a), clusters=True)
-        rp0 = float(np.clip(ra.sum() / max(rn.sum(), 1), 0.01, 0.99))
-        rp1 = float(np.clip(p1 if p1 < rp0 - 0.02 else rp0 - (p0 - p1), 0.005, rp0 - 0.005))
-        rh = calibrate(ra[0], rn[0], rc[0], rp0, rp1, arl0_steps, CALIBRATION_INNER_GROUPS, 2,
-                       seed=int(rng.integers(2 ** 32)), inner=0)
-        realised.append(_restarted_rate([_cumulative(*points[g], rp0, rp1)], rh, arl0_steps))
-    bias = float(np.clip(np.mean(realised) * arl0_steps, 0.25, 4.0))
-    return _solve(s, arl0_steps, bias)
+        points.append(process.draw(rng, streams_per_group, 5 * arl0_steps))
+    return _solve([_cumulative(pa, pn, p0, p1) for pa, pn in points], arl0_steps)
 
 
 def _cumulative(accepted: np.ndarray, checked: np.ndarray, p0: float, p1: float) -> np.ndarray:
@@ -205,8 +179,8 @@ def _cumulative(accepted: np.ndarray, checked: np.ndarray, p0: float, p1: float)
     return np.cumsum(x, axis=1, dtype=np.float64)
 
 
-def _solve(s: list[np.ndarray], arl0_steps: int, bias: float = 1.0) -> float:
-    """h at which the groups' mean alarm rate of the restarted CUSUM is 1 / (bias arl0_steps); s holds each group's
+def _solve(s: list[np.ndarray], arl0_steps: int) -> float:
+    """h at which the groups' mean alarm rate of the restarted CUSUM is 1 / arl0_steps; s holds each group's
     cumulative increments, one stream a row.
 
     A start: h is bisected on the rate from a fresh start, (n - 1) / (sum of the n streams' run lengths to the
@@ -215,8 +189,8 @@ def _solve(s: list[np.ndarray], arl0_steps: int, bias: float = 1.0) -> float:
     steps of 25% until the restarted rate, counted exactly (_restarted_rate), brackets the stated one, and found
     inside that bracket by false position on log rate against h (an in-control CUSUM's alarm rate falls about
     exponentially in h), to within 1% of the stated rate or 0.5% of h; where it stops short, the quieter end."""
-    target = math.log(1.0 / (bias * arl0_steps))
-    hi = _fresh_start_threshold(s, bias * arl0_steps)
+    target = math.log(1.0 / arl0_steps)
+    hi = _fresh_start_threshold(s, arl0_steps)
 
     def log_rate(h: float) -> float:
         return math.log(max(_restarted_rate(s, h, arl0_steps), 1e-3 / arl0_steps))
@@ -318,7 +292,7 @@ class _Mixing:
                                 MIXING_GRID)
         loglik = pa[:, None] * np.log(self.grid) + (pn - pa)[:, None] * np.log1p(-self.grid)
         self.lik = np.exp(loglik - loglik.max(axis=1, keepdims=True))  # (clusters, grid)
-        self.start = self._em(np.ones(len(pa)), np.full(MIXING_GRID, 1 / MIXING_GRID), MIXING_ITERATIONS * 4)
+        self.start = self._em(np.ones(len(pa)), np.full(MIXING_GRID, 1 / MIXING_GRID), MIXING_ITERATIONS * 10)
 
     def fit(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(grid, weights) for a group holding each reference cluster counts times (from the whole reference's
@@ -333,18 +307,16 @@ class _Mixing:
 
 class _WindowProcess:
     """The in-control process of one group of engine windows: a drawn window keeps its checked count n and gets
-    accepted ~ Binomial(n, r), r from _beta_rates of the group (checked-weighted: a window keeps its count)."""
+    accepted ~ Binomial(n, r), r drawn from the group's distribution of window acceptance (_Mixing)."""
 
     def __init__(self, a: np.ndarray, n: np.ndarray, pool: np.ndarray, rates: tuple[np.ndarray, np.ndarray]):
         self.pool, self.n, self.rates = pool, n, rates
 
-    def draw(self, rng: np.random.Generator, n_streams: int, n_points: int, clusters: bool = False
-             ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """(accepted, checked, cluster or None unless asked) of n_streams streams of n_points windows, one a row."""
+    def draw(self, rng: np.random.Generator, n_streams: int, n_points: int) -> tuple[np.ndarray, np.ndarray]:
+        """(accepted, checked) of n_streams streams of n_points windows, one a row."""
         checked = self.n[rng.choice(self.pool, (n_streams, n_points))]
         accepted = rng.binomial(checked.astype(np.int64), rng.choice(self.rates[0], size=checked.shape, p=self.rates[1]))
-        cluster = np.tile(np.arange(n_points), (n_streams, 1)) if clusters else None
-        return accepted.astype(np.int32), checked.astype(np.int32), cluster
+        return accepted.astype(np.int32), checked.astype(np.int32)
 
 
 TILT_GRID = np.linspace(-8.0, 8.0, 161)  # shifts of the per-position log-odds of acceptance
@@ -355,7 +327,7 @@ class _StepProcess:
     the request of each reference step), drawn as requests laid end to end.
 
     A drawn request gets a length in steps from the group's lengths, smoothed on the log scale (_smoothed_lengths),
-    and an acceptance r from _beta_rates (step-weighted). Its steps are drawn independently from the group's
+    and an acceptance r from the group's distribution of request acceptance (_Mixing). Its steps are drawn independently from the group's
     per-position profile shifted to r: position i of a step is checked while all before were accepted, and accepted
     with probability logistic(logit q_i + theta), q_i the group's own rate at position i (accepted / checked
     there), theta (on TILT_GRID) the shift whose per-token acceptance is nearest r. So steps keep the shape of real
@@ -383,14 +355,12 @@ class _StepProcess:
         self.columns = [np.ascontiguousarray(cdf[:, j]) for j in range(len(kinds) - 1)]  # kind: cdf values below u
         self.steps = np.bincount(inverse, minlength=n_requests)[pool]
 
-    def draw(self, rng: np.random.Generator, n_streams: int, n_points: int, clusters: bool = False
-             ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """(accepted, checked, request or None unless asked) of n_streams streams of n_points steps, one a row."""
+    def draw(self, rng: np.random.Generator, n_streams: int, n_points: int) -> tuple[np.ndarray, np.ndarray]:
+        """(accepted, checked) of n_streams streams of n_points steps, one a row."""
         draws = int(n_points / self.steps.mean() * 1.5) + 16
         picked = np.empty((n_streams, n_points), dtype=np.int8)
-        request = np.empty((n_streams, n_points), dtype=np.int64) if clusters else None
         for i in range(n_streams):
-            filled = done = 0
+            filled = 0
             while filled < n_points:
                 lengths = _smoothed_lengths(rng, self.steps, draws)
                 rates = rng.choice(self.rates[0], size=draws, p=self.rates[1])
@@ -401,11 +371,8 @@ class _StepProcess:
                 for column in self.columns:
                     kind += u > column[row]
                 picked[i, filled:filled + len(row)] = kind
-                if clusters:
-                    request[i, filled:filled + len(row)] = np.repeat(np.arange(done, done + draws), lengths)[:len(row)]
                 filled += len(row)
-                done += draws
-        return self.kinds[picked, 0], self.kinds[picked, 1], request
+        return self.kinds[picked, 0], self.kinds[picked, 1]
 
 
 def _smoothed_lengths(rng: np.random.Generator, lengths: np.ndarray, size: int) -> np.ndarray:

@@ -62,7 +62,7 @@ def test_calibration_streams_keep_the_reference_acceptance_and_spread():
     pool = np.arange(inverse.max() + 1)
     mixing = drift._Mixing(np.bincount(inverse, weights=a), np.bincount(inverse, weights=c))
     process = drift._StepProcess(a.astype(float), c.astype(float), inverse, pool, mixing.fit(np.ones(len(pool))))
-    accepted, checked, _ = process.draw(np.random.default_rng(1), 4, 50_000)
+    accepted, checked = process.draw(np.random.default_rng(1), 4, 50_000)
     assert abs(accepted.sum() / checked.sum() - a.sum() / c.sum()) < 0.02
     # requests differ: windows of 20 steps vary far more than independent steps would
     per_window = accepted.astype(float).reshape(4, -1, 20).sum(axis=2).ravel()
