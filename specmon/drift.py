@@ -294,10 +294,17 @@ class _Mixing:
         self.lik = np.exp(loglik - loglik.max(axis=1, keepdims=True))  # (clusters, grid)
         self.start = self._em(np.ones(len(pa)), np.full(MIXING_GRID, 1 / MIXING_GRID), MIXING_ITERATIONS * 10)
 
-    def fit(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(grid, weights) for a group holding each reference cluster counts times (from the whole reference's
-        fit)."""
-        return self.grid, self._em(counts.astype(float), self.start, MIXING_ITERATIONS)
+    def fit(self, counts: np.ndarray) -> _Rates:
+        """The distribution for a group holding each reference cluster counts times (EM from the whole reference's
+        fit), smoothed (_Rates)."""
+        w = self._em(counts.astype(float), self.start, MIXING_ITERATIONS)
+        logit = np.log(self.grid / (1 - self.grid))
+        mean = w @ logit
+        cdf = np.cumsum(w)
+        iqr = logit[np.searchsorted(cdf, 0.75)] - logit[np.searchsorted(cdf, 0.25)]
+        sd = math.sqrt(max(w @ (logit - mean) ** 2, 0.0))
+        spread = min(sd, iqr / 1.34) if iqr > 0 else sd
+        return _Rates(self.grid, w, 0.9 * spread * len(counts) ** -0.2)
 
     def _em(self, counts: np.ndarray, w: np.ndarray, iterations: int) -> np.ndarray:
         for _ in range(iterations):
@@ -305,17 +312,37 @@ class _Mixing:
         return w / w.sum()
 
 
+@dataclass(frozen=True)
+class _Rates:
+    """Draws of cluster acceptance: a grid value with its weight, moved on the log-odds scale by b z, z standard
+    normal (a kernel with Silverman's bandwidth b from the weights' own spread on that scale and the number of
+    clusters). The maximum-likelihood weights sit on a few points, inside the range of the clusters' own rates, so
+    they picture the tail of poor clusters, where false alarms come from, as lighter than it is; the kernel
+    spreads each point as the lengths' kernel does (_smoothed_lengths), and adds nothing where the clusters do not
+    differ (b = 0)."""
+
+    grid: np.ndarray
+    weights: np.ndarray
+    b: float
+
+    def draw(self, rng: np.random.Generator, size: int | tuple) -> np.ndarray:
+        r = rng.choice(self.grid, size=size, p=self.weights)
+        if self.b <= 0:
+            return r
+        return 1 / (1 + (1 - r) / r * np.exp(-self.b * rng.standard_normal(size)))
+
+
 class _WindowProcess:
     """The in-control process of one group of engine windows: a drawn window keeps its checked count n and gets
     accepted ~ Binomial(n, r), r drawn from the group's distribution of window acceptance (_Mixing)."""
 
-    def __init__(self, a: np.ndarray, n: np.ndarray, pool: np.ndarray, rates: tuple[np.ndarray, np.ndarray]):
+    def __init__(self, a: np.ndarray, n: np.ndarray, pool: np.ndarray, rates: _Rates):
         self.pool, self.n, self.rates = pool, n, rates
 
     def draw(self, rng: np.random.Generator, n_streams: int, n_points: int) -> tuple[np.ndarray, np.ndarray]:
         """(accepted, checked) of n_streams streams of n_points windows, one a row."""
         checked = self.n[rng.choice(self.pool, (n_streams, n_points))]
-        accepted = rng.binomial(checked.astype(np.int64), rng.choice(self.rates[0], size=checked.shape, p=self.rates[1]))
+        accepted = rng.binomial(checked.astype(np.int64), self.rates.draw(rng, checked.shape))
         return accepted.astype(np.int32), checked.astype(np.int32)
 
 
@@ -338,7 +365,7 @@ class _StepProcess:
     in a poor request.)"""
 
     def __init__(self, a: np.ndarray, n: np.ndarray, inverse: np.ndarray, pool: np.ndarray,
-                 rates: tuple[np.ndarray, np.ndarray]):
+                 rates: _Rates):
         self.rates = rates
         n_requests = int(inverse.max()) + 1
         k = max(int(n.max()), 1)
@@ -363,7 +390,7 @@ class _StepProcess:
             filled = 0
             while filled < n_points:
                 lengths = _smoothed_lengths(rng, self.steps, draws)
-                rates = rng.choice(self.rates[0], size=draws, p=self.rates[1])
+                rates = self.rates.draw(rng, draws)
                 tilt = np.searchsorted(self.tilt_rate, rates).clip(0, len(TILT_GRID) - 1)
                 row = np.repeat(tilt, lengths)[:n_points - filled]
                 u = rng.random(len(row))
