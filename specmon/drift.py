@@ -304,7 +304,19 @@ class _Mixing:
         iqr = logit[np.searchsorted(cdf, 0.75)] - logit[np.searchsorted(cdf, 0.25)]
         sd = math.sqrt(max(w @ (logit - mean) ** 2, 0.0))
         spread = min(sd, iqr / 1.34) if iqr > 0 else sd
-        return _Rates(self.grid, w, 0.9 * spread * len(counts) ** -0.2)
+        b = 0.9 * spread * len(counts) ** -0.2
+        shift = 0.0
+        if b > 0:
+            # a kernel on the log-odds scale pulls the mean towards 1/2; shift it back (Newton, on 20 Gauss-Hermite
+            # nodes), since the false-alarm rate is steep in the mean acceptance
+            nodes, node_w = np.polynomial.hermite_e.hermegauss(20)
+            node_w = node_w / node_w.sum()
+            target = w @ self.grid
+            base = logit[:, None] + b * nodes[None, :]
+            for _ in range(8):
+                e = 1 / (1 + np.exp(-(base + shift)))
+                shift += (target - w @ e @ node_w) / (w @ (e * (1 - e)) @ node_w)
+        return _Rates(self.grid, w, b, shift)
 
     def _em(self, counts: np.ndarray, w: np.ndarray, iterations: int) -> np.ndarray:
         for _ in range(iterations):
@@ -314,22 +326,23 @@ class _Mixing:
 
 @dataclass(frozen=True)
 class _Rates:
-    """Draws of cluster acceptance: a grid value with its weight, moved on the log-odds scale by b z, z standard
-    normal (a kernel with Silverman's bandwidth b from the weights' own spread on that scale and the number of
-    clusters). The maximum-likelihood weights sit on a few points, inside the range of the clusters' own rates, so
-    they picture the tail of poor clusters, where false alarms come from, as lighter than it is; the kernel
-    spreads each point as the lengths' kernel does (_smoothed_lengths), and adds nothing where the clusters do not
-    differ (b = 0)."""
+    """Draws of cluster acceptance: a grid value with its weight, moved on the log-odds scale by b z + shift, z
+    standard normal (a kernel with Silverman's bandwidth b from the weights' own spread on that scale and the number
+    of clusters; shift keeps the mean of the weights). The maximum-likelihood weights sit on a few points, inside
+    the range of the clusters' own rates, so they picture the tail of poor clusters, where false alarms come from,
+    as lighter than it is; the kernel spreads each point as the lengths' kernel does (_smoothed_lengths), and adds
+    nothing where the clusters do not differ (b = 0)."""
 
     grid: np.ndarray
     weights: np.ndarray
     b: float
+    shift: float = 0.0
 
     def draw(self, rng: np.random.Generator, size: int | tuple) -> np.ndarray:
         r = rng.choice(self.grid, size=size, p=self.weights)
         if self.b <= 0:
             return r
-        return 1 / (1 + (1 - r) / r * np.exp(-self.b * rng.standard_normal(size)))
+        return 1 / (1 + (1 - r) / r * np.exp(-self.b * rng.standard_normal(size) - self.shift))
 
 
 class _WindowProcess:

@@ -69,3 +69,21 @@ def test_calibration_streams_keep_the_reference_acceptance_and_spread():
     iid = accepted.ravel().astype(float)
     np.random.default_rng(2).shuffle(iid)
     assert per_window.var() > 2 * iid.reshape(-1, 20).sum(axis=1).var()
+
+
+def test_the_kernel_on_request_acceptance_keeps_the_mean_and_adds_nothing_without_spread():
+    # the drawn acceptances are the maximum-likelihood weights widened on the log-odds scale, with the weights' own
+    # mean (200,000 draws: a Monte-Carlo standard error of the mean under 0.001) and a little more spread where
+    # requests differ; where they do not, next to none
+    rng = np.random.default_rng(11)
+    for rho in (0.0, 0.3):
+        a, c, req = streams.steps(rng, drift.REFERENCE_STEPS, 0.8, 4, rho, "geometric")
+        rates = drift._Mixing(np.bincount(req, weights=a), np.bincount(req, weights=c)).fit(np.ones(req.max() + 1))
+        draws = rates.draw(rng, 200_000)
+        mean = rates.weights @ rates.grid
+        var = rates.weights @ (rates.grid - mean) ** 2
+        assert abs(draws.mean() - mean) < 0.003, rho
+        if rho:
+            assert var < draws.var() < 1.3 * var
+        else:
+            assert draws.var() < var + 1e-4
