@@ -9,10 +9,10 @@ The CUSUM adds, per point, s*ln(p1/p0) + f*ln((1-p1)/(1-p0)) for s accepted and 
 alarms when the sum reaches h. Acceptance is correlated within a request, so a threshold computed for independent
 tokens would alarm far too often; h is instead calibrated on simulated in-control streams built from the
 reference window (calibrate): its clusters resampled for their sizes, a cluster acceptance drawn from the
-distribution of cluster acceptance the reference implies (nonparametric maximum likelihood), and points drawn to
-match it (steps from the
-reference's per-position profile shifted to that acceptance; windows binomial), until the simulated number of
-points per false alarm of the restarted CUSUM (every re-alarm counted) is the one asked for. Pure numpy; no I/O.
+distribution of cluster acceptance the reference implies (nonparametric maximum likelihood, smoothed), and points
+drawn to match it (steps from the reference's per-position profile shifted to that acceptance; windows binomial),
+until the simulated number of points per false alarm of the restarted CUSUM (every re-alarm counted) is the one
+asked for. Pure numpy; no I/O.
 """
 from __future__ import annotations
 
@@ -320,7 +320,8 @@ class _Mixing:
 
     def _em(self, counts: np.ndarray, w: np.ndarray, iterations: int) -> np.ndarray:
         for _ in range(iterations):
-            w = w * (self.lik.T @ (counts / (self.lik @ w))) / counts.sum()
+            # (a cluster the group does not hold may have no weight left near it: 0 / 0 must count as 0)
+            w = w * (self.lik.T @ (counts / np.maximum(self.lik @ w, 1e-300))) / counts.sum()
         return w / w.sum()
 
 
@@ -367,18 +368,17 @@ class _StepProcess:
     the request of each reference step), drawn as requests laid end to end.
 
     A drawn request gets a length in steps from the group's lengths, smoothed on the log scale (_smoothed_lengths),
-    and an acceptance r from the group's distribution of request acceptance (_Mixing). Its steps are drawn independently from the group's
-    per-position profile shifted to r: position i of a step is checked while all before were accepted, and accepted
-    with probability logistic(logit q_i + theta), q_i the group's own rate at position i (accepted / checked
-    there), theta (on TILT_GRID) the shift whose per-token acceptance is nearest r. So steps keep the shape of real
-    steps (position 1 easier or harder than position 4, as the logs have it) at the request's own acceptance;
-    within a request whose positions share one rate this is exactly the truncated geometric step. (A tilt of the
-    group's mix of steps, which this replaced, matched r but, at an r far below the mix, kept too many fully
-    accepted steps from the easy requests in it: fewer rejections per step, a CUSUM drifting up more slowly than
-    in a poor request.)"""
+    and an acceptance r from the group's distribution of request acceptance (_Mixing). Its steps are drawn
+    independently from the group's per-position profile shifted to r: position i of a step is checked while all
+    before were accepted, and accepted with probability logistic(logit q_i + theta), q_i the group's own rate at
+    position i (accepted / checked there), theta (on TILT_GRID) the shift whose per-token acceptance is nearest r.
+    So steps keep the shape of real steps (position 1 easier or harder than position 4, as the logs have it) at the
+    request's own acceptance; within a request whose positions share one rate this is exactly the truncated
+    geometric step. (A tilt of the group's mix of steps, which this replaced, matched r but, at an r far below the
+    mix, kept too many fully accepted steps from the easy requests in it: fewer rejections per step, a CUSUM
+    drifting up more slowly than in a poor request.)"""
 
-    def __init__(self, a: np.ndarray, n: np.ndarray, inverse: np.ndarray, pool: np.ndarray,
-                 rates: _Rates):
+    def __init__(self, a: np.ndarray, n: np.ndarray, inverse: np.ndarray, pool: np.ndarray, rates: _Rates):
         self.rates = rates
         n_requests = int(inverse.max()) + 1
         k = max(int(n.max()), 1)
