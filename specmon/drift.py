@@ -8,10 +8,11 @@ cluster (a request; for engine data, the window itself) whose points share their
 The CUSUM adds, per point, s*ln(p1/p0) + f*ln((1-p1)/(1-p0)) for s accepted and f rejected checked positions, and
 alarms when the sum reaches h. Acceptance is correlated within a request, so a threshold computed for independent
 tokens would alarm far too often; h is instead calibrated on simulated in-control streams built from the
-reference window (calibrate): its clusters resampled for their sizes, a cluster acceptance drawn from a beta
-distribution with the reference's mean and spread between clusters, and points drawn to match it (steps from the
-reference's per-position profile shifted to that acceptance; windows binomial), until the simulated number of
-points per false alarm of the restarted CUSUM (every re-alarm counted) is the one asked for. Pure numpy; no I/O.
+reference window (calibrate): its clusters resampled for their sizes, a cluster acceptance drawn from the
+distribution of cluster acceptance the reference implies (nonparametric maximum likelihood, smoothed), and points
+drawn to match it (steps from the reference's per-position profile shifted to that acceptance; windows binomial),
+until the simulated number of points per false alarm of the restarted CUSUM (every re-alarm counted) is the one
+asked for. Pure numpy; no I/O.
 """
 from __future__ import annotations
 
@@ -40,9 +41,11 @@ CHANGE_CONFIDENCE = 0.99  # template change verdicts at the two-sided 1% level
 # in the change's likely range (about a 95% set; the study in docs/drift.md measures how often it holds the truth).
 CHANGE_RANGE_DROP = 3.0
 CALIBRATION_GROUPS = 40  # x 5 streams
+MIXING_GRID = 100  # points of the grid of cluster acceptance (_Mixing)
+MIXING_ITERATIONS = 40  # EM iterations per group, from the whole reference's fit (10 x as many)
 # Raised whenever calibrate gives another threshold for the same input, so thresholds kept in a database
 # (specmon.drift_state) are calibrated again rather than reused.
-CALIBRATION_VERSION = 2
+CALIBRATION_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -142,33 +145,38 @@ def calibrate(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p
     steeply on its acceptance and on how much that varies over a stretch of points. So each group is one
     plausible process: G clusters drawn with replacement from the reference (the bootstrap's picture of the
     sampling error). Its streams_per_group streams of 5 x arl0_steps points are clusters drawn from the group, each
-    given an acceptance r from a beta distribution with the group's mean and spread between clusters (by moments,
-    _beta_rates) and points to match: an engine window keeps its checked count and gets accepted ~ Binomial(checked,
-    r); a request gets a length from the group's lengths smoothed on the log scale and steps drawn from the group's
-    per-position profile shifted to r (_tilted_steps). Resampling the reference's clusters as they are, a hundred
-    of them, would let the rare poor request (or window) that sets off a false alarm once in thousands of points be
-    missing or over-represented by chance, and the threshold follow that luck; the smoothing gives every group the
-    tail its spread implies. The streams are watched with the reference's own p0 and p1, and h is solved for where
-    the groups' mean rate of the restarted CUSUM (every alarm, re-alarms included, over the points watched: the
-    figure the stated rate promises) is 1 / arl0_steps (_solve).
+    given an acceptance r from the group's distribution of cluster acceptance (its nonparametric maximum-likelihood
+    estimate, _Mixing) and points to match: an engine window keeps its checked count and gets accepted ~
+    Binomial(checked, r) (_WindowProcess); a request gets a length from the group's lengths smoothed on the log
+    scale and steps drawn from the group's per-position profile shifted to r (_StepProcess). Resampling the
+    reference's clusters as they are, a hundred of them, would let the rare poor request (or window) that sets off
+    a false alarm once in thousands of points be missing or over-represented by chance, and the threshold follow
+    that luck; drawing r from the estimated distribution instead gives every group the tail its clusters imply. The
+    streams are watched with the reference's own p0 and p1, and h is solved for where the groups' mean rate of the
+    restarted CUSUM (every alarm, re-alarms included, over the points watched: the figure the stated rate
+    promises) is 1 / arl0_steps (_solve).
     """
     rng = np.random.default_rng(seed)
     a = np.asarray(accepted, dtype=float)
     n = np.asarray(checked, dtype=float)
     _, inverse = np.unique(clusters, return_inverse=True)
     n_clusters = int(inverse.max()) + 1
-    wa, wr = llr_weights(p0, p1)
     single = n_clusters == len(a)  # engine windows: every point its own cluster
-    s = []
+    mixing = _Mixing(np.bincount(inverse, weights=a), np.bincount(inverse, weights=n))
+    points = []
     for _ in range(groups):
         pool = rng.integers(0, n_clusters, n_clusters)
-        if single:
-            idx = rng.choice(pool, (streams_per_group, 5 * arl0_steps))
-            x = _smoothed_windows(rng, a, n, idx, pool, wa, wr)
-        else:
-            x = _tilted_steps(rng, a, n, inverse, pool, streams_per_group, 5 * arl0_steps, wa, wr)
-        s.append(np.cumsum(x, axis=1, dtype=np.float64))
-    return _solve(s, arl0_steps)
+        rates = mixing.fit(np.bincount(pool, minlength=n_clusters))
+        process = _WindowProcess(a, n, pool, rates) if single else _StepProcess(a, n, inverse, pool, rates)
+        points.append(process.draw(rng, streams_per_group, 5 * arl0_steps))
+    return _solve([_cumulative(pa, pn, p0, p1) for pa, pn in points], arl0_steps)
+
+
+def _cumulative(accepted: np.ndarray, checked: np.ndarray, p0: float, p1: float) -> np.ndarray:
+    """Cumulative CUSUM increments of simulated streams (one a row) watched with p0 and p1."""
+    wa, wr = llr_weights(p0, p1)
+    x = (accepted * np.float32(wa - wr) + checked * np.float32(wr)).astype(np.float32)
+    return np.cumsum(x, axis=1, dtype=np.float64)
 
 
 def _solve(s: list[np.ndarray], arl0_steps: int) -> float:
@@ -269,91 +277,142 @@ def _restarted_rate(s: list[np.ndarray], h: float, arl0_steps: int) -> float:
     return float(np.mean(rates))
 
 
-def _beta_rates(rng: np.random.Generator, pa: np.ndarray, pn: np.ndarray, weights: np.ndarray,
-                size: int | tuple) -> np.ndarray:
-    """Cluster acceptances r ~ Beta(A, B) for a group of clusters with accepted pa of checked pn (_beta_prior); r
-    is the mean where no spread is left. Assumes a cluster's checked positions are Bernoulli(r) given r, which
-    holds for a step log (each checked position is a trial; drafting stops at the first rejection) and for
-    windows."""
-    prior = _beta_prior(pa, pn, weights)
-    if prior is None:
-        return np.full(size, float(np.clip(np.average(pa / np.maximum(pn, 1), weights=weights), 0.005, 0.995)))
-    return rng.beta(prior[0], prior[1], size)
+class _Mixing:
+    """The distribution of cluster acceptance r, estimated by nonparametric maximum likelihood (Kiefer and
+    Wolfowitz) on a grid: given r, a cluster's a accepted of n checked positions have likelihood r^a (1 - r)^(n - a)
+    (exact for a step log, whose drafting stops at the first rejection, a stopping rule the likelihood ignores, and
+    for windows), and the weights on the grid maximise the likelihood of the clusters (EM). Unlike a beta fitted by
+    moments it keeps the shape the data show (a cluster of hard requests one in ten), and where clusters do not
+    differ beyond chance it comes out nearly a single point instead of a spread the chance variation leaves."""
+
+    def __init__(self, pa: np.ndarray, pn: np.ndarray):
+        rate = pa / np.maximum(pn, 1)
+        slack = 4 * np.sqrt(0.25 / np.maximum(pn, 1))
+        self.grid = np.linspace(max(1e-3, float((rate - slack).min())), min(1 - 1e-3, float((rate + slack).max())),
+                                MIXING_GRID)
+        loglik = pa[:, None] * np.log(self.grid) + (pn - pa)[:, None] * np.log1p(-self.grid)
+        self.lik = np.exp(loglik - loglik.max(axis=1, keepdims=True))  # (clusters, grid)
+        self.start = self._em(np.ones(len(pa)), np.full(MIXING_GRID, 1 / MIXING_GRID), MIXING_ITERATIONS * 10)
+
+    def fit(self, counts: np.ndarray) -> _Rates:
+        """The distribution for a group holding each reference cluster counts times (EM from the whole reference's
+        fit), smoothed (_Rates)."""
+        w = self._em(counts.astype(float), self.start, MIXING_ITERATIONS)
+        logit = np.log(self.grid / (1 - self.grid))
+        mean = w @ logit
+        cdf = np.cumsum(w)
+        iqr = logit[np.searchsorted(cdf, 0.75)] - logit[np.searchsorted(cdf, 0.25)]
+        sd = math.sqrt(max(w @ (logit - mean) ** 2, 0.0))
+        spread = min(sd, iqr / 1.34) if iqr > 0 else sd
+        b = 0.9 * spread * len(counts) ** -0.2
+        shift = 0.0
+        if b > 0:
+            # a kernel on the log-odds scale pulls the mean towards 1/2; shift it back (Newton, on 20 Gauss-Hermite
+            # nodes), since the false-alarm rate is steep in the mean acceptance
+            nodes, node_w = np.polynomial.hermite_e.hermegauss(20)
+            node_w = node_w / node_w.sum()
+            target = w @ self.grid
+            base = logit[:, None] + b * nodes[None, :]
+            for _ in range(8):
+                e = 1 / (1 + np.exp(-(base + shift)))
+                shift += (target - w @ e @ node_w) / (w @ (e * (1 - e)) @ node_w)
+        return _Rates(self.grid, w, b, shift)
+
+    def _em(self, counts: np.ndarray, w: np.ndarray, iterations: int) -> np.ndarray:
+        for _ in range(iterations):
+            # (a cluster the group does not hold may have no weight left near it: 0 / 0 must count as 0)
+            w = w * (self.lik.T @ (counts / np.maximum(self.lik @ w, 1e-300))) / counts.sum()
+        return w / w.sum()
 
 
-def _beta_prior(pa: np.ndarray, pn: np.ndarray, weights: np.ndarray) -> tuple[float, float] | None:
-    """Beta(A, B) fitted by moments to the clusters' own acceptances pa / pn weighted as the clusters are drawn
-    (weights), less their binomial part; None where no spread is left (every cluster has the mean).
+@dataclass(frozen=True)
+class _Rates:
+    """Draws of cluster acceptance: a grid value with its weight, moved on the log-odds scale by b z + shift, z
+    standard normal (a kernel with Silverman's bandwidth b from the weights' own spread on that scale and the number
+    of clusters; shift keeps the mean of the weights). The maximum-likelihood weights sit on a few points, inside
+    the range of the clusters' own rates, so they picture the tail of poor clusters, where false alarms come from,
+    as lighter than it is; the kernel spreads each point as the lengths' kernel does (_smoothed_lengths), and adds
+    nothing where the clusters do not differ (b = 0)."""
 
-    The weights matter: a request with higher r checks more positions per step, so its acceptance is weighted by
-    its steps, not its checked positions (the checked-weighted mean is the per-token alpha, which exceeds the
-    per-step mean of r when requests differ); a window keeps its checked count whatever its r, so windows are
-    weighted by checked positions."""
-    rate = pa / np.maximum(pn, 1)
-    mean = float(np.clip(np.average(rate, weights=weights), 0.005, 0.995))
-    between = (np.average((rate - mean) ** 2, weights=weights)
-               - np.average(mean * (1 - mean) / np.maximum(pn, 1), weights=weights))
-    m = mean * (1 - mean) / between - 1.0 if between > 0 else math.inf
-    return None if not math.isfinite(m) or m <= 0 else (mean * m, (1 - mean) * m)
+    grid: np.ndarray
+    weights: np.ndarray
+    b: float
+    shift: float = 0.0
+
+    def draw(self, rng: np.random.Generator, size: int | tuple) -> np.ndarray:
+        r = rng.choice(self.grid, size=size, p=self.weights)
+        if self.b <= 0:
+            return r
+        return 1 / (1 + (1 - r) / r * np.exp(-self.b * rng.standard_normal(size) - self.shift))
 
 
-def _smoothed_windows(rng: np.random.Generator, a: np.ndarray, n: np.ndarray, idx: np.ndarray, pool: np.ndarray,
-                      wa: float, wr: float) -> np.ndarray:
-    """Increments of resampled engine windows, smoothed: each drawn window keeps its checked count n and gets
-    accepted ~ Binomial(n, r), r from _beta_rates of the group."""
-    checked = n[idx]
-    accepted = rng.binomial(checked.astype(np.int64), _beta_rates(rng, a[pool], n[pool], n[pool], idx.shape))
-    return (accepted * wa + (checked - accepted) * wr).astype(np.float32)
+class _WindowProcess:
+    """The in-control process of one group of engine windows: a drawn window keeps its checked count n and gets
+    accepted ~ Binomial(n, r), r drawn from the group's distribution of window acceptance (_Mixing)."""
+
+    def __init__(self, a: np.ndarray, n: np.ndarray, pool: np.ndarray, rates: _Rates):
+        self.pool, self.n, self.rates = pool, n, rates
+
+    def draw(self, rng: np.random.Generator, n_streams: int, n_points: int) -> tuple[np.ndarray, np.ndarray]:
+        """(accepted, checked) of n_streams streams of n_points windows, one a row."""
+        checked = self.n[rng.choice(self.pool, (n_streams, n_points))]
+        accepted = rng.binomial(checked.astype(np.int64), self.rates.draw(rng, checked.shape))
+        return accepted.astype(np.int32), checked.astype(np.int32)
 
 
 TILT_GRID = np.linspace(-8.0, 8.0, 161)  # shifts of the per-position log-odds of acceptance
 
 
-def _tilted_steps(rng: np.random.Generator, a: np.ndarray, n: np.ndarray, inverse: np.ndarray, pool: np.ndarray,
-                  n_streams: int, n_points: int, wa: float, wr: float) -> np.ndarray:
-    """Increments of (n_streams, n_points) steps of requests drawn from the group pool (positions among the
-    reference's requests, inverse the request of each step), laid end to end.
+class _StepProcess:
+    """The in-control process of one group of requests (pool: positions among the reference's requests, inverse
+    the request of each reference step), drawn as requests laid end to end.
 
     A drawn request gets a length in steps from the group's lengths, smoothed on the log scale (_smoothed_lengths),
-    and an acceptance r from _beta_rates. Its steps are drawn independently from the group's per-position profile
-    shifted to r: position i of a step is checked while all before were accepted, and accepted with probability
-    logistic(logit q_i + theta), q_i the group's own rate at position i (accepted / checked there), theta (on
-    TILT_GRID) the shift whose per-token acceptance is nearest r. So steps keep the shape of real steps (position 1
-    easier or harder than position 4, as the logs have it) at the request's own acceptance; within a request whose
-    positions share one rate this is exactly the truncated geometric step. (A tilt of the group's mix of steps,
-    which this replaced, matched r but, at an r far below the mix, kept too many fully accepted steps from the
-    easy requests in it: fewer rejections per step, a CUSUM drifting up more slowly than in a poor request.)"""
-    n_requests = int(inverse.max()) + 1
-    steps = np.bincount(inverse, minlength=n_requests)
-    k = max(int(n.max()), 1)
-    kinds = np.array([(j, min(j + 1, k)) for j in range(k + 1)], dtype=float)  # (accepted, checked) of a step
-    times = np.bincount(pool, minlength=n_requests)[inverse]  # how often the group holds each reference step
-    reached = np.array([times[n >= i].sum() for i in range(1, k + 1)])
-    passed = np.array([times[a >= i].sum() for i in range(1, k + 1)])
-    q = 1 / (1 + np.exp(-(np.log((passed + 0.5) / (reached - passed + 0.5))[None, :] + TILT_GRID[:, None])))
-    weight = np.concatenate([np.ones((len(TILT_GRID), 1)), np.cumprod(q, axis=1)], axis=1)  # P(reach position j)
-    weight[:, :-1] *= 1 - q  # P(exactly j accepted) for j < k
-    tilt_rate = (weight @ kinds[:, 0]) / (weight @ kinds[:, 1])  # increasing in theta
-    cdf = np.cumsum(weight / weight.sum(axis=1, keepdims=True), axis=1)
-    columns = [np.ascontiguousarray(cdf[:, j]) for j in range(len(kinds) - 1)]  # a step's kind: cdf values below u
-    x_kind = (kinds[:, 0] * wa + (kinds[:, 1] - kinds[:, 0]) * wr).astype(np.float32)
-    pa = np.bincount(inverse, weights=a, minlength=n_requests)[pool]
-    pn = np.bincount(inverse, weights=n, minlength=n_requests)[pool]
-    draws = int(n_points / steps[pool].mean() * 1.5) + 16
-    out = np.empty((n_streams, n_points), dtype=np.float32)
-    for i in range(n_streams):
-        filled = 0
-        while filled < n_points:
-            lengths = _smoothed_lengths(rng, steps[pool], draws)
-            rates = _beta_rates(rng, pa, pn, steps[pool], draws)
-            row = np.repeat(np.searchsorted(tilt_rate, rates).clip(0, len(TILT_GRID) - 1), lengths)[:n_points - filled]
-            u = rng.random(len(row))
-            picked = np.zeros(len(row), dtype=np.int64)
-            for column in columns:
-                picked += u > column[row]
-            out[i, filled:filled + len(row)] = x_kind[picked]
-            filled += len(row)
-    return out
+    and an acceptance r from the group's distribution of request acceptance (_Mixing). Its steps are drawn
+    independently from the group's per-position profile shifted to r: position i of a step is checked while all
+    before were accepted, and accepted with probability logistic(logit q_i + theta), q_i the group's own rate at
+    position i (accepted / checked there), theta (on TILT_GRID) the shift whose per-token acceptance is nearest r.
+    So steps keep the shape of real steps (position 1 easier or harder than position 4, as the logs have it) at the
+    request's own acceptance; within a request whose positions share one rate this is exactly the truncated
+    geometric step. (A tilt of the group's mix of steps, which this replaced, matched r but, at an r far below the
+    mix, kept too many fully accepted steps from the easy requests in it: fewer rejections per step, a CUSUM
+    drifting up more slowly than in a poor request.)"""
+
+    def __init__(self, a: np.ndarray, n: np.ndarray, inverse: np.ndarray, pool: np.ndarray, rates: _Rates):
+        self.rates = rates
+        n_requests = int(inverse.max()) + 1
+        k = max(int(n.max()), 1)
+        self.kinds = np.array([(j, min(j + 1, k)) for j in range(k + 1)], dtype=np.int8)  # (accepted, checked)
+        times = np.bincount(pool, minlength=n_requests)[inverse]  # how often the group holds each reference step
+        reached = np.array([times[n >= i].sum() for i in range(1, k + 1)])
+        passed = np.array([times[a >= i].sum() for i in range(1, k + 1)])
+        q = 1 / (1 + np.exp(-(np.log((passed + 0.5) / (reached - passed + 0.5))[None, :] + TILT_GRID[:, None])))
+        weight = np.concatenate([np.ones((len(TILT_GRID), 1)), np.cumprod(q, axis=1)], axis=1)  # P(reach j)
+        weight[:, :-1] *= 1 - q  # P(exactly j accepted) for j < k
+        kinds = self.kinds.astype(float)
+        self.tilt_rate = (weight @ kinds[:, 0]) / (weight @ kinds[:, 1])  # increasing in theta
+        cdf = np.cumsum(weight / weight.sum(axis=1, keepdims=True), axis=1)
+        self.columns = [np.ascontiguousarray(cdf[:, j]) for j in range(len(kinds) - 1)]  # kind: cdf values below u
+        self.steps = np.bincount(inverse, minlength=n_requests)[pool]
+
+    def draw(self, rng: np.random.Generator, n_streams: int, n_points: int) -> tuple[np.ndarray, np.ndarray]:
+        """(accepted, checked) of n_streams streams of n_points steps, one a row."""
+        draws = int(n_points / self.steps.mean() * 1.5) + 16
+        picked = np.empty((n_streams, n_points), dtype=np.int8)
+        for i in range(n_streams):
+            filled = 0
+            while filled < n_points:
+                lengths = _smoothed_lengths(rng, self.steps, draws)
+                rates = self.rates.draw(rng, draws)
+                tilt = np.searchsorted(self.tilt_rate, rates).clip(0, len(TILT_GRID) - 1)
+                row = np.repeat(tilt, lengths)[:n_points - filled]
+                u = rng.random(len(row))
+                kind = np.zeros(len(row), dtype=np.int8)
+                for column in self.columns:
+                    kind += u > column[row]
+                picked[i, filled:filled + len(row)] = kind
+                filled += len(row)
+        return self.kinds[picked, 0], self.kinds[picked, 1]
 
 
 def _smoothed_lengths(rng: np.random.Generator, lengths: np.ndarray, size: int) -> np.ndarray:

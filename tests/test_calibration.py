@@ -65,8 +65,10 @@ def test_steps_keep_the_per_position_profile_and_shift_it_to_a_request_acceptanc
     request = np.repeat(np.arange(n_steps // 20), 20)
     _, inverse = np.unique(request, return_inverse=True)
     pool = np.arange(inverse.max() + 1)
-    x = drift._tilted_steps(np.random.default_rng(4), accepted.astype(float), checked.astype(float), inverse, pool,
-                            2, 50_000, 1.0, 0.0).ravel()
+    mixing = drift._Mixing(np.bincount(inverse, weights=accepted), np.bincount(inverse, weights=checked))
+    process = drift._StepProcess(accepted.astype(float), checked.astype(float), inverse, pool,
+                                 mixing.fit(np.ones(len(pool))))
+    x = process.draw(np.random.default_rng(4), 2, 50_000)[0].ravel()
     for j in range(1, 5):
         reached = (x >= j - 1).mean()
         rate = (x >= j).mean() / reached
