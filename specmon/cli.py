@@ -533,7 +533,7 @@ def run_child(cmd: list[str], env: dict, grace_s: float = 20.0,
             code = child.wait()
         for s, handler in previous.items():
             signal.signal(s, handler)
-    return 128 + caught[0] if caught and code < 0 else code
+    return 128 + caught[0] if caught else code  # ended by the signal, however the child reported it
 
 
 def _streamlit_flags(overrides: dict[str, object]) -> list[str]:
@@ -549,14 +549,34 @@ def _streamlit_flags(overrides: dict[str, object]) -> list[str]:
     return [f"--{name}={str(value).lower() if isinstance(value, bool) else value}" for name, value in settings.items()]
 
 
+def _serve_here(flags: list[str]) -> int:
+    """Streamlit in this process (a second interpreter would start it a quarter of a second later). Its server
+    shuts down on SIGTERM or SIGINT and raises the signal again once stopped: that is recorded here and becomes
+    the exit status, as for any process ended by a signal."""
+    from streamlit.web import cli as streamlit_cli
+
+    caught: list[int] = []
+    handled = (signal.SIGTERM, signal.SIGINT)
+    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in handled}
+    try:
+        streamlit_cli.main.main(args=["run", str(resources.SERVER), *flags], prog_name="streamlit",
+                                standalone_mode=False)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return 128 + caught[-1] if caught else EXIT_OK
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     if args.db:
         env[DB_ENV] = args.db
     flags = _streamlit_flags({"server.address": args.address, "server.port": args.port, "server.headless": True})
-    cmd = [sys.executable, "-m", "streamlit", "run", str(resources.SERVER), *flags]
     if not args.watch:
-        return run_child(cmd, env)
+        os.environ.update(env)
+        return _serve_here(flags)
+    # With a watcher, the server runs as a child, so that ingesting never holds the dashboard's interpreter.
+    cmd = [sys.executable, "-m", "streamlit", "run", str(resources.SERVER), *flags]
     from specmon import watch
 
     config = watch.load_config(args.watch)  # a bad file is an error before anything starts

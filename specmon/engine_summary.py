@@ -9,6 +9,7 @@ treat each window (a log interval, a request, a scrape) as a cluster (stats.clus
 """
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from datetime import datetime
@@ -17,7 +18,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from specmon import prometheus, stats
+from specmon import stats
+from specmon.prometheus import COUNTERS, GAUGES
 from specmon.segments import Estimate, PositionSummary, SegmentSummary, economics, position_summary
 from specmon.settings import BUCKETS, CONFIDENCE
 from specmon.store import Store
@@ -40,13 +42,48 @@ WHERE (? IS NULL OR rs.run = ?) GROUP BY ALL
 """
 
 
+def counter_windows(samples: pd.DataFrame) -> pd.DataFrame:
+    """Windows of counts from raw counter samples (columns segment_id, metric, series, labels, ts, value).
+
+    Per series, each sample after the first gives a window (previous ts, ts] with delta = value - previous, or
+    value where the counter fell (a restart). Series that differ only in labels are summed per scrape time;
+    per-position series go into accepted_per_position. Returns one row per (segment_id, end_ts).
+    """
+    cols = ["segment_id", "start_ts", "end_ts", "drafts", "draft_tokens", "accepted_tokens",
+            "accepted_per_position", "k", "labels"]
+    counters = samples[~samples["metric"].isin(GAUGES)].sort_values(["segment_id", "metric", "series", "ts"])
+    if counters.empty:
+        return pd.DataFrame(columns=cols)
+    g = counters.groupby(["segment_id", "metric", "series"], sort=False)
+    counters = counters.assign(prev=g["value"].shift(), start_ts=g["ts"].shift())
+    d = counters[counters["prev"].notna()].copy()
+    d["delta"] = (d["value"] - d["prev"]).where(d["value"] >= d["prev"], d["value"])
+    d["kind"] = d["metric"].str.split(":").str[1]
+    d["position"] = d["labels"].map(lambda s: json.loads(s).get("position") if s else None)
+    rows = []
+    for (segment_id, end_ts), w in d.groupby(["segment_id", "ts"]):
+        totals = w.groupby("kind")["delta"].sum()
+        per_pos = w[w["kind"] == COUNTERS[3]].groupby("position")["delta"].sum()
+        per_pos = per_pos.sort_index(key=lambda idx: idx.astype(int))
+        label_sets = [json.loads(s) for s in w["labels"].unique() if s]
+        common = {k: v for k, v in (label_sets[0].items() if label_sets else []) if k != "position"
+                  and all(ls.get(k) == v for ls in label_sets)}
+        rows.append({
+            "segment_id": segment_id, "start_ts": w["start_ts"].min(), "end_ts": end_ts,
+            "drafts": totals.get(COUNTERS[0]), "draft_tokens": totals.get(COUNTERS[1]),
+            "accepted_tokens": totals.get(COUNTERS[2]),
+            "accepted_per_position": per_pos.tolist() if len(per_pos) else None,
+            "k": len(per_pos) or None, "labels": json.dumps(common)})
+    return pd.DataFrame(rows, columns=cols)
+
+
 def windows(store: Store, run: str | None = None) -> pd.DataFrame:
     """Every engine window: log lines and per-request JSON as stored, Prometheus counters differenced."""
     logged = store.query_df(_WINDOWS_SQL, [run, run])
     samples = store.query_df(_SAMPLES_SQL, [run, run])
     if samples.empty:
         return logged
-    counted = prometheus.counter_windows(samples)
+    counted = counter_windows(samples)
     if counted.empty:
         return logged
     segs = store.query_df(_SEGMENTS_SQL, [run, run])

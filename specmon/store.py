@@ -380,6 +380,39 @@ def connect(path: str, read_only: bool = False) -> duckdb.DuckDBPyConnection:
     return conn
 
 
+@contextmanager
+def query_progress(conn: duckdb.DuckDBPyConnection, progress: Callable[[int, int], None] | None, total: int,
+                   every_s: float = 0.5) -> Iterator[None]:
+    """While the block runs its queries on `conn`, report DuckDB's own estimate of how far the running query has
+    got, as a share of `total` (progress(done, total), from a polling thread, never moving backwards), so that a
+    load done by one long query still shows progress. The estimate is DuckDB's: for a file scan, the share of the
+    file read."""
+    if progress is None:
+        yield
+        return
+    conn.execute("SET enable_progress_bar = true")  # DuckDB tracks progress only with its bar on;
+    conn.execute("SET enable_progress_bar_print = false")  # the bar itself is never drawn (see connect)
+    stop = threading.Event()
+
+    def poll() -> None:
+        best = 0
+        while not stop.wait(every_s):
+            share = conn.query_progress()  # percent; -1 while no query runs or it cannot tell
+            done = int(total * min(share, 100.0) / 100) if share > 0 else 0
+            if done > best:
+                best = done
+                progress(best, total)
+
+    poller = threading.Thread(target=poll, name="specmon-query-progress", daemon=True)
+    poller.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        poller.join()
+        conn.execute("SET enable_progress_bar = false")
+
+
 def _is_lock_conflict(exc: Exception) -> bool:
     return "lock" in str(exc).lower()
 

@@ -292,3 +292,17 @@ def test_an_empty_file_is_nothing_to_ingest_and_a_directory_is_named(store, tmp_
     assert counts(store) == (0, 0, 0, 0)  # no run, no ingest: a later empty file is not "already ingested"
     with pytest.raises(SpecmonError, match="is a directory"):
         ingest_file(store, str(tmp_path))
+
+
+def test_one_long_query_reports_its_progress_while_it_runs():
+    """store.query_progress polls DuckDB's own estimate from a thread while the block's query runs: the fast step
+    log and flat loads are one query each, and would otherwise show nothing until the end."""
+    from specmon.store import connect, query_progress
+
+    conn, seen = connect(":memory:"), []
+    with query_progress(conn, lambda done, total: seen.append((done, total)), total=1000, every_s=0.02):
+        conn.execute("SELECT i % 1000 AS g, sum(i * random()) FROM range(40000000) t(i) GROUP BY g").fetchall()
+    assert seen, "no progress while a query of half a second or more ran"
+    assert all(0 < done <= total == 1000 for done, total in seen)
+    assert [done for done, _ in seen] == sorted({done for done, _ in seen})  # only forwards
+    assert conn.execute("SELECT current_setting('enable_progress_bar')").fetchone()[0] is False

@@ -1,6 +1,7 @@
 """Whatever ends a process, it leaves nothing behind: `specmon ingest -` removes its spooled copy on SIGTERM, SIGINT
-or an exception, and the next ingest sweeps the copy of one killed outright; `specmon serve` forwards signals to its
-Streamlit child, waits for it, and leaves no child and no bound port. All with real processes."""
+or an exception, and the next ingest sweeps the copy of one killed outright; `specmon serve` ends on a signal with
+its status and leaves no bound port, and beside a watcher (where Streamlit runs as its child) forwards the signal,
+waits for the child and takes it along when killed outright. All with real processes."""
 import os
 import signal
 import socket
@@ -116,10 +117,17 @@ def port_free(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) != 0
 
 
-def start_serve(specmon_cmd, tmp_path):
+def start_serve(specmon_cmd, tmp_path, watch: bool):
+    """`specmon serve`, with a watcher or without; returns the process, its child (the Streamlit server, which
+    runs in a child only beside a watcher) or None, and the port."""
     port = free_port()
-    proc = subprocess.Popen([*specmon_cmd, "serve", "--db", str(tmp_path / "serve.duckdb"), "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=as_from_a_terminal)
+    extra = []
+    if watch:
+        (tmp_path / "empty.log").write_text("")
+        (tmp_path / "watch.toml").write_text(f'interval = 0.2\n[[log]]\npath = "{tmp_path / "empty.log"}"\n')
+        extra = ["--watch", str(tmp_path / "watch.toml")]
+    proc = subprocess.Popen([*specmon_cmd, "serve", "--db", str(tmp_path / "serve.duckdb"), "--port", str(port),
+                             *extra], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=as_from_a_terminal)
 
     def healthy():
         try:
@@ -129,22 +137,24 @@ def start_serve(specmon_cmd, tmp_path):
 
     until(healthy, what="the dashboard")
     kids = children(proc.pid)
-    assert len(kids) == 1
-    return proc, kids[0], port
+    assert len(kids) == (1 if watch else 0), kids
+    return proc, kids[0] if watch else None, port
 
 
+@pytest.mark.parametrize("watch", [False, True], ids=["serve", "serve --watch"])
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_serve_passes_a_signal_on_and_leaves_no_child(specmon_cmd, tmp_path, sig):
-    proc, child, port = start_serve(specmon_cmd, tmp_path)
+def test_serve_ends_on_a_signal_and_leaves_no_child(specmon_cmd, tmp_path, sig, watch):
+    proc, child, port = start_serve(specmon_cmd, tmp_path, watch)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     assert b"Traceback" not in err, err
-    assert not running(child)
+    assert proc.returncode == 128 + sig, err
+    assert child is None or not running(child)
     until(lambda: port_free(port), timeout=10, what="the port to be free")
 
 
 def test_serve_killed_outright_takes_its_child_along(specmon_cmd, tmp_path):
-    proc, child, port = start_serve(specmon_cmd, tmp_path)
+    proc, child, port = start_serve(specmon_cmd, tmp_path, watch=True)
     proc.kill()
     proc.communicate(timeout=60)
     try:

@@ -1,7 +1,7 @@
 """Saved Prometheus pages: the text exposition format of vLLM's and llama.cpp's /metrics (plain or gzip).
 
 Only the speculative-decoding counters (and SGLang's two gauges) are kept, as raw samples; windows are made later
-from the differences between consecutive samples of a series (specmon.prometheus.counter_windows). A counter is a
+from the differences between consecutive samples of a series (specmon.engine_summary.counter_windows). A counter is a
 finite count >= 0; a sample's own timestamp must fall within the years 1 to 9999.
 """
 from __future__ import annotations

@@ -22,7 +22,7 @@ from specmon.faults import Fault, RowFault
 from specmon.formats import steplog_sql, textio
 from specmon.formats.base import Job
 from specmon.limits import MAX_JSON_LINE_BYTES
-from specmon.store import Store, get_or_create_segment, next_step_id
+from specmon.store import Store, get_or_create_segment, next_step_id, query_progress
 
 FORMATS = ("steplog-jsonl",)
 SOURCE = "steplog"
@@ -145,8 +145,9 @@ class Reader:
         self.store = store
         total = os.path.getsize(job.path)
         with store.staging() as (self.staging_path, cur):
-            staged = steplog_sql.stage(cur, job.path, sum_tol=job.sum_tol, default_template=job.default_template,
-                                       ingest_time=job.ingest_time)
+            with query_progress(cur, job.progress, total):
+                staged = steplog_sql.stage(cur, job.path, sum_tol=job.sum_tol, default_template=job.default_template,
+                                           ingest_time=job.ingest_time)
             if staged is not None:
                 steps, positions, no_time = staged
                 job.rows_read, job.steps, job.positions, job.no_time = steps, steps, positions, no_time

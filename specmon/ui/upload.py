@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 
 import pandas as pd
 import streamlit as st
+from streamlit.runtime.scriptrunner import add_script_run_ctx, get_script_run_ctx
 from streamlit.runtime.uploaded_file_manager import UploadedFile
 
 from specmon.faults import SpecmonError
@@ -37,8 +39,12 @@ def _ingest_upload(store: Store, upload: UploadedFile, run: str | None, template
     """One uploaded file through the ingest, with its progress bar, its verdict, and its rejected rows."""
     label = md_text(upload.name)
     bar = st.progress(0.0, text=f"{label}: reading")
+    page = get_script_run_ctx()
 
     def progress(done: int, total: int) -> None:
+        # a load done by one DuckDB query reports from a polling thread (store.query_progress): give it the page
+        if get_script_run_ctx(suppress_warning=True) is None:
+            add_script_run_ctx(threading.current_thread(), page)
         bar.progress(min(done / total, 1.0) if total else 1.0, text=f"{label}: {done / 2**20:.1f} MB")
 
     with tempfile.TemporaryDirectory(prefix="specmon-report-") as tmp:
