@@ -1,11 +1,13 @@
 """What `specmon serve` runs: Streamlit's App around the dashboard script (app.py), with a start-up hook.
 
-A page's first run imports pandas, Altair and specmon's queries (about half a second); the hook imports them in the
-background as the server starts, so they load while the browser is still fetching and starting Streamlit's
-frontend, not after it asks for the first page. `streamlit run app.py` works as well, without the head start.
+A page's first run imports pandas, Altair and specmon's queries (about half a second) and runs the Overview's
+summary query; the hook does both in the background as the server starts, so they happen while the browser is
+still fetching and starting Streamlit's frontend, not after it asks for the first page (the query's result goes
+into the app's cache, where the page finds it). `streamlit run app.py` works as well, without the head start.
 """
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,14 +16,28 @@ import streamlit as st
 
 from specmon.resources import APP
 
+_HEAD_START = "specmon-head-start"
 
-def _import_first_page() -> None:
+
+def _prepare_first_page() -> None:
     import specmon.ui.overview  # noqa: F401  (the default page, and through it the shared data module)
+    from specmon.ui import data
+
+    try:
+        data.summaries()
+    except Exception:  # noqa: BLE001 (a head start only: the page runs the query again and shows what failed)
+        pass
+
+
+def _not_from_the_head_start(record: logging.LogRecord) -> bool:
+    """Streamlit's cache warns that a thread outside a page run has no page: this one has none by design."""
+    return record.threadName != _HEAD_START
 
 
 @asynccontextmanager
 async def _head_start(_app: st.App) -> AsyncIterator[None]:
-    threading.Thread(target=_import_first_page, name="specmon-imports", daemon=True).start()
+    logging.getLogger("streamlit.runtime.scriptrunner_utils.script_run_context").addFilter(_not_from_the_head_start)
+    threading.Thread(target=_prepare_first_page, name=_HEAD_START, daemon=True).start()
     yield
 
 
