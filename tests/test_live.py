@@ -40,6 +40,7 @@ def test_the_shipped_pair(pair):
     assert size <= 30 * 2**20
 
 
+@pytest.mark.slow  # about 50 s: the training script end to end runs with CI's slow checks
 def test_train_pair_makes_a_pair_that_loads(tmp_path):
     """The training script end to end, on a few standard-library files and two steps per model."""
     stdlib, lib = Path(sysconfig.get_paths()["stdlib"]), tmp_path / "lib"
