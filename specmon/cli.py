@@ -16,7 +16,8 @@ import subprocess
 import sys
 import threading
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -503,6 +504,26 @@ def _die_with_parent() -> None:
         pass
 
 
+@contextmanager
+def _signals_caught(handled: tuple[signal.Signals, ...],
+                    then: Callable[[int], None] | None = None) -> Iterator[list[int]]:
+    """Within the block, the signals in `handled` are recorded in the list it yields (and passed to `then`) instead
+    of ending this process; the previous handlers come back after it."""
+    caught: list[int] = []
+
+    def record(signum: int, frame: object) -> None:
+        caught.append(signum)
+        if then:
+            then(signum)
+
+    previous = {s: signal.signal(s, record) for s in handled}
+    try:
+        yield caught
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 def run_child(cmd: list[str], env: dict, grace_s: float = 20.0,
               on_signal: Callable[[], None] | None = None) -> int:
     """Run a long-lived child (the Streamlit server) and leave none behind: SIGTERM, SIGINT and SIGHUP are
@@ -511,28 +532,23 @@ def run_child(cmd: list[str], env: dict, grace_s: float = 20.0,
 
     The child gets a session of its own, so a Ctrl-C in the terminal reaches it once, through this process."""
     child = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)
-    caught: list[int] = []
 
-    def forward(signum: int, frame: object) -> None:
-        caught.append(signum)
+    def forward(signum: int) -> None:
         child.send_signal(signum)
         if on_signal:
             on_signal()
 
-    handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-    previous = {s: signal.signal(s, forward) for s in handled}
-    try:
-        code = child.wait()
-    finally:
-        if child.poll() is None:  # left by an exception before the child ended
-            child.terminate()
+    with _signals_caught((signal.SIGTERM, signal.SIGINT, signal.SIGHUP), forward) as caught:
         try:
-            code = child.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            child.kill()
             code = child.wait()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        finally:
+            if child.poll() is None:  # left by an exception before the child ended
+                child.terminate()
+            try:
+                code = child.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                code = child.wait()
     return 128 + caught[0] if caught else code  # ended by the signal, however the child reported it
 
 
@@ -555,25 +571,17 @@ def _serve_here(flags: list[str]) -> int:
     the exit status, as for any process ended by a signal."""
     from streamlit.web import cli as streamlit_cli
 
-    caught: list[int] = []
-    handled = (signal.SIGTERM, signal.SIGINT)
-    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in handled}
-    try:
+    with _signals_caught((signal.SIGTERM, signal.SIGINT)) as caught:
         streamlit_cli.main.main(args=["run", str(resources.SERVER), *flags], prog_name="streamlit",
                                 standalone_mode=False)
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    return 128 + caught[-1] if caught else EXIT_OK
+    return 128 + caught[-1] if caught else EXIT_OK  # the server raises them again last first: [-1] came first
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    env = dict(os.environ)
     if args.db:
-        env[DB_ENV] = args.db
+        os.environ[DB_ENV] = args.db  # for the server, here or in the child
     flags = _streamlit_flags({"server.address": args.address, "server.port": args.port, "server.headless": True})
     if not args.watch:
-        os.environ.update(env)
         return _serve_here(flags)
     # With a watcher, the server runs as a child, so that ingesting never holds the dashboard's interpreter.
     cmd = [sys.executable, "-m", "streamlit", "run", str(resources.SERVER), *flags]
@@ -585,7 +593,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     thread = threading.Thread(target=watcher.run, name="specmon-watch", daemon=True)
     thread.start()
     try:
-        return run_child(cmd, env, on_signal=watcher.stop)
+        return run_child(cmd, dict(os.environ), on_signal=watcher.stop)
     finally:
         watcher.stop()  # the dashboard ended: finish the batch in hand
         thread.join(timeout=60)
