@@ -25,7 +25,6 @@ import time
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-
 from _common import machine
 from pages import first_page_seconds, page_queries
 
