@@ -3,7 +3,8 @@
 A page's first run imports pandas, Altair and specmon's queries (about half a second), reads the watched sources'
 health (every page shows it) and runs the Overview's summary query; the hook does all three in the background as
 the server starts, so they happen while the browser is still fetching and starting Streamlit's frontend, not
-after it asks for the first page (the queries' results go into the app's cache, where the page finds them). `streamlit run app.py` works as well, without the head start.
+after it asks for the first page (the queries' results go into the app's cache, where the page finds them).
+`streamlit run app.py` works as well, without the head start.
 """
 from __future__ import annotations
 
