@@ -721,6 +721,8 @@ def refresh_rollups(cur: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
     cur.execute(_SOLE_UPDATE.format(where="SEMI JOIN (SELECT sg2.run_id, r2.request_id FROM rollup_requests r2 "
                                           "JOIN segments sg2 USING (segment_id) WHERE r2.ingest_id = ?) t "
                                           "ON t.run_id = sg.run_id AND t.request_id = r.request_id"), [ingest_id])
-    cur.execute(f"INSERT INTO rollup_positions BY NAME "
-                f"{ROLLUP_POSITIONS_SELECT.format(where='p.step_id BETWEEN ? AND ? AND st.ingest_id = ?')}",
-                [lo, hi, ingest_id])
+    # The id range on both sides of the join, as literals (integers read above), so DuckDB plans the join knowing
+    # the steps' id bounds too: 1.01 against 1.15 CPU s for this query alone at 10M positions.
+    ids = f"BETWEEN {int(lo)} AND {int(hi)}"
+    where = f"p.step_id {ids} AND st.step_id {ids} AND st.ingest_id = ?"
+    cur.execute(f"INSERT INTO rollup_positions BY NAME {ROLLUP_POSITIONS_SELECT.format(where=where)}", [ingest_id])

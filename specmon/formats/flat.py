@@ -408,6 +408,8 @@ def insert(
 class Reader:
     """The flat form is read, checked and inserted by DuckDB inside the publishing transaction."""
 
+    prepares = False  # nothing is read before the transaction (ingest need not look for the file beforehand)
+
     def __init__(self, job: Job) -> None:
         self.job = job
 
