@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from specmon import store as store_mod
+from specmon.formats import flat
 from specmon.ingest import ingest_file
 from specmon.store import ROLLUP_POSITIONS_SELECT, ROLLUP_REQUESTS_SELECT
 
@@ -204,3 +205,28 @@ def test_beta_sums_are_exact_where_adding_in_order_is_not(store, tmp_path):
     assert ingest_file(store, str(tmp_path / "edges.parquet")).status == "stored"
     got = store.query("SELECT beta_lo_sum, beta_hi_sum FROM steps ORDER BY step_id")
     assert got == [(1.0, 1.0), (63.0, 63.0), (0.75 + 2.0**-30, 0.75 + 2.0**-30)]
+
+
+@pytest.mark.parametrize("ranked", [True, False])
+def test_templates_compared_by_rank_or_as_text_store_the_same_and_find_two_in_a_step(store, tmp_path, monkeypatch,
+                                                                                    ranked):
+    """A file of a few templates has each step's least and greatest found by rank in the file's sorted list; one of
+    more templates than flat.RANKED_TEMPLATES compares them as text (here: a limit of 1 against the file's 3). Both
+    store the definition's steps, and both name the step of two templates."""
+    if not ranked:
+        monkeypatch.setattr(flat, "RANKED_TEMPLATES", 1)
+    rng = np.random.default_rng(8)
+    df = random_flat(rng, 400, False)
+    res = ingest_file(store, _written(df, tmp_path / "t.parquet", "parquet"))
+    assert res.status == "stored", res.faults
+    segments = dict(store.query("SELECT template, segment_id FROM segments"))
+    want_steps, _ = expected(df, 1, segments, store.query("SELECT ingested_at FROM ingests")[0][0])
+    assert store.query(f"SELECT {', '.join(STEP_COLUMNS)} FROM steps ORDER BY step_id") == want_steps
+    named = df["template"].notna()
+    first = df.index[named & (df["request_id"] == df.loc[named.idxmax(), "request_id"])
+                     & (df["step"] == df.loc[named.idxmax(), "step"])][0]
+    other = "zz" if df.loc[first, "template"] != "zz" else "aa"
+    two = pd.concat([df, df.loc[[first]].assign(position=df.loc[first, "position"] + 100, template=other)])
+    res = ingest_file(store, _written(two, tmp_path / "two.parquet", "parquet"))
+    assert res.status == "rejected"
+    assert any(f.field == "template" and "names more than one template" in f.reason for f in res.faults), res.faults
