@@ -277,15 +277,18 @@ def _aggregate_steps(cur: duckdb.DuckDBPyConnection, source: str, cols: list[str
                          f"THEN (coalesce({b}_accepted, 0) + ({b}_next & {_LOW96}))::DOUBLE / {FIXED} END "
                          f"AS beta_{b}_sum")
     # The step's least template (a NULL one aside) and whether its greatest differs: by rank ($2: the file's templates
-    # in order) or as text.
+    # in order) or as text. template_rank: the rank, n + 1 for none (insert finds the step's segment by it).
     rank = "list_position($2::VARCHAR[], template)"
-    least, greatest, template = (("min(template)", "max(template)", "least_template") if templates is None else
-                                 (f"min({rank})", f"max({rank})", "list_extract($2::VARCHAR[], least_template)"))
+    least, greatest, template, template_rank = (
+        ("min(template)", "max(template)", "least_template", "NULL::INTEGER") if templates is None else
+        (f"min({rank})", f"max({rank})", "list_extract($2::VARCHAR[], least_template)",
+         "coalesce(least_template, len($2::VARCHAR[]) + 1)"))
     cur.execute(
         # Numbered by a window over the sorted rows as they come: a window that sorts by first_line itself carries
         # every column through its sort, several times slower.
         "CREATE OR REPLACE TEMP TABLE flat_step_agg AS SELECT $1 + row_number() OVER () - 1 AS step_id, * FROM ("
         f"SELECT request_id, step, first_line, g, accepted, ts, {template} AS template, "
+        f"{template_rank} AS template_rank, "
         f"two_templates, suspect, broken, {', '.join(outer)} FROM ("
         "SELECT request_id, step, min(line) AS first_line, count(*)::INTEGER AS g, "
         "(count(*) FILTER (WHERE accepted))::INTEGER AS accepted, "
@@ -386,24 +389,34 @@ def insert(
     default_template: str,
     ingest_time: str,
     segment_for: Callable[[str], int],
+    templates: list[str] | None,
 ) -> tuple[int, int, int]:
     """Insert the checked rows of `source` (flat_cast or flat_typed; its steps, with their ids, in flat_step_agg) as
-    steps and positions. Returns (steps, positions, inferred_ts)."""
+    steps and positions. templates: as for _aggregate_steps. Returns (steps, positions, inferred_ts)."""
     steps, inferred, positions = cur.execute(
         "SELECT count(*), count(*) FILTER (WHERE ts IS NULL), sum(g) FROM flat_step_agg").fetchall()[0]
-    templates = [r[0] for r in cur.execute(
-        "SELECT DISTINCT coalesce(template, ?) FROM flat_step_agg", [default_template]
-    ).fetchall()]
-    cur.execute("CREATE OR REPLACE TEMP TABLE flat_segments (template VARCHAR, segment_id INTEGER)")
-    for t in templates:
-        cur.execute("INSERT INTO flat_segments VALUES (?, ?)", [t, segment_for(t)])
+    # The segment of each template the steps name (the default for none), found by the steps' template rank where
+    # they have one (an integer join: 0.01 CPU s less for each insert at 1M than joining on the text), else by text.
+    cur.execute("CREATE OR REPLACE TEMP TABLE flat_segments (template VARCHAR, template_rank INTEGER, "
+                "segment_id INTEGER)")
+    if templates is None:
+        named = [(t, None) for (t,) in cur.execute(
+            "SELECT DISTINCT coalesce(template, ?) FROM flat_step_agg", [default_template]).fetchall()]
+        on, on_params = "sg.template = coalesce(s.template, ?)", [default_template]
+    else:
+        names = [*templates, default_template]
+        named = [(names[r - 1], r) for (r,) in cur.execute(
+            "SELECT DISTINCT template_rank FROM flat_step_agg").fetchall()]
+        on, on_params = "sg.template_rank = s.template_rank", []
+    for t, r in named:
+        cur.execute("INSERT INTO flat_segments VALUES (?, ?, ?)", [t, r, segment_for(t)])
     cur.execute(
         "INSERT INTO steps (step_id, ingest_id, segment_id, request_id, step_index, ts, ts_inferred, g, accepted, "
         "checked, beta_lo_sum, beta_hi_sum) "
         "SELECT s.step_id, ?, sg.segment_id, s.request_id, s.step, coalesce(s.ts, ?::TIMESTAMP), s.ts IS NULL, "
         "s.g, s.accepted, least(s.accepted + 1, s.g), s.beta_lo_sum, s.beta_hi_sum "
-        "FROM flat_step_agg s JOIN flat_segments sg ON sg.template = coalesce(s.template, ?)",
-        [ingest_id, ingest_time, default_template],
+        f"FROM flat_step_agg s JOIN flat_segments sg ON {on}",
+        [ingest_id, ingest_time, *on_params],
     )
     # Positions are found by their step's id, never by where they lie: DuckDB may write them in any order, which a
     # large insert needs less memory for. checked = position <= accepted + 1 (positions shifted to 1..g); an exact
@@ -415,7 +428,7 @@ def insert(
             f"INSERT INTO positions SELECT s.step_id, sg.segment_id, {position}, t.draft_token, "
             f"{position} <= s.accepted + 1, t.accepted, coalesce(t.beta, t.beta_lo), coalesce(t.beta, t.beta_hi), "
             f"t.p_token, t.q_token FROM {source} t JOIN flat_step_agg s USING (request_id, step) "
-            "JOIN flat_segments sg ON sg.template = coalesce(s.template, ?)", [default_template]
+            f"JOIN flat_segments sg ON {on}", on_params
         )
     finally:
         cur.execute("RESET preserve_insertion_order")
@@ -471,7 +484,8 @@ class Reader:
         with query_progress(cur, half(size // 2), size):
             job.steps, job.positions, job.no_time = insert(
                 cur, source=source, base=base, ingest_id=ingest_id, default_template=job.default_template,
-                ingest_time=job.ingest_time.isoformat(), segment_for=lambda t: get_or_create_segment(cur, run_id, t))
+                ingest_time=job.ingest_time.isoformat(), segment_for=lambda t: get_or_create_segment(cur, run_id, t),
+                templates=flat.templates)
         if job.progress:
             job.progress(size, size)
 
