@@ -253,13 +253,14 @@ FROM steps st WHERE {{where}} GROUP BY st.ingest_id, st.segment_id, hour, st.req
 """
 # The per-position rollup of the positions of the steps matching {where}; beta's bounds summed over checked
 # positions, with their counts (a bound is NULL where no distributions were logged).
-ROLLUP_POSITIONS_SELECT = f"""
-SELECT st.ingest_id, p.segment_id, {_HOUR_OF_STEP} AS hour, p.position,
+_ROLLUP_POSITION_SUMS = f"""
        count(*) FILTER (WHERE p.checked) AS checked, count(*) FILTER (WHERE p.accepted) AS accepted,
        sum(p.beta_lo::{ROLLUP_EXACT}) FILTER (WHERE p.checked) AS beta_lo_sum,
        count(p.beta_lo) FILTER (WHERE p.checked) AS beta_lo_n,
        sum(p.beta_hi::{ROLLUP_EXACT}) FILTER (WHERE p.checked) AS beta_hi_sum,
-       count(p.beta_hi) FILTER (WHERE p.checked) AS beta_hi_n
+       count(p.beta_hi) FILTER (WHERE p.checked) AS beta_hi_n"""
+ROLLUP_POSITIONS_SELECT = f"""
+SELECT st.ingest_id, p.segment_id, {_HOUR_OF_STEP} AS hour, p.position, {_ROLLUP_POSITION_SUMS}
 FROM positions p JOIN steps st USING (step_id) WHERE {{where}} GROUP BY st.ingest_id, p.segment_id, hour, p.position
 """
 MIGRATIONS.append(
@@ -721,6 +722,45 @@ def refresh_rollups(cur: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
     cur.execute(_SOLE_UPDATE.format(where="SEMI JOIN (SELECT sg2.run_id, r2.request_id FROM rollup_requests r2 "
                                           "JOIN segments sg2 USING (segment_id) WHERE r2.ingest_id = ?) t "
                                           "ON t.run_id = sg.run_id AND t.request_id = r.request_id"), [ingest_id])
-    cur.execute(f"INSERT INTO rollup_positions BY NAME "
-                f"{ROLLUP_POSITIONS_SELECT.format(where='p.step_id BETWEEN ? AND ? AND st.ingest_id = ?')}",
-                [lo, hi, ingest_id])
+    ids = f"BETWEEN {int(lo)} AND {int(hi)}"  # integers read above
+    hours = _hour_ranges(cur, ingest_id, int(lo), int(hi))
+    if hours is None:
+        # The id range on both sides of the join, as literals, so DuckDB plans the join knowing the steps' id
+        # bounds too: 1.01 against 1.15 CPU s for this query alone at 10M positions.
+        where = f"p.step_id {ids} AND st.step_id {ids} AND st.ingest_id = ?"
+        cur.execute(f"INSERT INTO rollup_positions BY NAME {ROLLUP_POSITIONS_SELECT.format(where=where)}",
+                    [ingest_id])
+        return
+    hour, params = _hour_of_step_id(hours)
+    cur.execute(f"INSERT INTO rollup_positions BY NAME SELECT ?::INTEGER AS ingest_id, p.segment_id, {hour} AS hour, "
+                f"p.position, {_ROLLUP_POSITION_SUMS} FROM positions p WHERE p.step_id {ids} "
+                "GROUP BY p.segment_id, hour, p.position", [ingest_id, *params])
+
+
+# A position's hour is its step's. Where each hour's steps of an ingest have consecutive ids (a log in time order:
+# a few ranges), the hour is found from the step id by a binary search over the ranges, written as nested CASE, rather
+# than by joining every position with its step (0.46 against 1.14 CPU s at 10M positions in 35 hours, the same rows).
+_MAX_HOUR_RANGES = 256
+
+
+def _hour_ranges(cur: duckdb.DuckDBPyConnection, ingest_id: int, lo: int, hi: int) -> list[tuple[int, object]] | None:
+    """The ingest's hours as (last step id, hour) in id order, when each hour's steps are one run of ids (and there
+    are at most _MAX_HOUR_RANGES hours); else None."""
+    rows = cur.execute(
+        f"SELECT max(step_id), {_HOUR_OF_STEP} AS hour, count(*) = max(step_id) - min(step_id) + 1 "
+        f"FROM steps st WHERE st.step_id BETWEEN {lo} AND {hi} AND st.ingest_id = ? GROUP BY hour "
+        f"ORDER BY 1 LIMIT {_MAX_HOUR_RANGES + 1}", [ingest_id]).fetchall()
+    if len(rows) > _MAX_HOUR_RANGES or not all(dense for _, _, dense in rows):
+        return None
+    return [(last, hour) for last, hour, _ in rows]
+
+
+def _hour_of_step_id(ranges: list[tuple[int, object]]) -> tuple[str, list]:
+    """SQL for the hour of p.step_id over ranges [(last step id, hour)] in id order, and its parameters."""
+    if len(ranges) == 1:
+        return "?::TIMESTAMP", [ranges[0][1]]
+    half = len(ranges) // 2
+    below, below_params = _hour_of_step_id(ranges[:half])
+    above, above_params = _hour_of_step_id(ranges[half:])
+    return f"CASE WHEN p.step_id <= ? THEN {below} ELSE {above} END", [ranges[half - 1][0], *below_params,
+                                                                       *above_params]

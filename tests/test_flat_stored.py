@@ -13,6 +13,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from specmon import store as store_mod
+from specmon.formats import flat
 from specmon.ingest import ingest_file
 from specmon.store import ROLLUP_POSITIONS_SELECT, ROLLUP_REQUESTS_SELECT
 
@@ -129,7 +131,11 @@ def test_every_stored_column_matches_the_definition(store, tmp_path, fmt, zero_b
     got_positions = store.query(f"SELECT {', '.join('p.' + c for c in POSITION_COLUMNS)} FROM positions p JOIN steps "
                                 "USING (step_id) WHERE ingest_id = ? ORDER BY step_id, position", [ingest_id])
     assert got_positions == sorted(want_positions)
-    # The rollups appended by the ingest equal a rebuild from what it stored.
+    assert_rollups_equal_a_rebuild(store, ingest_id)
+
+
+def assert_rollups_equal_a_rebuild(store, ingest_id: int) -> None:
+    """The rollups appended by the ingest equal a rebuild from what it stored (the migration's SQL)."""
     for table, select in (("rollup_requests", ROLLUP_REQUESTS_SELECT), ("rollup_positions", ROLLUP_POSITIONS_SELECT)):
         rebuild = select.format(where="st.ingest_id = ?")
         with store.cursor() as cur:
@@ -137,6 +143,31 @@ def test_every_stored_column_matches_the_definition(store, tmp_path, fmt, zero_b
         stored = store.query(f"SELECT {columns} FROM {table} WHERE ingest_id = ? ORDER BY ALL", [ingest_id])
         rebuilt = store.query(f"SELECT * FROM ({rebuild}) ORDER BY ALL", [ingest_id])
         assert stored == rebuilt and stored
+
+
+@pytest.mark.parametrize("in_time_order", [True, False])
+def test_positions_rollup_by_hour_ranges_or_by_join_equals_a_rebuild(store, tmp_path, in_time_order):
+    """A log in time order (each hour's steps one run of ids) gets its positions' hours from their step ids, one
+    whose hours interleave by joining the positions with their steps: both append the rows a rebuild gives. The
+    first file's ids come before the second's, so the second's ranges do not start at 1."""
+    rng = np.random.default_rng(21)
+    ingest_file(store, _written(random_flat(rng, 300, False), tmp_path / "first.parquet", "parquet"))
+    df = random_flat(rng, 1500, False)
+    first_line = ~df.duplicated(["request_id", "step"])
+    order = first_line.cumsum()  # the step's rank by first line, on every row of the step
+    if in_time_order:  # 12 s per step: 1500 steps cross five hours
+        df["ts"] = 1.7e9 + 12.0 * order.groupby([df["request_id"], df["step"]]).transform("first")
+    else:  # a step every 12 s, but every other hour's steps written first
+        rank = order.groupby([df["request_id"], df["step"]]).transform("first")
+        df["ts"] = 1.7e9 + 12.0 * rank + 3600.0 * (rank % 2)
+    res = ingest_file(store, _written(df, tmp_path / "second.parquet", "parquet"))
+    assert res.status == "stored", res.faults
+    ingest_id, lo, hi = store.query("SELECT max(ingest_id), min(step_id), max(step_id) FROM steps "
+                                    "WHERE ingest_id = (SELECT max(ingest_id) FROM ingests)")[0]
+    with store.cursor() as cur:
+        ranges = store_mod._hour_ranges(cur, ingest_id, lo, hi)
+    assert (ranges is not None and len(ranges) >= 5) if in_time_order else ranges is None
+    assert_rollups_equal_a_rebuild(store, ingest_id)
 
 
 def _written(df: pd.DataFrame, path, fmt: str) -> str:
@@ -174,3 +205,28 @@ def test_beta_sums_are_exact_where_adding_in_order_is_not(store, tmp_path):
     assert ingest_file(store, str(tmp_path / "edges.parquet")).status == "stored"
     got = store.query("SELECT beta_lo_sum, beta_hi_sum FROM steps ORDER BY step_id")
     assert got == [(1.0, 1.0), (63.0, 63.0), (0.75 + 2.0**-30, 0.75 + 2.0**-30)]
+
+
+@pytest.mark.parametrize("ranked", [True, False])
+def test_templates_compared_by_rank_or_as_text_store_the_same_and_find_two_in_a_step(store, tmp_path, monkeypatch,
+                                                                                    ranked):
+    """A file of a few templates has each step's least and greatest found by rank in the file's sorted list; one of
+    more templates than flat.RANKED_TEMPLATES compares them as text (here: a limit of 1 against the file's 3). Both
+    store the definition's steps, and both name the step of two templates."""
+    if not ranked:
+        monkeypatch.setattr(flat, "RANKED_TEMPLATES", 1)
+    rng = np.random.default_rng(8)
+    df = random_flat(rng, 400, False)
+    res = ingest_file(store, _written(df, tmp_path / "t.parquet", "parquet"))
+    assert res.status == "stored", res.faults
+    segments = dict(store.query("SELECT template, segment_id FROM segments"))
+    want_steps, _ = expected(df, 1, segments, store.query("SELECT ingested_at FROM ingests")[0][0])
+    assert store.query(f"SELECT {', '.join(STEP_COLUMNS)} FROM steps ORDER BY step_id") == want_steps
+    named = df["template"].notna()
+    first = df.index[named & (df["request_id"] == df.loc[named.idxmax(), "request_id"])
+                     & (df["step"] == df.loc[named.idxmax(), "step"])][0]
+    other = "zz" if df.loc[first, "template"] != "zz" else "aa"
+    two = pd.concat([df, df.loc[[first]].assign(position=df.loc[first, "position"] + 100, template=other)])
+    res = ingest_file(store, _written(two, tmp_path / "two.parquet", "parquet"))
+    assert res.status == "rejected"
+    assert any(f.field == "template" and "names more than one template" in f.reason for f in res.faults), res.faults

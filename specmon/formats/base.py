@@ -3,6 +3,8 @@
 A format module defines FORMATS (the names it reads), SOURCE ("steplog" or "engine": the kind of run it makes),
 SNIFF_ORDER (detection tries lower numbers first), sniff(head) -> the format name or None, and Reader(job) with
     prepare(store)            read and validate before any transaction (raise Rejected to store nothing);
+    prepares                  optional, default True; False where prepare does nothing (then a file ingested
+                              before is found by the publishing transaction alone);
     attach() -> dict | None   DuckDB files the publishing transaction attaches (a staging file);
     publish(cur, run_id, ingest_id)   write into the store inside the publishing transaction;
     close()                   release what prepare made (always called).
