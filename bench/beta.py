@@ -9,8 +9,8 @@ import json
 import time
 
 import numpy as np
-
 from _common import machine
+
 from specmon import theory
 
 

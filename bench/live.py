@@ -16,8 +16,8 @@ import timeit
 
 import numpy as np
 import torch
-
 from _common import machine
+
 from specmon import live, resources, theory
 from specmon.settings import LiveSettings
 

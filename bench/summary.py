@@ -15,6 +15,7 @@ import time
 
 from _common import machine
 from ingest import write_parquet
+
 from specmon.ingest import ingest_file
 from specmon.store import Store
 from specmon.summary import summarize

@@ -40,7 +40,8 @@ n, t0 = 0, time.time()
 with open(path, "a") as fh, open(log, "w") as out:
     while time.time() - t0 < seconds:
         for _ in range(batch):
-            fh.write(json.dumps({"request_id": f"r{n // 16}", "draft_tokens": [int(x) for x in rng.integers(0, 4096, 4)],
+            fh.write(json.dumps({"request_id": f"r{n // 16}",
+                                 "draft_tokens": [int(x) for x in rng.integers(0, 4096, 4)],
                                  "accepted": int(min(rng.geometric(0.25) - 1, 4)), "template": "v1",
                                  "draft_ms": 4.0, "target_ms": 20.0}) + "\n")
             n += 1
@@ -157,7 +158,8 @@ def latency_and_cpu(seconds: float, steps_per_s: float, engine_per_s: float) -> 
     ts_s, n_s = _written(str(work / "steps.times"))
     ts_e, n_e = _written(str(work / "engine.times"))
     # lines written by time t, both writers together: when did the total first reach N?
-    events = sorted([(t, "s", n) for t, n in zip(ts_s, n_s)] + [(t, "e", n) for t, n in zip(ts_e, n_e)])
+    events = sorted([(t, "s", n) for t, n in zip(ts_s, n_s, strict=True)]
+                    + [(t, "e", n) for t, n in zip(ts_e, n_e, strict=True)])
     totals, cur = [], {"s": 0, "e": 0}
     for t, kind, n in events:
         cur[kind] = n

@@ -407,7 +407,8 @@ def _current_state(cur, path: tuple, run: str, ids: list[int], total: int, k: in
             kept.changed = True
         kept.state = state
         return state
-    first = drift_state.read_points(cur, ids, limit=drift_state.CHUNK_POINTS)
+    first = drift_state.read_points(cur, ids, limit=drift_state.CHUNK_POINTS,
+                                    before_us=next(drift_state.chunk_ends(cur, ids, None, drift_state.CHUNK_POINTS)))
     design = drift.design_for(first.accepted, first.checked, first.cluster, k, break_even, arl0_steps,
                               drift.REFERENCE_STEPS, unit="steps",
                               threshold=drift_state.stored_threshold(cur, kept.calibrations))
@@ -425,14 +426,17 @@ def _never(*_: object) -> NoReturn:
 
 
 def _advance_all(cur, ids: list[int], state: State) -> State:
-    """The state advanced by every stored step after its last point, read CHUNK_POINTS at a time (memory stays
-    bounded however long the run)."""
-    while True:
-        new = drift_state.read_points(cur, ids, after=state.last_key, limit=drift_state.CHUNK_POINTS)
-        state = drift_state.advance(state, new, functools.partial(_older, cur, ids, state.last_key),
-                                    functools.partial(drift_state.segment_before, cur, ids))
-        if len(new) < drift_state.CHUNK_POINTS:
-            return state
+    """The state advanced by every stored step after its last point, read about CHUNK_POINTS at a time (memory
+    stays bounded however long the run)."""
+    limit = drift_state.CHUNK_POINTS
+    for before_us in drift_state.chunk_ends(cur, ids, state.last_key, limit):
+        while True:
+            new = drift_state.read_points(cur, ids, after=state.last_key, limit=limit, before_us=before_us)
+            state = drift_state.advance(state, new, functools.partial(_older, cur, ids, state.last_key),
+                                        functools.partial(drift_state.segment_before, cur, ids))
+            if len(new) < limit:
+                break
+    return state
 
 
 def _older(cur, ids: list[int], upto: tuple[int, int], since: int, key: tuple[int, int]) -> drift_state.Points:

@@ -99,9 +99,9 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def _ingest_one(store: Store, path: str, name: str, args: argparse.Namespace) -> IngestResult:
+    """One file (or standard input, path "-") through the ingest, with a progress bar on stderr."""
     from specmon.ingest import ingest_file, ingest_stream
 
-    """One file (or standard input, path "-") through the ingest, with a progress bar on stderr."""
     bar, update = _progress_bar(Path(name).name)
     options = dict(run=args.run or ("stdin" if path == "-" else None), template=args.template,
                    skip_bad=args.skip_bad, report_path=args.report, fmt=args.format, sum_tol=args.sum_tol,

@@ -22,7 +22,7 @@ import json
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
 
@@ -145,11 +145,15 @@ def _at(ts_us: int) -> datetime:
 
 def read_points(cur: duckdb.DuckDBPyConnection, segments: Sequence[int], after: tuple[int, int] | None = None,
                 start: tuple[int, int] | None = None, upto: tuple[int, int] | None = None,
-                limit: int | None = None) -> Points:
-    """The run's points strictly after `after`, from `start` and up to `upto` (keys, inclusive), in stream order.
-    Each bound is also given as a plain time range, which DuckDB's zone maps use to skip the rest of the table."""
+                limit: int | None = None, before_us: int | None = None) -> Points:
+    """The run's points strictly after `after`, from `start` and up to `upto` (keys, inclusive), before the time
+    before_us, in stream order. Each bound is also given as a plain time range, which DuckDB's zone maps use to skip
+    the rest of the table."""
     where: list[str] = []
     params: list = list(segments)
+    if before_us is not None:
+        where.append("AND ts < ?")
+        params.append(_at(before_us))
     if after is not None:
         where.append("AND ts >= ? AND (ts > ? OR step_id > ?)")
         params += [_at(after[0]), _at(after[0]), after[1]]
@@ -166,6 +170,28 @@ def read_points(cur: duckdb.DuckDBPyConnection, segments: Sequence[int], after: 
                   np.asarray(s["k"], dtype=np.int64), np.asarray(s["ts_us"], dtype=np.int64),
                   np.asarray(s["step_id"], dtype=np.int64), np.asarray(s["segment_id"], dtype=np.int64),
                   np.asarray(s["cluster"]))
+
+
+def chunk_ends(cur: duckdb.DuckDBPyConnection, segments: Sequence[int], after: tuple[int, int] | None,
+               points: int) -> Iterator[int | None]:
+    """Where to cut the run's points after `after` into reads of about `points` each, in stream order: the times
+    to read up to (read_points' before_us), the last None (no end). Each is the end of an hour, found from the
+    rollups' step counts, so that a read scans and sorts only its own stretch of the table: reads cut by their
+    limit alone would each sort everything after them, a run's reading growing with the square of its length.
+    A read of `points` that comes back full has not reached its end: the next read starts at its last point and
+    keeps the same end."""
+    marks = ", ".join("?" * len(segments))
+    lo = None if after is None else _at(after[0] - after[0] % _HOUR_US)
+    rows = cur.execute(f"SELECT epoch_us(hour), sum(steps) FROM rollup_requests WHERE segment_id IN ({marks})"
+                       + (" AND hour >= ?" if lo is not None else "") + " GROUP BY hour ORDER BY hour",
+                       [*segments, *([lo] if lo is not None else [])]).fetchall()
+    held = 0
+    for hour_us, steps in rows:
+        held += int(steps)
+        if held >= points:
+            yield hour_us + _HOUR_US
+            held = 0
+    yield None
 
 
 def count_after(cur: duckdb.DuckDBPyConnection, segments: Sequence[int], after: tuple[int, int]) -> int:

@@ -109,8 +109,9 @@ def test_losslessness_shows_the_pit_test(app_db):
 
 
 def test_every_page_renders_with_engine_data(app_db, tmp_path):
-    from specmon.ingest import ingest_file
     from test_engines import v1_line
+
+    from specmon.ingest import ingest_file
     log = tmp_path / "vllm.log"
     log.write_text("\n".join(v1_line(m, 0, 100 + m, [80, 60, 40]) for m in range(30)) + "\n")
     with Store(app_db) as store:

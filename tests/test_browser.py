@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import PAPER_P, PAPER_Q
 
 from specmon import demo, sampler
 from specmon.ingest import ingest_file
 from specmon.store import Store
-from conftest import PAPER_P, PAPER_Q
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -110,7 +110,7 @@ def test_two_sessions_upload_then_every_page(app_url, browser, tmp_path):
                 PAPER_P, PAPER_Q, 4, 2000, np.random.default_rng(seed)), out)
     SHOTS.mkdir(parents=True, exist_ok=True)
     sessions = [browser.new_page(viewport={"width": 1400, "height": 1000}) for _ in logs]
-    for page, log in zip(sessions, logs):
+    for page, log in zip(sessions, logs, strict=True):
         upload(page, app_url, log)
     for page in sessions:  # both sessions submit before either has finished
         page.get_by_role("button", name="Ingest").click()

@@ -2,12 +2,12 @@
 from datetime import timedelta
 
 from streamlit.testing.v1 import AppTest
+from test_app import APP, app_db  # noqa: F401  (the fixture)
+from test_drift_engines import DROP_AT, START, vllm_log
 
 from specmon import alarms
 from specmon.ingest import ingest_file
 from specmon.store import Store
-from test_app import APP, app_db  # noqa: F401  (the fixture)
-from test_drift_engines import DROP_AT, START, vllm_log
 
 
 def test_drift_page_shows_engine_alarm_and_marks_the_annotation(app_db, tmp_path):  # noqa: F811

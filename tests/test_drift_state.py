@@ -69,12 +69,11 @@ def compare(store: Store, run: str, c: float | None = None) -> alarms.RunDrift:
     return got
 
 
-def random_lines(rng: np.random.Generator, n_requests: int = 420) -> list[str]:
+def random_lines(rng: np.random.Generator, n_requests: int = 420, span_s: int = 30 * 3600) -> list[str]:
     """Step log lines in time order. Requests of about 20 steps, each with its own acceptance; the level drops at a
     third of the way, recovers, and drops again at two thirds; template 'b' runs beside 'a', 'c' replaces both at
     60%. Times are whole seconds, so steps share them."""
     records = []
-    span_s = 30 * 3600
     for r in range(n_requests):
         t = T0 + timedelta(seconds=int(span_s * r / n_requests))
         frac = r / n_requests
@@ -151,6 +150,17 @@ def test_pieces_out_of_order_rebuild_where_steps_arrive_before_the_last_one(stor
     (tmp_path / "m3.jsonl").write_text("".join(lines[1000:4000]))
     assert ingest_file(store, str(tmp_path / "m3.jsonl"), run="mixed").status == "stored"
     compare(store, "mixed")
+
+
+def test_hours_holding_more_points_than_one_read_are_read_in_several(store, tmp_path, monkeypatch):
+    # reads are cut at the ends of hours (drift_state.chunks); an hour of more steps than a read is read in pieces
+    monkeypatch.setattr(drift_state, "CHUNK_POINTS", 2100)
+    dense = tmp_path / "dense.jsonl"
+    dense.write_text("".join(random_lines(np.random.default_rng(7), n_requests=420, span_s=1500)))
+    assert ingest_file(store, str(dense), run="dense").status == "stored"
+    per_hour = store.query("SELECT max(n) FROM (SELECT count(*) AS n FROM steps GROUP BY date_trunc('hour', ts))")
+    assert per_hour[0][0] > 3 * drift_state.CHUNK_POINTS
+    assert len(compare(store, "dense").alarms) >= 1
 
 
 def test_a_watched_log_growing_advances_the_state_in_the_watcher(store, tmp_path, lines):

@@ -32,7 +32,8 @@ SHOTS = ROOT / "test-artifacts" / "screenshots"
 ENGINE_WRITER = r"""
 import json, os, sys, time
 import numpy as np
-path, lines, drop_at, rotate_at, pause, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), sys.argv[6]
+path, out = sys.argv[1], sys.argv[6]
+lines, drop_at, rotate_at, pause = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
 rng = np.random.default_rng(7)
 k, acc_total, drafted_total = 3, 0, 0
 fh = open(path, "a")
@@ -188,7 +189,7 @@ def test_dashboard_watcher_writers_and_other_processes_share_one_database(tmp_pa
             browser.close()
 
         for run in ("vllm-prod", "chat"):  # drift on engine counts and on step logs alike
-            until(lambda: any(r["event"] == "alarm_opened" and r["run"] == run for r in _Receiver.received), 60,
+            until(lambda run=run: any(r["event"] == "alarm_opened" and r["run"] == run for r in _Receiver.received), 60,
                    f"the alarm webhook for {run}")
         alarm = next(r for r in _Receiver.received if r["event"] == "alarm_opened" and r["run"] == "chat")
         assert alarm["link"].endswith("/drift?run=chat") and alarm["break_even"] is not None

@@ -69,7 +69,8 @@ def _check_windows(entry: dict, store: Store) -> None:
     if exp["L"] is not None:
         drafts = [r[1] for r in rows]
         assert None not in lengths and None not in drafts, f"L: stored {lengths} over drafts {drafts}"
-        weighted = sum(v * d for v, d in zip(lengths, drafts)) / sum(drafts)  # tokens per step over the file
+        # tokens per step over the file
+        weighted = sum(v * d for v, d in zip(lengths, drafts, strict=True)) / sum(drafts)
         assert weighted == pytest.approx(exp["L"], abs=_tol(entry, "L")), f"L: stored {lengths}"
 
 

@@ -1,5 +1,5 @@
-"""Engine outputs, built from the engines' own format strings (README, "Already running vLLM, llama.cpp or SGLang?") with realistic values, mixed into
-noise, and malformed variants."""
+"""Engine outputs, built from the engines' own format strings (README, "Already running vLLM, llama.cpp or
+SGLang?") with realistic values, mixed into noise, and malformed variants."""
 import gzip
 import json
 import os
@@ -168,8 +168,8 @@ def test_a_malformed_line_is_reported_with_its_number(store, tmp_path, line, phr
 
 
 def test_a_log_without_metrics_says_so(store, tmp_path):
-    path = write(tmp_path, "quiet.log", NOISE + ["SpecDecoding metrics: Draft acceptance rate: 50.0%, Accepted: 5 tokens, "
-                                                 "Drafted: 10 tokens"])
+    path = write(tmp_path, "quiet.log", NOISE + ["SpecDecoding metrics: Draft acceptance rate: 50.0%, "
+                                                 "Accepted: 5 tokens, Drafted: 10 tokens"])
     assert ingest_file(store, path).status == "stored"
     quiet = write(tmp_path, "none.log", ["n_drafted = 5", "hello"])
     res = ingest_file(store, quiet, fmt="engine-log")
@@ -216,7 +216,8 @@ def test_saved_metrics_pages_become_windows_with_restarts_handled(store, tmp_pat
 
 def test_a_bad_sample_line_is_reported(store, tmp_path):
     p = tmp_path / "bad.txt"
-    p.write_text('vllm:spec_decode_num_drafts_total{engine="0"} 1.0\nvllm:spec_decode_num_draft_tokens_total{engine="0" 5\n')
+    p.write_text('vllm:spec_decode_num_drafts_total{engine="0"} 1.0\n'
+                 'vllm:spec_decode_num_draft_tokens_total{engine="0" 5\n')
     res = ingest_file(store, str(p))
     assert res.status == "rejected" and res.faults[0].line == 2
 
@@ -293,7 +294,8 @@ REAL_V1_010 = (
 REAL_V1_09 = (
     "INFO 06-06 14:20:34 [metrics.py:86] SpecDecoding metrics: Draft acceptance rate: 38.8%, Mean acceptance length: "
     "2.16, Accepted: 150 tokens, Drafted: 387 tokens, Per-position acceptance rate: 0.543, 0.357, 0.264")
-REAL_V1_08 = "Speculative metrics: Draft acceptance rate: 1.000, Number of accepted tokens: 66, Number of draft tokens: 66, "
+REAL_V1_08 = ("Speculative metrics: Draft acceptance rate: 1.000, Number of accepted tokens: 66, Number of draft "
+              "tokens: 66, ")
 REAL_V0 = (
     "INFO 10-16 19:05:47 metrics.py:367] Speculative metrics: Draft acceptance rate: 0.642, System efficiency: 0.598, "
     "Number of speculative tokens: 3, Number of accepted tokens: 8547, Number of draft tokens: 13311, Number of "
@@ -304,11 +306,12 @@ REAL_LLAMA_SERVER_3 = [
     "0.06.896.057 I statistics     draft-eagle3: #calls(b,g,a) =    1     87     87, #gen drafts =     87, #acc drafts "
     "=    70, #gen tokens =    259, #acc tokens =   167, #mean acc len = 2.92, #acc rate/pos = (0.805, 0.632, 0.483), "
     "dur(b,g,a) = 0.005, 325.555, 0.114 ms"]
-REAL_SGLANG_OLD = ("[2025-10-22 10:27:57 TP0] Decode batch. #running-req: 1, #token: 108, token usage: 0.00, accept len: "
-                   "2.17, accept rate: 0.54, cuda graph: True, gen throughput (token/s): 0.39, #queue-req: 0, ")
-REAL_SGLANG_NEW = ("[2026-09-11 23:47:28 TP0 EP0] Decode batch, #running-req: 1, #full token: 0, full token usage: 0.00, "
-                   "#swa token: 0, swa token usage: 0.00, accept len: 3.08, accept rate: 0.41, cuda graph: True, gen "
-                   "throughput (token/s): 3.12, #queue-req: 0")
+REAL_SGLANG_OLD = ("[2025-10-22 10:27:57 TP0] Decode batch. #running-req: 1, #token: 108, token usage: 0.00, "
+                   "accept len: 2.17, accept rate: 0.54, cuda graph: True, gen throughput (token/s): 0.39, "
+                   "#queue-req: 0, ")
+REAL_SGLANG_NEW = ("[2026-09-11 23:47:28 TP0 EP0] Decode batch, #running-req: 1, #full token: 0, "
+                   "full token usage: 0.00, #swa token: 0, swa token usage: 0.00, accept len: 3.08, accept rate: 0.41, "
+                   "cuda graph: True, gen throughput (token/s): 3.12, #queue-req: 0")
 NOW = datetime(2026, 11, 30, 12, 0)
 
 
@@ -428,9 +431,10 @@ def test_impossible_counter_samples_are_named_faults(store, tmp_path, sample, fi
 def test_a_saved_pretty_printed_timings_object_is_one_response(store, tmp_path):
     # `curl ... | jq .timings` as a llama.cpp user pasted it (tests/data/engines/llama-timings-1.json)
     p = tmp_path / "timings.json"
-    p.write_text('{\n  "prompt_n": 1,\n  "prompt_ms": 228.522,\n  "prompt_per_token_ms": 228.522,\n  "prompt_per_second": '
-                 '4.375946298387026,\n  "predicted_n": 200,\n  "predicted_ms": 11082.606,\n  "predicted_per_token_ms": '
-                 '55.41303,\n  "predicted_per_second": 18.0462970532382,\n  "draft_n": 347,\n  "draft_n_accepted": 65\n}\n')
+    p.write_text('{\n  "prompt_n": 1,\n  "prompt_ms": 228.522,\n  "prompt_per_token_ms": 228.522,\n  '
+                 '"prompt_per_second": 4.375946298387026,\n  "predicted_n": 200,\n  "predicted_ms": 11082.606,\n  '
+                 '"predicted_per_token_ms": 55.41303,\n  "predicted_per_second": 18.0462970532382,\n  "draft_n": 347,\n'
+                 '  "draft_n_accepted": 65\n}\n')
     assert detect_format(str(p)) == "engine-json"
     res = ingest_file(store, str(p))
     assert res.status == "stored"

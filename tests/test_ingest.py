@@ -8,13 +8,13 @@ import duckdb
 import numpy as np
 import orjson
 import pytest
+from conftest import PAPER_P, PAPER_Q
 
 from specmon import sampler
 from specmon.faults import SpecmonError
 from specmon.ingest import ingest_file
 from specmon.store import Store
 from specmon.summary import summarize
-from conftest import PAPER_P, PAPER_Q
 
 GOOD = {"request_id": "r-17", "ts": "2026-11-29T10:00:03Z", "template": "v7", "draft_tokens": [0, 4], "accepted": 1,
         "target_probs": [[0.38, 0.22, 0.16, 0.12, 0.08, 0.04]] * 3,
@@ -35,7 +35,8 @@ def test_the_contract_example_is_stored_with_exact_beta(store, tmp_path):
     path = write_jsonl(tmp_path / "ex.jsonl", [GOOD])
     res = ingest_file(store, path)
     assert (res.status, res.steps, res.positions) == ("stored", 1, 2)
-    rows = store.query("SELECT position, checked, accepted, beta_lo, beta_hi, p_token, q_token FROM positions ORDER BY 1")
+    rows = store.query("SELECT position, checked, accepted, beta_lo, beta_hi, p_token, q_token FROM positions "
+                       "ORDER BY 1")
     assert rows[0] == (1, True, True, pytest.approx(0.88), pytest.approx(0.88), 0.38, 0.30)
     assert rows[1][:3] == (2, True, False) and rows[1][5:] == (0.08, 0.14)
     step = store.query("SELECT g, accepted, checked, beta_lo_sum, target_ms, draft_ms, ts::VARCHAR FROM steps")[0]
@@ -64,7 +65,8 @@ FAULTS = [
     ("negative prob", bad(draft_probs=[[0.30, 0.20, 0.20, 0.10, 0.24, -0.04], GOOD["draft_probs"][1]]),
      "draft_probs", "position 1 has a negative probability -0.04 at token 5"),
     ("NaN prob", b'{"request_id":"r","draft_tokens":[0],"accepted":0,"draft_probs":[[NaN,1.0]]}\n', "", "invalid JSON"),
-    ("length mismatch", bad(draft_probs=GOOD["draft_probs"] * 2), "draft_probs", "has 4 positions; draft_tokens implies 2"),
+    ("length mismatch", bad(draft_probs=GOOD["draft_probs"] * 2), "draft_probs",
+     "has 4 positions; draft_tokens implies 2"),
     ("ragged rows", bad(draft_probs=[[0.5, 0.5], [1.0]]), "draft_probs", "one common length"),
     ("beta length", bad(target_probs=_DROP, draft_probs=_DROP, beta=[0.5]), "beta", "expected a list of 2 numbers"),
     ("beta range", bad(target_probs=_DROP, draft_probs=_DROP, beta=[0.5, 1.5]), "beta", "in [0, 1]"),
@@ -89,8 +91,8 @@ def test_each_fault_names_file_line_field_and_stores_nothing(store, tmp_path, la
 
 
 def test_nan_as_a_number_is_caught_by_validation(store, tmp_path):
-    from specmon.steplog import parse_step
     from specmon.faults import RowFault
+    from specmon.steplog import parse_step
     with pytest.raises(RowFault, match="NaN"):
         parse_step({**GOOD, "draft_probs": [[math.nan, 1.0], [0.5, 0.5]]})
 
@@ -280,7 +282,8 @@ def test_a_file_no_format_claims_is_named_for_what_it_looks_like(store, tmp_path
     path = tmp_path / "input.jsonl"
     path.write_bytes(content)
     res = ingest_file(store, str(path))
-    assert res.status == "rejected" and seen in res.faults[0].reason and "specmon reads step logs" in res.faults[0].reason
+    reason = res.faults[0].reason
+    assert res.status == "rejected" and seen in reason and "specmon reads step logs" in reason
     assert counts(store) == (0, 0, 0, 0)
 
 

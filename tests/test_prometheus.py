@@ -102,7 +102,7 @@ def test_pull_stores_what_the_exporter_served(prometheus_url, tmp_path, specmon_
               dict(drafts=30, draft_tokens=60, accepted=40, p0=22, p1=18)]  # the server restarted
     for values in served:
         exporter.values = values
-        exporter.wait_scrapes(3)
+        exporter.wait_scrapes(2)  # one whole scrape at least after the change
     time.sleep(1.5)  # let the last scrape land in the head block
     db = str(tmp_path / "p.duckdb")
     r = subprocess.run([*specmon_cmd, "pull", "--db", db, "--prometheus", url, "--since", "5m", "--step", "1s",

@@ -171,7 +171,8 @@ def test_a_signal_during_a_duckdb_query_ends_cleanly(specmon_cmd, tmp_path, sig,
     handler's exception into its own error: the exit status, the message and the rollback must not change."""
     big = tmp_path / "big.csv"
     duckdb.connect().execute(
-        f"COPY (SELECT 'r' || (i // 200) AS request_id, i // 4 AS step, (i % 4) + 1 AS position, i % 997 AS draft_token,"
+        f"COPY (SELECT 'r' || (i // 200) AS request_id, i // 4 AS step, (i % 4) + 1 AS position, "
+        f"i % 997 AS draft_token,"
         f" (i % 4) < 2 AS accepted FROM range(6000000) t(i)) TO '{big}' (HEADER)")
     db = tmp_path / "s.duckdb"
     proc = subprocess.Popen([*specmon_cmd, "ingest", "--db", str(db), str(big)], stderr=subprocess.PIPE,

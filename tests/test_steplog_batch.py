@@ -7,12 +7,12 @@ import math
 import numpy as np
 import orjson
 import pytest
+from stored_rows import same, stored
 
 from specmon import steplog
 from specmon.faults import RowFault
 from specmon.ingest import ingest_file
 from specmon.store import Store
-from stored_rows import same, stored
 
 VOCAB = 12
 
@@ -36,11 +36,8 @@ def _pick(rng: np.random.Generator, options: list):
     return options[int(rng.integers(len(options)))]
 
 
-def _step(rng: np.random.Generator, i: int) -> dict:
-    g = int(rng.integers(0, 6))
-    accepted = int(rng.integers(0, g + 1))
-    draft = rng.integers(0, VOCAB, g).tolist()
-    obj: dict = {"request_id": f"r{i % 7}", "draft_tokens": draft, "accepted": accepted}
+def _envelope(rng: np.random.Generator, obj: dict, g: int, i: int) -> None:
+    """The step's optional fields besides its distributions, each present half the time."""
     maybe = lambda: rng.random() < 0.5  # noqa: E731
     if maybe():
         obj["ts"] = _pick(rng, ["2026-03-01T10:00:00Z", "2026-03-01T10:00:00.25+02:00", "2026-03-01 09:00:00",
@@ -54,6 +51,15 @@ def _step(rng: np.random.Generator, i: int) -> dict:
             obj[field] = float(rng.uniform(0, 2)) if maybe() else int(rng.integers(0, 5))
     if maybe():
         obj["draft_ms"] = rng.uniform(0, 3, int(rng.integers(0, 4))).tolist() if maybe() else 1.5
+
+
+def _step(rng: np.random.Generator, i: int) -> dict:
+    g = int(rng.integers(0, 6))
+    accepted = int(rng.integers(0, g + 1))
+    draft = rng.integers(0, VOCAB, g).tolist()
+    obj: dict = {"request_id": f"r{i % 7}", "draft_tokens": draft, "accepted": accepted}
+    maybe = lambda: rng.random() < 0.5  # noqa: E731
+    _envelope(rng, obj, g, i)
     p_rows = [_dist(rng) for _ in range(g + 1)]
     q_rows = [_dist(rng) for _ in range(g)]
     kind = _pick(rng, ["dense", "dense_p_topk_q", "topk", "topk_p_only", "topk_q_only", "beta", "none"])
@@ -65,7 +71,8 @@ def _step(rng: np.random.Generator, i: int) -> dict:
         obj["target_logprobs"] = [_topk(r, int(rng.integers(1, 6)), rng, None) for r in p_rows[: g + int(maybe())]]
     if kind in ("topk", "topk_q_only", "dense_p_topk_q"):
         shared = obj.get("target_logprobs") or [None] * g
-        obj["draft_logprobs"] = [_topk(r, int(rng.integers(1, 6)), rng, s) for r, s in zip(q_rows, shared)]
+        obj["draft_logprobs"] = [_topk(r, int(rng.integers(1, 6)), rng, s)
+                                 for r, s in zip(q_rows, shared, strict=False)]
     if kind == "beta" or (kind == "topk" and rng.random() < 0.2):
         obj["beta"] = rng.uniform(0, 1, g).tolist()
     if maybe():
@@ -139,9 +146,9 @@ def test_batch_and_line_by_line_parsing_store_the_same(tmp_path, monkeypatch, se
     assert batch[1] > 500 and batch[2] > 1000
     if bad:
         assert batch[3] == len(BAD_LINES) and len({f["reason"] for f in batch[4]}) == len(BAD_LINES)
-    for table, rows_b, rows_s in zip(("steps", "positions"), batch[6], single[6]):
+    for table, rows_b, rows_s in zip(("steps", "positions"), batch[6], single[6], strict=True):
         assert len(rows_b) == len(rows_s), table
-        for rb, rs in zip(rows_b, rows_s):
+        for rb, rs in zip(rows_b, rows_s, strict=True):
             assert same(rb, rs), (table, rb, rs)
     positions = batch[6][1]
     assert any(p[6] is not None and p[6] != p[7] for p in positions)  # top-k bounds (lo < hi) were computed

@@ -9,11 +9,11 @@ import re
 import numpy as np
 import orjson
 import pytest
+from stored_rows import same, stored
 
 from specmon.formats import steplog_sql
 from specmon.ingest import ingest_file
 from specmon.store import Store
-from stored_rows import same, stored
 
 VOCAB = 40
 

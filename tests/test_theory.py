@@ -3,9 +3,9 @@ import math
 
 import numpy as np
 import pytest
+from conftest import PAPER_P, PAPER_Q
 
 from specmon import theory
-from conftest import PAPER_P, PAPER_Q
 
 
 def test_beta_of_the_paper_pair():

@@ -125,7 +125,8 @@ def test_a_bad_line_stops_its_source_with_a_message_and_nothing_else(tmp_path):
     assert totals(store) == (acc, drafted)  # the good source went on
     health = watch.source_health(watch.watched_sources(store)).set_index("location")
     assert health.loc[str(steps), "status"] == "stopped"
-    assert f"{steps}:2" in health.loc[str(steps), "last_error"] and "invalid JSON" in health.loc[str(steps), "last_error"]
+    last_error = health.loc[str(steps), "last_error"]
+    assert f"{steps}:2" in last_error and "invalid JSON" in last_error
     assert health.loc[str(tmp_path / "missing.log"), "status"] == "failing"
     assert "no such file" in health.loc[str(tmp_path / "missing.log"), "last_error"]
     assert health.loc["http://127.0.0.1:9", "status"] == "failing"

@@ -92,8 +92,8 @@ def test_verify_runs_the_shipped_pair_on_the_shipped_prompts(installed):
 
 
 def test_serve_answers_and_renders_every_page(installed, tmp_path):
-    from test_browser import CHROMIUM, PAGES, free_port, open_page  # skips where chromium is missing
     from playwright.sync_api import sync_playwright
+    from test_browser import CHROMIUM, PAGES, free_port, open_page  # skips where chromium is missing
 
     port = free_port()
     log = open(tmp_path / "serve.log", "wb")

@@ -1,9 +1,9 @@
 """What `specmon serve` runs: Streamlit's App around the dashboard script (app.py), with a start-up hook.
 
-A page's first run imports pandas, Altair and specmon's queries (about half a second) and runs the Overview's
-summary query; the hook does both in the background as the server starts, so they happen while the browser is
-still fetching and starting Streamlit's frontend, not after it asks for the first page (the query's result goes
-into the app's cache, where the page finds it). `streamlit run app.py` works as well, without the head start.
+A page's first run imports pandas, Altair and specmon's queries (about half a second), reads the watched sources'
+health (every page shows it) and runs the Overview's summary query; the hook does all three in the background as
+the server starts, so they happen while the browser is still fetching and starting Streamlit's frontend, not
+after it asks for the first page (the queries' results go into the app's cache, where the page finds them). `streamlit run app.py` works as well, without the head start.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ def _prepare_first_page() -> None:
     from specmon.ui import data
 
     try:
+        data.sources()  # in the order the page asks for them
         data.summaries()
     except Exception:  # noqa: BLE001 (a head start only: the page runs the query again and shows what failed)
         pass
