@@ -104,7 +104,7 @@ def test_generalized_pareto_fit_recovers_the_tail_shape():
 def test_simulated_length_tail_matches_the_true_tail_past_the_reference(kind: str, beyond: int):
     # The false-alarm rate at the default 20,000 steps is set by rare long poor requests, so the length tail
     # well past a 100-request reference's bulk (5 and 7.5 x the mean length) must come out as the truth on
-    # average over references. The log-scale kernel this replaced gave a geometric's tail 2.5 x too heavy (too
+    # average over references. The log-scale kernel this replaced gave a geometric's tail 2.6 x too heavy (too
     # quiet a detector, 1.4-2.0 x the stated steps per false alarm); across 200 references the mean's
     # Monte-Carlo error is under 7% of the truth, so [0.75, 1.3] is about 4 of them either side.
     if kind == "geometric":
