@@ -30,9 +30,9 @@ import math
 import time
 
 import numpy as np
-
 import streams
 from _common import machine
+
 from specmon import drift, stats, theory
 from specmon.segments import segment_status
 
@@ -180,7 +180,7 @@ def river_cell(rng: np.random.Generator, arl0: int, target_rate: float) -> dict:
     def tune(factory, lo, hi) -> float:
         for _ in range(10):
             mid = math.sqrt(lo * hi)
-            lo, hi = (mid, hi) if rate(lambda: factory(mid)) > target_rate else (lo, mid)
+            lo, hi = (mid, hi) if rate(lambda mid=mid: factory(mid)) > target_rate else (lo, mid)
         return hi
 
     out = {}
@@ -190,13 +190,13 @@ def river_cell(rng: np.random.Generator, arl0: int, target_rate: float) -> dict:
         param = tune(factory, lo, hi)
         delays, early = [], 0
         for a, c in changed:
-            found = [t for t in run(lambda: factory(param), a, c) if t >= start]  # the reference is warm-up
+            found = [t for t in run(lambda f=factory, p=param: f(p), a, c) if t >= start]  # the reference is warm-up
             if any(t < change for t in found):
                 early += 1
             elif found:
                 delays.append(found[0] - change)
         d = np.array(delays)
-        out[name] = {"parameter": param, "steps_per_false_alarm": 1 / max(rate(lambda: factory(param)), 1e-12),
+        out[name] = {"parameter": param, "steps_per_false_alarm": 1 / max(rate(lambda f=factory, p=param: f(p)), 1e-12),
                      "mean_delay": float(d.mean()) if len(d) else None,
                      "mean_delay_se": float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else None,
                      "alarmed_before_change": early, "detected": len(d), "streams": len(changed)}

@@ -41,11 +41,13 @@ CHANGE_CONFIDENCE = 0.99  # template change verdicts at the two-sided 1% level
 # in the change's likely range (about a 95% set; the study in docs/drift.md measures how often it holds the truth).
 CHANGE_RANGE_DROP = 3.0
 CALIBRATION_GROUPS = 40  # x 5 streams
+TAIL_SHARE = 0.2  # the longest fifth of a group's requests fit the tail of request lengths (_Lengths)
+TAIL_MIN = 10  # with fewer requests above the threshold, an exponential tail (xi = 0) is fitted
 MIXING_GRID = 100  # points of the grid of cluster acceptance (_Mixing)
 MIXING_ITERATIONS = 40  # EM iterations per group, from the whole reference's fit (10 x as many)
 # Raised whenever calibrate gives another threshold for the same input, so thresholds kept in a database
 # (specmon.drift_state) are calibrated again rather than reused.
-CALIBRATION_VERSION = 3
+CALIBRATION_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -147,14 +149,14 @@ def calibrate(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p
     sampling error). Its streams_per_group streams of 5 x arl0_steps points are clusters drawn from the group, each
     given an acceptance r from the group's distribution of cluster acceptance (its nonparametric maximum-likelihood
     estimate, _Mixing) and points to match: an engine window keeps its checked count and gets accepted ~
-    Binomial(checked, r) (_WindowProcess); a request gets a length from the group's lengths smoothed on the log
-    scale and steps drawn from the group's per-position profile shifted to r (_StepProcess). Resampling the
-    reference's clusters as they are, a hundred of them, would let the rare poor request (or window) that sets off
-    a false alarm once in thousands of points be missing or over-represented by chance, and the threshold follow
-    that luck; drawing r from the estimated distribution instead gives every group the tail its clusters imply. The
-    streams are watched with the reference's own p0 and p1, and h is solved for where the groups' mean rate of the
-    restarted CUSUM (every alarm, re-alarms included, over the points watched: the figure the stated rate
-    promises) is 1 / arl0_steps (_solve).
+    Binomial(checked, r) (_WindowProcess); a request gets a length from the group's lengths, its tail past the longest
+    fifth generalized Pareto with the shape those show (_Lengths), and steps drawn from the group's per-position profile
+    shifted to r (_StepProcess). Resampling the reference's clusters as they are, a hundred of them, would let the rare
+    poor request (or window) that sets off a false alarm once in thousands of points be missing or over-represented by
+    chance, and the threshold follow that luck; drawing r from the estimated distribution instead gives every group the
+    tail its clusters imply. The streams are watched with the reference's own p0 and p1, and h is solved for where the
+    groups' mean rate of the restarted CUSUM (every alarm, re-alarms included, over the points watched: the figure the
+    stated rate promises) is 1 / arl0_steps (_solve).
     """
     rng = np.random.default_rng(seed)
     a = np.asarray(accepted, dtype=float)
@@ -331,8 +333,8 @@ class _Rates:
     standard normal (a kernel with Silverman's bandwidth b from the weights' own spread on that scale and the number
     of clusters; shift keeps the mean of the weights). The maximum-likelihood weights sit on a few points, inside
     the range of the clusters' own rates, so they picture the tail of poor clusters, where false alarms come from,
-    as lighter than it is; the kernel spreads each point as the lengths' kernel does (_smoothed_lengths), and adds
-    nothing where the clusters do not differ (b = 0)."""
+    as lighter than it is; the kernel spreads each point, and adds nothing where the clusters do not differ
+    (b = 0)."""
 
     grid: np.ndarray
     weights: np.ndarray
@@ -367,16 +369,16 @@ class _StepProcess:
     """The in-control process of one group of requests (pool: positions among the reference's requests, inverse
     the request of each reference step), drawn as requests laid end to end.
 
-    A drawn request gets a length in steps from the group's lengths, smoothed on the log scale (_smoothed_lengths),
-    and an acceptance r from the group's distribution of request acceptance (_Mixing). Its steps are drawn
-    independently from the group's per-position profile shifted to r: position i of a step is checked while all
+    A drawn request gets a length in steps from the group's lengths, with a generalized Pareto tail past its longest
+    fifth (_Lengths), and an acceptance r from the group's distribution of request acceptance (_Mixing). Its steps are
+    drawn independently from the group's per-position profile shifted to r: position i of a step is checked while all
     before were accepted, and accepted with probability logistic(logit q_i + theta), q_i the group's own rate at
-    position i (accepted / checked there), theta (on TILT_GRID) the shift whose per-token acceptance is nearest r.
-    So steps keep the shape of real steps (position 1 easier or harder than position 4, as the logs have it) at the
-    request's own acceptance; within a request whose positions share one rate this is exactly the truncated
-    geometric step. (A tilt of the group's mix of steps, which this replaced, matched r but, at an r far below the
-    mix, kept too many fully accepted steps from the easy requests in it: fewer rejections per step, a CUSUM
-    drifting up more slowly than in a poor request.)"""
+    position i (accepted / checked there), theta (on TILT_GRID) the shift whose per-token acceptance is nearest r. So
+    steps keep the shape of real steps (position 1 easier or harder than position 4, as the logs have it) at the
+    request's own acceptance; within a request whose positions share one rate this is exactly the truncated geometric
+    step. (A tilt of the group's mix of steps, which this replaced, matched r but, at an r far below the mix, kept too
+    many fully accepted steps from the easy requests in it: fewer rejections per step, a CUSUM drifting up more slowly
+    than in a poor request.)"""
 
     def __init__(self, a: np.ndarray, n: np.ndarray, inverse: np.ndarray, pool: np.ndarray, rates: _Rates):
         self.rates = rates
@@ -394,6 +396,7 @@ class _StepProcess:
         cdf = np.cumsum(weight / weight.sum(axis=1, keepdims=True), axis=1)
         self.columns = [np.ascontiguousarray(cdf[:, j]) for j in range(len(kinds) - 1)]  # kind: cdf values below u
         self.steps = np.bincount(inverse, minlength=n_requests)[pool]
+        self.lengths = _Lengths(self.steps)
 
     def draw(self, rng: np.random.Generator, n_streams: int, n_points: int) -> tuple[np.ndarray, np.ndarray]:
         """(accepted, checked) of n_streams streams of n_points steps, one a row."""
@@ -402,7 +405,7 @@ class _StepProcess:
         for i in range(n_streams):
             filled = 0
             while filled < n_points:
-                lengths = _smoothed_lengths(rng, self.steps, draws)
+                lengths = self.lengths.draw(rng, draws, n_points - filled)
                 rates = self.rates.draw(rng, draws)
                 tilt = np.searchsorted(self.tilt_rate, rates).clip(0, len(TILT_GRID) - 1)
                 row = np.repeat(tilt, lengths)[:n_points - filled]
@@ -415,16 +418,55 @@ class _StepProcess:
         return self.kinds[picked, 0], self.kinds[picked, 1]
 
 
-def _smoothed_lengths(rng: np.random.Generator, lengths: np.ndarray, size: int) -> np.ndarray:
-    """Request lengths drawn from the group's lengths, each times exp(b z), z standard normal: a kernel density on
-    the log scale with Silverman's bandwidth b. A reference of a hundred requests holds one or two of the longest
-    requests a heavy-tailed length distribution has, or none, and the false alarms that long poor requests set
-    off depend on them; the kernel lets a group's lengths reach a little past its longest."""
-    logs = np.log(lengths)
-    spread = min(logs.std(), float(np.subtract(*np.percentile(logs, [75, 25]))) / 1.34)
-    b = 0.9 * spread * len(lengths) ** -0.2
-    drawn = lengths[rng.integers(0, len(lengths), size)]
-    return np.maximum(1, np.round(drawn * np.exp(b * rng.standard_normal(size)))).astype(np.int64)
+class _Lengths:
+    """Request lengths of a group: a length at or below u (the group's lengths' (1 - TAIL_SHARE) quantile) drawn
+    from the group's own lengths as they are, one above u as u plus a generalized Pareto excess (math.md, "Drift",
+    step 3). A reference of a hundred requests holds none of the few longest requests the stated rate depends
+    on, so the tail past its longest is an extrapolation, and by the Pickands-Balkema-de Haan theorem excesses
+    over a high threshold are about generalized Pareto whatever the distribution: shape xi = 0 for an exponential
+    tail (a geometric length's, exactly), xi > 0 for a heavier one. Estimating xi lets the group's own longest
+    requests say how heavy the tail is; a fixed kernel on the log scale (what this replaced) gave every tail a
+    lognormal's, 2.6 x a geometric's at five times the mean length (tests/test_calibration.py)."""
+
+    def __init__(self, lengths: np.ndarray):
+        ordered = np.sort(lengths)
+        self.lengths = lengths
+        self.u = int(ordered[max(math.ceil((1 - TAIL_SHARE) * len(ordered)) - 1, 0)])
+        # an excess e = L - u >= 1 counts whole steps; e - 1/2 is the continuous excess it rounds up from
+        over = ordered[ordered > self.u] - self.u - 0.5
+        self.xi, self.sigma = (gpd_fit(over) if len(over) >= TAIL_MIN
+                               else (0.0, float(over.mean()) if len(over) else 0.0))
+
+    def draw(self, rng: np.random.Generator, size: int, cap: int) -> np.ndarray:
+        """size lengths, each at most cap (a longer request fills a stream of cap points all the same)."""
+        out = self.lengths[rng.integers(0, len(self.lengths), size)].astype(np.int64)
+        tail = np.flatnonzero(out > self.u)
+        if self.sigma > 0 and tail.size:
+            v = 1 - rng.random(tail.size)  # in (0, 1]
+            excess = (-self.sigma * np.log(v) if abs(self.xi) < 1e-9
+                      else self.sigma / self.xi * np.expm1(-self.xi * np.log(v)))
+            out[tail] = self.u + np.ceil(np.minimum(excess, cap)).astype(np.int64)
+        return np.clip(out, 1, cap)
+
+
+def gpd_fit(excess: np.ndarray) -> tuple[float, float]:
+    """(xi, sigma) of a generalized Pareto distribution, P(X > x) = (1 + xi x / sigma)^(-1/xi), fitted to positive
+    excesses by Zhang and Stephens' (2009) method: the profile likelihood in theta = -xi / sigma averaged over a
+    grid of theta by its own weights (a posterior mean), then xi = mean log(1 - theta x) and sigma = -xi / theta
+    there. Unlike the maximum-likelihood estimate it always exists and is stable with a few dozen excesses; it
+    assumes them independent. xi < 0 is a bounded tail, its end beyond the largest excess."""
+    x = np.sort(np.asarray(excess, dtype=float))
+    n = len(x)
+    m = 20 + int(math.sqrt(n))
+    theta = 1 / x[-1] + (1 - np.sqrt(m / (np.arange(1, m + 1) - 0.5))) / (3 * x[max(int(n / 4 + 0.5) - 1, 0)])
+    shape = np.log1p(-theta[:, None] * x[None, :]).mean(axis=1)  # the xi that maximises the likelihood at theta
+    loglik = n * (np.log(-theta / shape) - shape - 1)
+    weight = 1 / np.exp(np.clip(loglik[None, :] - loglik[:, None], -700, 700)).sum(axis=1)
+    th = float(weight @ theta)
+    if abs(th) * x[-1] < 1e-12:  # theta 0: the exponential tail
+        return 0.0, float(x.mean())
+    xi = float(np.log1p(-th * x).mean())
+    return xi, -xi / th
 
 
 def first_alarm_steps(w: np.ndarray, h: float) -> np.ndarray:
