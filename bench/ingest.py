@@ -27,8 +27,8 @@ import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
-
 from _common import machine, run_child
+
 from specmon import sampler
 
 K = 4
@@ -55,7 +55,7 @@ def _varying_topk(rng: np.random.Generator, rows: int) -> list[dict]:
     """rows top-20 logprob objects over random tokens (a new set at every position), each summing below 0.6."""
     tokens = rng.integers(0, VOCAB, (rows, TOPK))
     logprobs = np.minimum(np.sort(rng.normal(-5.0, 1.0, (rows, TOPK)), axis=1)[:, ::-1], -3.5)
-    return [dict(zip(map(str, t), lp)) for t, lp in zip(tokens.tolist(), logprobs.tolist())]
+    return [dict(zip(map(str, t), lp, strict=True)) for t, lp in zip(tokens.tolist(), logprobs.tolist(), strict=True)]
 
 
 def write_jsonl_varying(path: str, positions: int) -> None:
@@ -67,7 +67,8 @@ def write_jsonl_varying(path: str, positions: int) -> None:
             draft = rng.integers(0, VOCAB, K).tolist()
             target = _varying_topk(rng, K + 1)
             own = _varying_topk(rng, K)
-            draft_lp = [dict(list(t.items())[:10] + list(o.items())[:10]) for t, o in zip(target, own)]
+            draft_lp = [dict(list(t.items())[:10] + list(o.items())[:10])
+                        for t, o in zip(target, own, strict=False)]  # the target has one row more
             out.write(orjson.dumps({
                 "request_id": f"req-{i // 50}", "ts": 1.7e9 + i * 0.05, "k": K, "template": "real",
                 "draft_tokens": draft, "accepted": accepted,

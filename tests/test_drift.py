@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specmon import alarms, drift, demo
+from specmon import alarms, demo, drift
 from specmon.ingest import ingest_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))

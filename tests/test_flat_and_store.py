@@ -3,13 +3,14 @@ import duckdb
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import PAPER_P, PAPER_Q
 
-from specmon import sampler, settings, store as store_mod
+from specmon import sampler, settings
+from specmon import store as store_mod
 from specmon.faults import SpecmonError
 from specmon.ingest import ingest_file
 from specmon.store import Store
 from specmon.summary import summarize
-from conftest import PAPER_P, PAPER_Q
 
 
 def flat_rows(n_steps=2000, seed=0):
@@ -24,7 +25,8 @@ def flat_rows(n_steps=2000, seed=0):
 
 
 def counts(store):
-    return store.query("SELECT (SELECT count(*) FROM ingests), (SELECT count(*) FROM steps), (SELECT count(*) FROM positions)")[0]
+    return store.query("SELECT (SELECT count(*) FROM ingests), (SELECT count(*) FROM steps), "
+                       "(SELECT count(*) FROM positions)")[0]
 
 
 @pytest.mark.parametrize("fmt", ["csv", "parquet"])

@@ -1,4 +1,5 @@
-"""The package is lint-clean (ruff) and type-clean (mypy), with the settings in pyproject.toml."""
+"""The code is lint-clean (ruff: the package, its benchmarks and its tests) and the package type-clean (mypy),
+with the settings in pyproject.toml."""
 import importlib.util
 import os
 import subprocess
@@ -18,8 +19,9 @@ def _tool(module: str) -> list[str]:
     return [sys.executable, "-m", module]
 
 
-def test_ruff_finds_nothing_in_the_package():
-    r = subprocess.run([*_tool("ruff"), "check", "specmon"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+def test_ruff_finds_nothing_in_the_code():
+    r = subprocess.run([*_tool("ruff"), "check", "specmon", "bench", "tests"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
 
 

@@ -4,9 +4,9 @@ import io
 import numpy as np
 import orjson
 import pytest
+from conftest import PAPER_P, PAPER_Q
 
 from specmon import sampler, stats, theory
-from conftest import PAPER_P, PAPER_Q
 
 
 @pytest.fixture(scope="module")
