@@ -6,8 +6,7 @@
 Each load runs in a fresh process, specmon and the bare load alternating, `--repeat` times; the figures are the
 median and the range, of wall time and of CPU time (all threads; less moved by other jobs on a shared machine).
 Both are timed until the data is in the database file: specmon's ingest until it returns (its store commits and
-closes its connections), the bare load
-through its connection's close (which checkpoints the table).
+closes its connections), the bare load through its connection's close (which checkpoints the table).
 The JSONL files are also ingested by the step log's Python path alone (the fast path made to hand the file over),
 which is what a file with a fault, dense distributions or unknown fields costs.
 Files (k = 4, vocabulary 32,000):
