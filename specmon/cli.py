@@ -540,7 +540,15 @@ def run_child(cmd: list[str], env: dict, grace_s: float = 20.0,
 
     with _signals_caught((signal.SIGTERM, signal.SIGINT, signal.SIGHUP), forward) as caught:
         try:
-            code = child.wait()
+            # Waited for in short steps, not one blocking wait: Python runs a signal's handler in the main thread,
+            # and a signal the kernel hands to another thread (the watcher's) does not interrupt a blocking wait,
+            # so the handler would not run until the child ended by itself.
+            while True:
+                try:
+                    code = child.wait(timeout=0.2)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
         finally:
             if child.poll() is None:  # left by an exception before the child ended
                 child.terminate()

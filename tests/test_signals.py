@@ -2,7 +2,9 @@
 or an exception, and the next ingest sweeps the copy of one killed outright; `specmon serve` ends on a signal with
 its status and leaves no bound port, and beside a watcher (where Streamlit runs as its child) forwards the signal,
 waits for the child and takes it along when killed outright. All with real processes."""
+import ctypes
 import os
+import platform
 import signal
 import socket
 import subprocess
@@ -150,6 +152,29 @@ def test_serve_ends_on_a_signal_and_leaves_no_child(specmon_cmd, tmp_path, sig, 
     assert b"Traceback" not in err, err
     assert proc.returncode == 128 + sig, err
     assert child is None or not running(child)
+    until(lambda: port_free(port), timeout=10, what="the port to be free")
+
+
+_TGKILL = {"x86_64": 234, "aarch64": 131}.get(platform.machine())  # the syscall's number
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or _TGKILL is None, reason="tgkill is Linux's")
+def test_serve_watch_ends_when_the_signal_lands_on_the_watcher_thread(specmon_cmd, tmp_path):
+    # The kernel may hand a process's signal to any of its threads; one taken by the watcher's thread must still
+    # end serve (it once hung in a blocking wait for its child until a second signal came)
+    proc, child, port = start_serve(specmon_cmd, tmp_path, watch=True)
+    def takes_sigterm(task: Path) -> bool:  # not blocked there (allocators' own threads block every signal)
+        blocked = next(line for line in (task / "status").read_text().splitlines() if line.startswith("SigBlk:"))
+        return not int(blocked.split()[1], 16) >> (signal.SIGTERM - 1) & 1
+
+    others = [int(t.name) for t in Path(f"/proc/{proc.pid}/task").iterdir()
+              if int(t.name) != proc.pid and takes_sigterm(t)]
+    assert others, "serve --watch runs its watcher in a thread"
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.syscall(_TGKILL, proc.pid, others[0], int(signal.SIGTERM)) == 0, ctypes.get_errno()
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert not running(child)
     until(lambda: port_free(port), timeout=10, what="the port to be free")
 
 
