@@ -7,6 +7,7 @@ import math
 import numpy as np
 import orjson
 import pytest
+from random_steps import step_envelope
 from stored_rows import same, stored
 
 from specmon import steplog
@@ -36,30 +37,14 @@ def _pick(rng: np.random.Generator, options: list):
     return options[int(rng.integers(len(options)))]
 
 
-def _envelope(rng: np.random.Generator, obj: dict, g: int, i: int) -> None:
-    """The step's optional fields besides its distributions, each present half the time."""
-    maybe = lambda: rng.random() < 0.5  # noqa: E731
-    if maybe():
-        obj["ts"] = _pick(rng, ["2026-03-01T10:00:00Z", "2026-03-01T10:00:00.25+02:00", "2026-03-01 09:00:00",
-                                1.7e9 + i * 0.37, 1_700_000_000 + i])
-    if maybe():
-        obj["template"] = _pick(rng, ["a", "b"])
-    if maybe():
-        obj["k"] = g + int(rng.integers(0, 3)) if g else int(rng.integers(1, 4))
-    for field in ("temperature", "target_ms"):
-        if maybe():
-            obj[field] = float(rng.uniform(0, 2)) if maybe() else int(rng.integers(0, 5))
-    if maybe():
-        obj["draft_ms"] = rng.uniform(0, 3, int(rng.integers(0, 4))).tolist() if maybe() else 1.5
-
-
 def _step(rng: np.random.Generator, i: int) -> dict:
     g = int(rng.integers(0, 6))
     accepted = int(rng.integers(0, g + 1))
     draft = rng.integers(0, VOCAB, g).tolist()
     obj: dict = {"request_id": f"r{i % 7}", "draft_tokens": draft, "accepted": accepted}
     maybe = lambda: rng.random() < 0.5  # noqa: E731
-    _envelope(rng, obj, g, i)
+    step_envelope(rng, obj, g, ["2026-03-01T10:00:00Z", "2026-03-01T10:00:00.25+02:00", "2026-03-01 09:00:00",
+                                1.7e9 + i * 0.37, 1_700_000_000 + i], ["a", "b"])
     p_rows = [_dist(rng) for _ in range(g + 1)]
     q_rows = [_dist(rng) for _ in range(g)]
     kind = _pick(rng, ["dense", "dense_p_topk_q", "topk", "topk_p_only", "topk_q_only", "beta", "none"])

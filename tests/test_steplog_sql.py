@@ -9,6 +9,7 @@ import re
 import numpy as np
 import orjson
 import pytest
+from random_steps import step_envelope
 from stored_rows import same, stored
 
 from specmon.formats import steplog_sql
@@ -33,21 +34,11 @@ def _step(rng: np.random.Generator, i: int) -> dict:
     accepted = int(rng.integers(0, g + 1))
     draft = rng.integers(0, VOCAB, g).tolist()
     obj: dict = {"request_id": f"r{i % 7}", "draft_tokens": draft, "accepted": accepted}
+    step_envelope(rng, obj, g, [
+        "2026-03-01T10:00:00Z", "2026-03-01T10:00:00.25+02:00", "2026-03-01 09:00:00", "2026-03-01T10:00:00.123456",
+        1.7e9 + i * 0.37, 1_700_000_000 + i, 1.7e9 + 0.0000005, 0.5e-6, 0,
+    ], ["a", "b", "", "é\\u00e9"])
     maybe = lambda: rng.random() < 0.5  # noqa: E731
-    if maybe():
-        obj["ts"] = [
-            "2026-03-01T10:00:00Z", "2026-03-01T10:00:00.25+02:00", "2026-03-01 09:00:00", "2026-03-01T10:00:00.123456",
-            1.7e9 + i * 0.37, 1_700_000_000 + i, 1.7e9 + 0.0000005, 0.5e-6, 0,
-        ][int(rng.integers(9))]
-    if maybe():
-        obj["template"] = ["a", "b", "", "é\\u00e9"][int(rng.integers(4))]
-    if maybe():
-        obj["k"] = g + int(rng.integers(0, 3)) if g else int(rng.integers(1, 4))
-    for field in ("temperature", "target_ms"):
-        if maybe():
-            obj[field] = float(rng.uniform(0, 2)) if maybe() else int(rng.integers(0, 5))
-    if maybe():
-        obj["draft_ms"] = rng.uniform(0, 3, int(rng.integers(0, 4))).tolist() if maybe() else 1.5
     kind = ["topk", "topk_p_only", "topk_q_only", "beta", "topk_and_beta", "none"][int(rng.integers(6))]
     if kind in ("topk", "topk_p_only", "topk_and_beta"):
         obj["target_logprobs"] = [_topk(rng, int(rng.integers(0, 8))) for _ in range(g + int(maybe()))]
