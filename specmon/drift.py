@@ -12,8 +12,7 @@ reference window (calibrate): its clusters resampled for their sizes, a cluster 
 distribution of cluster acceptance the reference implies (nonparametric maximum likelihood, smoothed), and points
 drawn to match it (steps from the reference's per-position profile shifted to that acceptance; windows binomial),
 until the simulated number of points per false alarm of the restarted CUSUM (every re-alarm counted) is the one
-asked for, corrected for how far the reference's own luck moves the mean over references of that rate
-(_luck_factor). Pure numpy; no I/O.
+asked for. Pure numpy; no I/O.
 """
 from __future__ import annotations
 
@@ -42,14 +41,13 @@ CHANGE_CONFIDENCE = 0.99  # template change verdicts at the two-sided 1% level
 # in the change's likely range (about a 95% set; the study in docs/drift.md measures how often it holds the truth).
 CHANGE_RANGE_DROP = 3.0
 CALIBRATION_GROUPS = 40  # x 5 streams
-REFERENCE_STREAMS = 100  # streams of the reference's own process, to tell the groups' bias (_luck_factor)
 TAIL_SHARE = 0.2  # the longest fifth of a group's requests fit the tail of request lengths (_Lengths)
 TAIL_MIN = 10  # with fewer requests above the threshold, an exponential tail (xi = 0) is fitted
 MIXING_GRID = 100  # points of the grid of cluster acceptance (_Mixing)
 MIXING_ITERATIONS = 40  # EM iterations per group, from the whole reference's fit (10 x as many)
 # Raised whenever calibrate gives another threshold for the same input, so thresholds kept in a database
 # (specmon.drift_state) are calibrated again rather than reused.
-CALIBRATION_VERSION = 5
+CALIBRATION_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -159,68 +157,21 @@ def calibrate(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p
     tail its clusters imply. The streams are watched with the reference's own p0 and p1, and h is solved for where the
     groups' mean rate of the restarted CUSUM (every alarm, re-alarms included, over the points watched: the figure the
     stated rate promises) is 1 / arl0_steps (_solve).
-
-    That mean still follows the reference's luck: the mean over references of the true rate at that h is about
-    (1 + V) / (1 + b)^2 times the stated one (_luck_factor), by the delta method, where the rate is linear in what
-    the reference estimates (a share of hard requests, b = 0) more than exponential in it (b = V / 2, where the two
-    cancel). So h is solved again for the stated rate divided by that factor, its V and b estimated at the first h
-    from the groups and from streams of the reference's own, unresampled, process. Assumes V small enough for the
-    delta method (the study's cells have 0.04-0.7) and the bootstrap's spread of the groups that of the references.
     """
-    s, s0 = _calibration_streams(accepted, checked, clusters, p0, p1, arl0_steps, groups, streams_per_group, seed)
-    h = _solve(s, arl0_steps)
-    return _solve(s, arl0_steps, _luck_factor(s, s0, h, arl0_steps)[0], start=h)
-
-
-def _calibration_streams(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p0: float, p1: float,
-                         arl0_steps: int, groups: int, streams_per_group: int, seed: int
-                         ) -> tuple[list[np.ndarray], np.ndarray]:
-    """Cumulative CUSUM increments of the groups' simulated streams (one array per group) and of the reference's
-    own, unresampled, process (REFERENCE_STREAMS rows, from a generator of their own so the groups' draws do not
-    depend on them)."""
     rng = np.random.default_rng(seed)
     a = np.asarray(accepted, dtype=float)
     n = np.asarray(checked, dtype=float)
     _, inverse = np.unique(clusters, return_inverse=True)
     n_clusters = int(inverse.max()) + 1
     single = n_clusters == len(a)  # engine windows: every point its own cluster
-
-    def process(pool: np.ndarray, rates: _Rates) -> _WindowProcess | _StepProcess:
-        return _WindowProcess(a, n, pool, rates) if single else _StepProcess(a, n, inverse, pool, rates)
-
     mixing = _Mixing(np.bincount(inverse, weights=a), np.bincount(inverse, weights=n))
-    s = []
+    points = []
     for _ in range(groups):
         pool = rng.integers(0, n_clusters, n_clusters)
         rates = mixing.fit(np.bincount(pool, minlength=n_clusters))
-        s.append(_cumulative(*process(pool, rates).draw(rng, streams_per_group, 5 * arl0_steps), p0, p1))
-    own = process(np.arange(n_clusters), mixing.fit(np.ones(n_clusters)))
-    s0 = _cumulative(*own.draw(np.random.default_rng([seed, 1]), REFERENCE_STREAMS, 5 * arl0_steps), p0, p1)
-    return s, s0
-
-
-def _luck_factor(s: list[np.ndarray], s0: np.ndarray, h: float, arl0_steps: int) -> tuple[float, float, float]:
-    """(factor, V, b): how many times the stated rate the mean over references of the true rate comes to when h is
-    solved for the groups' mean rate M = stated (docs/math.md, "Drift", step 5).
-
-    If a reference estimates the in-control process's rate R with relative error e, and the groups spread about
-    it as references spread about the truth (the bootstrap), then to second order R(truth) / R(reference) has
-    mean 1 + V - b, V the relative variance of the groups' rates and b the relative bias their mean M adds to the
-    reference's own rate R0, and h solved for M = stated leaves the true rate at about (1 + V) / (1 + b)^2 of it.
-    V is the variance of the groups' rates at h over M^2, less their streams' own noise (each group's variance
-    between its streams over their number); b = M / R0 - 1, R0 from s0. Where the rate is linear in what the
-    reference estimates (a share of hard requests) b = 0 and the plain solve is too noisy by 1 + V; where it is
-    exponential in it b = V / 2 and the plain solve is about right."""
-    counts = _alarm_counts(s, h, arl0_steps)
-    rates = np.array([c / g.shape[1] for c, g in zip(counts, s)])  # (groups, streams)
-    m = rates.mean()
-    r0 = _alarm_counts([s0], h, arl0_steps)[0].sum() / s0.size
-    if m <= 0 or r0 <= 0:
-        return 1.0, 0.0, 0.0
-    noise = rates.var(axis=1, ddof=1).mean() / rates.shape[1]
-    v = max(rates.mean(axis=1).var(ddof=1) - noise, 0.0) / m ** 2
-    b = m / r0 - 1
-    return (1 + v) / (1 + b) ** 2, float(v), float(b)
+        process = _WindowProcess(a, n, pool, rates) if single else _StepProcess(a, n, inverse, pool, rates)
+        points.append(process.draw(rng, streams_per_group, 5 * arl0_steps))
+    return _solve([_cumulative(pa, pn, p0, p1) for pa, pn in points], arl0_steps)
 
 
 def _cumulative(accepted: np.ndarray, checked: np.ndarray, p0: float, p1: float) -> np.ndarray:
@@ -230,7 +181,7 @@ def _cumulative(accepted: np.ndarray, checked: np.ndarray, p0: float, p1: float)
     return np.cumsum(x, axis=1, dtype=np.float64)
 
 
-def _solve(s: list[np.ndarray], arl0_steps: int, factor: float = 1.0, start: float | None = None) -> float:
+def _solve(s: list[np.ndarray], arl0_steps: int) -> float:
     """h at which the groups' mean alarm rate of the restarted CUSUM is 1 / arl0_steps; s holds each group's
     cumulative increments, one stream a row.
 
@@ -240,8 +191,8 @@ def _solve(s: list[np.ndarray], arl0_steps: int, factor: float = 1.0, start: flo
     steps of 25% until the restarted rate, counted exactly (_restarted_rate), brackets the stated one, and found
     inside that bracket by false position on log rate against h (an in-control CUSUM's alarm rate falls about
     exponentially in h), to within 1% of the stated rate or 0.5% of h; where it stops short, the quieter end."""
-    target = math.log(1.0 / (arl0_steps * factor))
-    hi = start or _fresh_start_threshold(s, arl0_steps * factor)
+    target = math.log(1.0 / arl0_steps)
+    hi = _fresh_start_threshold(s, arl0_steps)
 
     def log_rate(h: float) -> float:
         return math.log(max(_restarted_rate(s, h, arl0_steps), 1e-3 / arl0_steps))
@@ -304,34 +255,28 @@ def _fresh_start_threshold(s: list[np.ndarray], arl0_steps: int) -> float:
 
 
 def _restarted_rate(s: list[np.ndarray], h: float, arl0_steps: int) -> float:
-    """The groups' mean rate of alarms per point of the CUSUM restarted after every alarm, as in use."""
-    return float(np.mean([counts.sum() / g.size for counts, g in zip(_alarm_counts(s, h, arl0_steps), s)]))
-
-
-def _alarm_counts(s: list[np.ndarray], h: float, arl0_steps: int) -> list[np.ndarray]:
-    """Alarms of the CUSUM restarted after every alarm in each stream (one array per group, one count per row of
-    its cumulative increments): after a restart at point r, W_t = S_t - min(S_r, min_{r<u<=t} S_u). Scanned in
-    blocks (a Python step per block and per alarm, not per point), the running minimum carried from block to
-    block."""
+    """The groups' mean rate of alarms per point of the CUSUM restarted after every alarm, as in use: after a
+    restart at point r, W_t = S_t - min(S_r, min_{r<u<=t} S_u) for the cumulative increments S. Scanned in blocks
+    (a Python step per block and per alarm, not per point), the running minimum carried from block to block."""
     block = max(256, arl0_steps // 4)
-    out = []
+    rates = []
     for g in s:
-        counts = np.zeros(len(g), dtype=np.int64)
-        for i, row in enumerate(g):
+        alarms = 0
+        for row in g:
             n, start, floor = len(row), 0, 0.0
             while start < n:
                 seg = row[start:start + block]
                 low = np.minimum(np.minimum.accumulate(seg), floor)
                 hit = np.flatnonzero(seg - low >= h)
                 if hit.size:
-                    counts[i] += 1
+                    alarms += 1
                     floor = float(seg[hit[0]])
                     start += int(hit[0]) + 1
                 else:
                     floor = float(low[-1])
                     start += len(seg)
-        out.append(counts)
-    return out
+        rates.append(alarms / g.size)
+    return float(np.mean(rates))
 
 
 class _Mixing:

@@ -2,7 +2,6 @@
 stated figure promises (every alarm of the CUSUM restarted after each alarm), and its simulated steps and request
 lengths are what its docstrings say."""
 import math
-import statistics
 import sys
 from pathlib import Path
 
@@ -117,39 +116,3 @@ def test_simulated_length_tail_matches_the_true_tail_past_the_reference(kind: st
     tails = [(drift._Lengths(streams.request_lengths(rng, 100, kind)).draw(rng, 20_000, 10**6) > beyond).mean()
              for _ in range(200)]
     assert 0.75 < np.mean(tails) / truth < 1.3, np.mean(tails) / truth
-
-
-def _share_groups(shares, rng: np.random.Generator, streams: int = 5, requests: int = 600) -> list[np.ndarray]:
-    """Cumulative CUSUM increments of groups whose streams are requests of 10 points, poor (+1 a point) with the
-    group's share, else good (-10 a point, which brings W back to 0): at h = 10 a poor request alarms exactly once,
-    so a group's alarm rate is its share / 10, with binomial noise from its streams."""
-    out = []
-    for q in shares:
-        poor = rng.random((streams, requests)) < q
-        out.append(np.cumsum(np.repeat(np.where(poor, 1.0, -10.0), 10, axis=1), axis=1))
-    return out
-
-
-@pytest.mark.parametrize("scale", ["linear", "exponential"])
-def test_luck_factor_tells_a_rate_linear_in_the_estimate_from_an_exponential_one(scale: str):
-    # The mean over references of the true rate at a threshold solved for the groups' mean rate is the stated rate
-    # times about (1 + V) / (1 + b)^2 (docs/math.md, "Drift", step 5). Where the rate is linear in what the
-    # reference estimates (a share of poor requests) the groups' mean adds no bias (b = 0) and the correction is
-    # 1 + V; where it is exponential in it, 1 + b = sqrt(1 + V) and the two cancel (the plain calibration is
-    # right there: correcting by 1 + V alone, 1.28 here, made such cells too quiet). The groups' shares are set,
-    # not drawn (normal quantiles, sd 0.5 on the rate or its log scale), so only the streams' binomial noise is left: about 1% on b (R0
-    # from 12,000 alarms, the groups' mean from 24,000) and on V after its noise is subtracted, 2.5% on the
-    # factor, so 0.04 and 0.08 are over 3 of them.
-    rng = np.random.default_rng(21)
-    z = np.array([statistics.NormalDist().inv_cdf((i + 0.5) / 40) for i in range(40)])
-    delta = 0.5 * z / z.std()
-    shares = 0.2 * (1 + delta) if scale == "linear" else 0.2 * np.exp(delta)
-    s = _share_groups(shares, rng)
-    s0 = _share_groups([0.2], rng, streams=100)[0]
-    factor, v, b = drift._luck_factor(s, s0, 10.0, 2000)
-    true_v = shares.var(ddof=1) / shares.mean() ** 2
-    true_b = shares.mean() / 0.2 - 1
-    assert abs(v - true_v) < 0.04 and abs(b - true_b) < 0.04, (v, true_v, b, true_b)
-    expected = (1 + true_v) / (1 + true_b) ** 2
-    assert abs(factor - expected) < 0.08, (factor, expected)
-    assert abs(factor - (1.25 if scale == "linear" else 1.0)) < 0.08
