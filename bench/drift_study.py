@@ -7,7 +7,9 @@ change-time error; river's ADWIN and Page-Hinkley beside the CUSUM in one cell.
 Default (a few minutes on 2 cores): intervals in every cell of request correlation 0 / 0.05 / 0.2 / 0.3 x
 geometric / lognormal lengths x 20 / 50 / 200 / 1000 requests x k = 2 / 4 / 8 (300 replicates each); false alarms
 at a stated 2,000 steps in every correlation x lengths x k cell (40 reference windows each), at the default 20,000
-at k = 4 (20 windows each); delays and change times at a stated 20,000 at k = 4, correlation 0.05 and 0.2.
+at k = 4 (20 windows each); delays and change times at a stated 20,000 at k = 4, correlation 0.05 and 0.2; how the
+threshold's calibration pictures the poor tail of request acceptance against the truth (mixing_tail, 100 references
+per row).
 --full: 2,000 replicates per interval cell, 100 reference windows per false-alarm cell and every k at 20,000,
 delays in every cell. --reps N sets the interval replicates alone. --sections runs some parts only (each part
 has its own seed, so a part gives the same figures alone or with the others); --merge joins the outputs of parts
@@ -30,6 +32,7 @@ import math
 import time
 
 import numpy as np
+import scipy.stats
 import streams
 from _common import machine
 
@@ -46,7 +49,9 @@ P0, P_DROP, BREAK_EVEN = 0.80, 0.40, 0.45  # drift cells: in control, after the 
 DELAY_PARTS = {"delays_0.05": ((0.05,), (0.0, 0.05), LENGTHS, 2027),
                "delays_0.2_geometric": ((0.2,), (0.2, 0.3), ("geometric",), 2030),
                "delays_0.2_lognormal": ((0.2,), (0.2, 0.3), ("lognormal",), 2031)}
-SECTIONS = ("intervals", "false_alarms_2000", "false_alarms_20000", "false_alarms_two_point", *DELAY_PARTS, "river")
+SECTIONS = ("intervals", "false_alarms_2000", "false_alarms_20000", "false_alarms_two_point", *DELAY_PARTS, "river",
+            "mixing_tail")
+TAIL_LEVELS = (0.01, 0.05, 0.10)  # true quantiles of request acceptance at which mixing_tail compares shares
 RIVER_BEFORE = 300  # watched in-control steps before the drop in the comparison with river (after the reference)
 
 
@@ -150,6 +155,42 @@ def delay_cell(rng: np.random.Generator, rho: float, lengths: str, k: int, strea
             "mean_abs_change_error": float(np.abs(err).mean()) if n else None,
             "median_change_error": float(np.median(err)) if n else None,
             "change_in_likely_range": in_range / n if n else None}
+
+
+def mixing_tail_cell(rng: np.random.Generator, rho: float, lengths: str, k: int, references: int,
+                     shape: str = "beta") -> dict:
+    """How the threshold's calibration pictures request acceptance where false alarms come from: the share of
+    requests below the true 1%, 5% and 10% quantiles of request acceptance (two-point: below the midpoint of the two
+    kinds, truly one in ten) among the acceptances each group of a reference draws (its smoothed NPMLE, as
+    drift.calibrate draws them) and in the group's NPMLE weights before smoothing, over the true share: averaged
+    over the groups of each reference, then over references (with the standard error over references)."""
+    mean = streams.mean_for_alpha(P0, rho, k, shape)
+    if shape == "beta":
+        m = 1 / rho - 1
+        levels = TAIL_LEVELS
+        cuts = [float(scipy.stats.beta.ppf(q, mean * m, (1 - mean) * m)) for q in levels]
+    else:
+        hard, easy = streams._two_point(mean, rho)
+        levels, cuts = (streams.TWO_POINT_HARD,), [(hard + easy) / 2]
+    drawn = np.zeros((references, len(cuts)))
+    weights = np.zeros((references, len(cuts)))
+    for i in range(references):
+        a, c, req = streams.steps(rng, drift.REFERENCE_STEPS, P0, k, rho, lengths, shape)
+        _, inverse = np.unique(req, return_inverse=True)
+        g = int(inverse.max()) + 1
+        mixing = drift._Mixing(np.bincount(inverse, weights=a), np.bincount(inverse, weights=c))
+        for _ in range(drift.CALIBRATION_GROUPS):
+            rates = mixing.fit(np.bincount(rng.integers(0, g, g), minlength=g))
+            r = rates.draw(rng, 4000)
+            drawn[i] += [(r < x).mean() for x in cuts]
+            weights[i] += [rates.weights[rates.grid < x].sum() for x in cuts]
+    out = {"shape": shape, "rho": rho, "lengths": lengths, "k": k, "references": references,
+           "true_share": list(levels), "acceptance_below": cuts}
+    for name, v in (("drawn", drawn), ("npmle", weights)):
+        ratio = v / drift.CALIBRATION_GROUPS / np.array(levels)
+        out[f"{name}_over_true"] = ratio.mean(axis=0).tolist()
+        out[f"{name}_over_true_se"] = (ratio.std(axis=0, ddof=1) / math.sqrt(references)).tolist()
+    return out
 
 
 def river_cell(rng: np.random.Generator, arl0: int, target_rate: float) -> dict:
@@ -288,6 +329,15 @@ def main() -> None:  # noqa: C901 (one branch per option and part: a flat list r
         delay = {"rho": 0.2, "lengths": "geometric", "k": 4}
         delay.update(delay_cell(rng, 0.2, "geometric", 4, 60, 2000, RIVER_BEFORE))
         results["river"]["specmon CUSUM (stated 2,000)"] = delay
+    if "mixing_tail" in sections:
+        rng = np.random.default_rng(2032)
+        results["mixing_tail"] = []
+        for shape, rhos in (("beta", (0.05, 0.2, 0.3)), ("two-point", (0.05, 0.2))):
+            for rho in rhos:
+                for lengths in LENGTHS:
+                    cell = mixing_tail_cell(rng, rho, lengths, 4, 100, shape)
+                    results["mixing_tail"].append(cell)
+                    print(json.dumps(cell), flush=True)
     results["wall_s"] = time.perf_counter() - t0
     text = json.dumps(results, indent=1)
     if args.out:
@@ -368,6 +418,15 @@ def tables(r: dict) -> str:  # noqa: C901 (one branch per table of the docs)
             param = f"delta = {1 / d['parameter']:.1e}" if "ADWIN" in name else f"threshold {d['parameter']:.1f}"
             out.append(f"| {name} ({param}) | {d['steps_per_false_alarm']:,.0f} | {d['alarmed_before_change']} of "
                        f"{d['streams']} | {d['mean_delay']:.1f} ({d['mean_delay_se']:.1f}) |")
+    if r.get("mixing_tail"):
+        out.append("\n| request acceptance | correlation | lengths | true share below | drawn / true (se) | "
+                   "NPMLE weights / true (se) |\n|---|---|---|---|---|---|")
+        for c in r["mixing_tail"]:
+            for j, share in enumerate(c["true_share"]):
+                out.append(f"| {c['shape']} | {c['rho']} | {c['lengths']} | {share:.2f} (acceptance "
+                           f"{c['acceptance_below'][j]:.2f}) | {c['drawn_over_true'][j]:.2f} "
+                           f"({c['drawn_over_true_se'][j]:.2f}) | {c['npmle_over_true'][j]:.2f} "
+                           f"({c['npmle_over_true_se'][j]:.2f}) |")
     return "\n".join(out)
 
 
@@ -384,8 +443,8 @@ def merge(paths: list[str], out: str | None) -> None:
         name = next(f"{name} ({i})" for i in range(1, len(parts) + 2) if f"{name} ({i})" not in
                     results["wall_s_per_part"]) if name in results["wall_s_per_part"] else name
         results["wall_s_per_part"][name] = p["wall_s"]
-    for key in ("intervals", "false_alarms", "delays"):
-        results[key] = [c for p in parts for c in p[key]]
+    for key in ("intervals", "false_alarms", "delays", "mixing_tail"):
+        results[key] = [c for p in parts for c in p.get(key, [])]
     for p in parts:
         if "river" in p:
             results["river"] = p["river"]
