@@ -10,9 +10,11 @@ import streamlit as st
 from specmon.resources import UI
 from specmon.ui.data import follow_updates
 
+PAGE_CONFIG = {"page_title": "specmon", "page_icon": "⚡", "layout": "wide"}
+
 
 def main() -> None:
-    st.set_page_config(page_title="specmon", page_icon="⚡", layout="wide")
+    st.set_page_config(**PAGE_CONFIG)
     page = st.navigation([
         st.Page(UI / "overview.py", title="Overview", default=True),  # served at /
         st.Page(UI / "acceptance.py", title="Acceptance", url_path="acceptance"),
