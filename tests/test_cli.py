@@ -216,10 +216,11 @@ def test_live_defaults_are_the_shared_settings():
     assert cli._live_settings(args).proposer == "ngram"
 
 
-def test_serve_starts_without_loading_pandas_or_the_readers():
+def test_serve_starts_without_loading_numpy_duckdb_or_the_readers():
     """`specmon serve` only starts Streamlit: the CLI imports what the other commands need when they run, which
     keeps the time from `specmon serve` to the first page short (docs/benchmarks.md)."""
     code = "import sys, specmon.cli; specmon.cli.build_parser().parse_args(['serve']); print(sorted(sys.modules))"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    for heavy in ("pandas", "scipy.special", "specmon.summary", "specmon.ingest", "specmon.alarms", "torch"):
+    for heavy in ("numpy", "duckdb", "pandas", "scipy.special", "specmon.summary", "specmon.ingest", "specmon.alarms",
+                  "torch"):
         assert f"'{heavy}'" not in loaded, heavy

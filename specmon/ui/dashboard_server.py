@@ -23,11 +23,11 @@ _HEAD_START = "specmon-head-start"
 
 def _prepare_first_page() -> None:
     from specmon.ui import data, overview  # the default page, and through it the shared data module
-    from specmon.ui.app import PAGE_CONFIG
+    from specmon.ui.app import configure_page
 
     # Streamlit's first uses in a process: recognising the icon as an emoji loads its emoji catalogue, and the first
     # element walks the whole call stack (a check for a REPL). Outside a page run both are drawn nowhere.
-    st.set_page_config(**PAGE_CONFIG)
+    configure_page()
     st.empty()
     try:
         data.sources()  # in the order the page asks for them
