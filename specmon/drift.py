@@ -47,7 +47,7 @@ MIXING_GRID = 100  # points of the grid of cluster acceptance (_Mixing)
 MIXING_ITERATIONS = 40  # EM iterations per group, from the whole reference's fit (10 x as many)
 # Raised whenever calibrate gives another threshold for the same input, so thresholds kept in a database
 # (specmon.drift_state) are calibrated again rather than reused.
-CALIBRATION_VERSION = 4
+CALIBRATION_VERSION = 5
 
 
 @dataclass(frozen=True)
@@ -460,7 +460,12 @@ def gpd_fit(excess: np.ndarray) -> tuple[float, float]:
     m = 20 + int(math.sqrt(n))
     theta = 1 / x[-1] + (1 - np.sqrt(m / (np.arange(1, m + 1) - 0.5))) / (3 * x[max(int(n / 4 + 0.5) - 1, 0)])
     shape = np.log1p(-theta[:, None] * x[None, :]).mean(axis=1)  # the xi that maximises the likelihood at theta
-    loglik = n * (np.log(-theta / shape) - shape - 1)
+    # -theta / shape tends to 1 / mean(x) as theta -> 0 (the exponential's likelihood); a grid point can be exactly
+    # 0 (theta_j = 0 when x_(n) = 3 x_(q) and m / (j - 1/2) = 4, e.g. 200 excesses), where 0 / 0 would make every
+    # weight NaN
+    zero = theta == 0
+    rate = np.where(zero, 1 / x.mean(), -theta / np.where(zero, 1.0, shape))
+    loglik = n * (np.log(rate) - shape - 1)
     weight = 1 / np.exp(np.clip(loglik[None, :] - loglik[:, None], -700, 700)).sum(axis=1)
     th = float(weight @ theta)
     if abs(th) * x[-1] < 1e-12:  # theta 0: the exponential tail

@@ -100,6 +100,21 @@ def test_generalized_pareto_fit_recovers_the_tail_shape():
     assert xi < -0.7
 
 
+def test_generalized_pareto_fit_survives_a_grid_point_at_theta_zero():
+    # 200 excesses give m = 34 grid points, and theta_9 = 1 / x_(n) - 1 / (3 x_(q)) is exactly 0 when the largest
+    # excess is 3 x the lower quartile (whole steps make such ties common in long references); its 0 / 0 made the
+    # fit NaN (and the drawn lengths lost their tail). At theta = 0 the profile likelihood is the exponential's,
+    # so the fit must be finite and close to the same excesses' fit with that tie broken by a hair.
+    rng = np.random.default_rng(12)
+    x = np.sort(np.floor(rng.exponential(10, 200)) + 0.5)
+    x = np.minimum(x, 3 * x[49])
+    xi, sigma = drift.gpd_fit(x)
+    assert math.isfinite(xi) and math.isfinite(sigma) and sigma > 0
+    x[-1] += 1e-6
+    xi2, sigma2 = drift.gpd_fit(x)
+    assert abs(xi - xi2) < 1e-3 and abs(sigma / sigma2 - 1) < 1e-3
+
+
 @pytest.mark.parametrize("kind, beyond", [("geometric", 100), ("lognormal", 150)])
 def test_simulated_length_tail_matches_the_true_tail_past_the_reference(kind: str, beyond: int):
     # The false-alarm rate at the default 20,000 steps is set by rare long poor requests, so the length tail
