@@ -339,9 +339,10 @@ MIGRATIONS.append(
     # disagrees with its step (none is written so) stops the migration rather than being changed.
     f"""
     SELECT CASE WHEN count(*) > 0 THEN error(count(*) || ' stored positions disagree with their step''s segment, '
-        || 'checked or accepted count (first: step ' || min(p.step_id) || ')') END
-    FROM positions p JOIN steps st USING (step_id)
-    WHERE p.segment_id <> st.segment_id OR p.checked <> ({_CHECKED}) OR p.accepted <> ({_ACCEPTED});
+        || 'checked or accepted count, or have no step (first: step ' || min(p.step_id) || ')') END
+    FROM positions p LEFT JOIN steps st USING (step_id)
+    WHERE st.step_id IS NULL OR p.segment_id <> st.segment_id OR p.checked <> ({_CHECKED})
+       OR p.accepted <> ({_ACCEPTED});
     CREATE TABLE position_rows (
         step_id     BIGINT NOT NULL,
         position    SMALLINT NOT NULL,         -- 1-based, as in docs/math.md
@@ -352,7 +353,7 @@ MIGRATIONS.append(
         q_token     DOUBLE
     );
     INSERT INTO position_rows SELECT step_id, position, draft_token, beta_lo, beta_hi, p_token, q_token
-        FROM positions ORDER BY step_id, position;
+        FROM positions;  -- in the table's order (an ingest's rows together), without a sort
     DROP TABLE positions;
     CREATE VIEW positions AS
         SELECT p.step_id, st.segment_id, p.position, p.draft_token, {_CHECKED} AS checked, {_ACCEPTED} AS accepted,
