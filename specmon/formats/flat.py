@@ -438,7 +438,7 @@ def insert(
 
     cur.execute("SET preserve_insertion_order = false")
     try:
-        if write(STEP_KEY) != positions:
+        if write(STEP_KEY) != (positions or 0):
             cur.execute("DELETE FROM position_rows WHERE step_id BETWEEN ? AND ?", [first_id, last_id])
             write("(request_id, step)")
     finally:
