@@ -3,8 +3,9 @@
 Exit codes: 0 success; 1 the data says no (a file rejected, a segment at risk or losing); 2 an error
 (bad arguments, unreadable database, nothing to judge).
 
-A command imports the modules that need pandas (summaries, alarms, readers, the demo) when it runs, so `specmon
-serve` starts the dashboard without loading them first (tests/test_cli.py holds that).
+A command imports the modules it needs (numpy, DuckDB and the store; pandas through summaries, alarms, readers and
+the demo) when it runs, so `specmon serve` starts the dashboard without loading them first (tests/test_cli.py holds
+that).
 """
 from __future__ import annotations
 
@@ -23,26 +24,31 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-
-from specmon import __version__, display, formats, resources, sampler, theory, times
+from specmon import __version__, display, formats, resources, times
 from specmon.faults import SpecmonError
 from specmon.settings import (
+    DB_ENV,
     DEFAULT_ARL0_STEPS,
+    DEFAULT_DB,
+    DEFAULT_LOCK_TIMEOUT_S,
+    DEFAULT_SUM_TOLERANCE,
+    DISTRIBUTION_MODES,
     GROUPINGS,
     KS_LEVEL,
     LIVE_DEFAULTS,
+    LOCK_TIMEOUT_ENV,
     PULL_REQUEST_TIMEOUT_S,
     PULL_TIMEOUT_S,
     THEORY_K_MAX,
     LiveSettings,
 )
-from specmon.steplog import DEFAULT_SUM_TOLERANCE
-from specmon.store import DB_ENV, DEFAULT_DB, DEFAULT_LOCK_TIMEOUT_S, LOCK_TIMEOUT_ENV, Store
 from specmon.text import printable
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from specmon.ingest import IngestResult
+    from specmon.store import Store
 
 EXIT_OK, EXIT_FINDING, EXIT_ERROR = 0, 1, 2
 _PAPER_P = "0.38,0.22,0.16,0.12,0.08,0.04"
@@ -60,6 +66,7 @@ def _err(msg: str) -> None:
 
 def _open_store(args: argparse.Namespace, *, with_demo: bool = False) -> Store:
     from specmon import demo
+    from specmon.store import Store
 
     store = Store(args.db, lock_timeout=args.lock_timeout)
     if with_demo and not args.no_demo and demo.ensure_demo(store):
@@ -136,6 +143,8 @@ def _say_rejected(name: str, result: IngestResult) -> None:
 
 def _json_scalar(value: object) -> object:
     """numpy scalars as plain Python numbers in JSON output."""
+    import numpy as np
+
     if isinstance(value, np.generic):
         return value.item()
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
@@ -359,6 +368,7 @@ def cmd_live(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    import numpy as np
     from tqdm import tqdm
 
     from specmon import live, lossless, stats
@@ -437,6 +447,10 @@ def cmd_alert_rule(args: argparse.Namespace) -> int:
 
 
 def cmd_theory(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from specmon import theory
+
     ks = list(range(1, args.k_max + 1))
     print(f"speedup S(alpha, k, c = {args.c:g}) under the i.i.d. model; best k per alpha")
     print("alpha  " + " ".join(f"k={k:<5d}" for k in ks) + "  best k  speedup")
@@ -454,6 +468,8 @@ def cmd_theory(args: argparse.Namespace) -> int:
 
 
 def _distribution(text: str, flag: str) -> np.ndarray:
+    import numpy as np
+
     try:
         v = np.array([float(x) for x in text.split(",")])
     except ValueError:
@@ -464,6 +480,10 @@ def _distribution(text: str, flag: str) -> np.ndarray:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from specmon import sampler, theory
+
     p, q = _distribution(args.p, "--p"), _distribution(args.q, "--q")
     if p.shape != q.shape:
         raise SpecmonError(f"--p has {len(p)} tokens, --q has {len(q)}: they must share a vocabulary")
@@ -631,6 +651,16 @@ def _cost(text: str) -> float:
     return v
 
 
+class _FormatNames:
+    """--format's choices, listed only when a command line or its help asks: naming them imports every reader."""
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(formats.names())
+
+    def __contains__(self, name: object) -> bool:
+        return name in formats.names()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="specmon", description="Is speculative decoding paying off? Acceptance, break-even and drift.",
@@ -654,7 +684,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--template", help="template for steps whose log line names none")
     p.add_argument("--skip-bad", action="store_true", help="store the good rows; write rejected ones to --report")
     p.add_argument("--report", help="where --skip-bad writes rejected rows (default: ./FILE.rejected.jsonl)")
-    p.add_argument("--format", choices=formats.names(), help="skip format detection")
+    p.add_argument("--format", choices=_FormatNames(), metavar="FORMAT",
+                   help="skip format detection: one of %(choices)s")
     p.add_argument("--sum-tol", type=float, default=DEFAULT_SUM_TOLERANCE,
                    help=f"how far a distribution may sum from 1 (default {DEFAULT_SUM_TOLERANCE:g})")
     p.add_argument("--json", action="store_true", help="one JSON object per file on stdout")
@@ -821,7 +852,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--p", default=_PAPER_P, help=f"target distribution (default {_PAPER_P})")
     p.add_argument("--q", default=_PAPER_Q, help=f"draft distribution (default {_PAPER_Q})")
-    p.add_argument("--distributions", choices=sampler.DISTRIBUTION_MODES, default="dense",
+    p.add_argument("--distributions", choices=DISTRIBUTION_MODES, default="dense",
                    help="what to log per position: full p and q, top-k logprobs, beta only, or none")
     p.add_argument("--topk", type=_positive_int, default=20, help="logprobs per position with --distributions topk")
     p.add_argument("--template", default="sim")

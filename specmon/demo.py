@@ -8,14 +8,16 @@ the target.
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import numpy as np
 
 from specmon import sampler, theory
-from specmon.ingest import IngestResult, ingest_file
 from specmon.resources import DEMO_LOG
-from specmon.store import Store
+
+if TYPE_CHECKING:
+    from specmon.ingest import IngestResult
+    from specmon.store import Store
 
 DEMO_RUN = "demo (synthetic)"
 DEMO_SEED = 20261129
@@ -82,6 +84,8 @@ def write_demo_log(out: IO[bytes], seed: int = DEMO_SEED) -> int:
 
 def load_demo(store: Store) -> IngestResult:
     """Ingest the shipped demo log as the demo run (shown only while the user has stored nothing)."""
+    from specmon.ingest import ingest_file  # the readers load only when the demo is written, not to look for it
+
     return ingest_file(store, str(DEMO_LOG), name=DEMO_LOG.name, run=DEMO_RUN, demo=True)
 
 

@@ -16,8 +16,7 @@ import numpy as np
 import orjson
 
 from specmon import theory
-
-DISTRIBUTION_MODES = ("dense", "topk", "beta", "none")
+from specmon.settings import DISTRIBUTION_MODES
 
 
 @dataclass(frozen=True)

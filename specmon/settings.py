@@ -39,6 +39,17 @@ MEMORY_LIMIT = "512MB"
 MEMORY_LIMIT_ENV = "SPECMON_MEMORY_LIMIT"
 
 
+# The database: SPECMON_DB names it where --db does not; how long a process waits for another's write lock.
+DEFAULT_DB = "specmon.duckdb"
+DB_ENV = "SPECMON_DB"
+LOCK_TIMEOUT_ENV = "SPECMON_LOCK_TIMEOUT"
+DEFAULT_LOCK_TIMEOUT_S = 60.0
+# How far a logged distribution may sum from 1 before a step is rejected (`ingest --sum-tol`; a float32 softmax
+# over a 150k vocabulary stays well inside).
+DEFAULT_SUM_TOLERANCE = 1e-3
+# What `simulate` logs of each step's distributions.
+DISTRIBUTION_MODES = ("dense", "topk", "beta", "none")
+
 # A Prometheus pull (`specmon pull`, watched Prometheus sources): the limit on one HTTP request, and on the whole
 # pull (a query_range split into many requests).
 PULL_REQUEST_TIMEOUT_S = 30.0

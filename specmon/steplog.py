@@ -18,6 +18,7 @@ import orjson
 from specmon import theory, times
 from specmon.faults import RowFault
 from specmon.limits import MAX_DRAFT_LEN, MAX_TOKEN_ID
+from specmon.settings import DEFAULT_SUM_TOLERANCE
 
 KNOWN_FIELDS = frozenset(
     {
@@ -27,8 +28,6 @@ KNOWN_FIELDS = frozenset(
     }
 )
 
-# A logged distribution must sum to 1 within this (float32 softmax over a 150k vocabulary stays well inside).
-DEFAULT_SUM_TOLERANCE = 1e-3
 # Epoch values above this are not seconds (they would be after the year 5138): most likely milliseconds.
 _MAX_EPOCH_SECONDS = 1e11
 

@@ -26,11 +26,7 @@ import duckdb
 
 from specmon import settings
 from specmon.faults import SpecmonError
-
-DEFAULT_DB = "specmon.duckdb"
-DB_ENV = "SPECMON_DB"
-LOCK_TIMEOUT_ENV = "SPECMON_LOCK_TIMEOUT"
-DEFAULT_LOCK_TIMEOUT_S = 60.0
+from specmon.settings import DB_ENV, DEFAULT_DB, DEFAULT_LOCK_TIMEOUT_S, LOCK_TIMEOUT_ENV
 
 # Each entry upgrades the schema from version i to i + 1. Append; never edit a released migration.
 MIGRATIONS: list[str] = [

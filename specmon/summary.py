@@ -10,13 +10,16 @@ from __future__ import annotations
 import json
 import math
 from datetime import datetime
+from typing import TYPE_CHECKING
 
-import pandas as pd
-
-from specmon import engine_summary, predicted, stats
+from specmon import stats
 from specmon.segments import Estimate, PositionSummary, SegmentSummary, economics, finite, point_beta, position_summary
 from specmon.settings import BUCKETS, CONFIDENCE, GAP_Z_LIMIT, GROUPINGS
 from specmon.store import _HOUR_OF_STEP, ROLLUP_EXACT, ROLLUP_POSITIONS_SELECT, ROLLUP_REQUESTS_SELECT, Store
+
+if TYPE_CHECKING:
+    import duckdb
+    import pandas as pd
 
 _NO_BUCKET = "NULL::TIMESTAMP"
 # Floating-point sums in DuckDB run in parallel in no fixed order, so their last digits moved between runs of
@@ -192,31 +195,47 @@ def _segments(store: Store, by: str, c: float | None, run: str | None, bucket: s
     # rollup rows: the whole hours at or after since, then the cut hour's steps at or after since
     params = [since, since, since, since, since, run, run]
     with store.cursor() as cur:
-        step_rows = cur.execute(_STEPS_SQL.format(bucket=bucket_of.format("hour"), **fmt), params).df()
-        step_rows = step_rows.to_dict("records")
+        step_rows = _records(cur, _STEPS_SQL.format(bucket=bucket_of.format("hour"), **fmt), params)
         timings: dict[tuple, tuple] = {}
         if any(r["timed"] for r in step_rows):
-            timed_df = cur.execute(_TIMINGS_SQL.format(bucket=bucket_of.format("st.ts"), **fmt),
-                                   [run, run, since, since]).df()
-            for rec in map(_clean, timed_df.to_dict("records")):
+            for rec in _records(cur, _TIMINGS_SQL.format(bucket=bucket_of.format("st.ts"), **fmt),
+                                [run, run, since, since]):
                 timings[(rec["run"], rec["template"], rec["bucket"])] = (rec["draft_step_ms"], rec["target_ms"])
         positions: dict[tuple, list[dict]] = {}
         if per_position:
-            pos_df = cur.execute(_POSITIONS_SQL.format(bucket=bucket_of.format("hour"), **fmt), params).df()
-            for rec in map(_clean, pos_df.to_dict("records")):
+            for rec in _records(cur, _POSITIONS_SQL.format(bucket=bucket_of.format("hour"), **fmt), params):
                 positions.setdefault((rec["run"], rec["template"], rec["bucket"]), []).append(rec)
+        others = _records(cur, _OTHER_SOURCES_SQL, [])[0] if not demo else {"engines": False, "replays": False}
     declared = declared_costs(store)
     rows: list[SegmentSummary] = []
-    for row in map(_clean, step_rows):
+    for row in step_rows:
         key = (row["run"], row["template"], row["bucket"])
         row["draft_step_ms"], row["target_ms"] = timings.get(key, (None, None))
         rows.append(_segment(row, positions.get(key, []), c, by, day_output, declared.get(row["run"])))
-    if not demo:  # engine and replay data are the user's own: never mixed with the demo
+    # Engine and replay data are the user's own, never mixed with the demo. Their summaries use pandas, which a
+    # database of step logs alone never loads (a third of `specmon summary`'s time).
+    if others["engines"]:
+        from specmon import engine_summary
+
         rows += engine_summary.summarize_engines(store, by, c, run=run, bucket=bucket, since=since,
                                                  declared=declared)
-        if bucket is None:
-            rows += predicted.summarize_replays(store, by, c, run=run, since=since)
+    if others["replays"] and bucket is None:
+        from specmon import predicted
+
+        rows += predicted.summarize_replays(store, by, c, run=run, since=since)
     return rows
+
+
+# Whether any engine windows (logged or counted) or replays are stored: the sources summarized apart from steps.
+_OTHER_SOURCES_SQL = ("SELECT EXISTS (FROM engine_windows) OR EXISTS (FROM counter_samples) AS engines, "
+                      "EXISTS (FROM replay_positions) AS replays")
+
+
+def _records(cur: duckdb.DuckDBPyConnection, sql: str, params: list) -> list[dict]:
+    """A query's rows as dicts by column name, SQL NULL as None."""
+    result = cur.execute(sql, params)
+    names = [d[0] for d in result.description]
+    return [_clean(dict(zip(names, row, strict=True))) for row in result.fetchall()]
 
 
 _RUN_COST_SQL = """
@@ -229,14 +248,13 @@ def step_cost(store: Store, run: str, c: float | None = None) -> tuple[int, floa
     """k and the draft cost c of a run's step log as summarize(by="run") has them (same rules, _cost), without the
     intervals it computes (the drift analysis needs only its break-even); None where no such row is shown."""
     with store.cursor() as cur:
-        row = _clean(cur.execute(_RUN_COST_SQL, [run]).df().to_dict("records")[0])
+        row = _records(cur, _RUN_COST_SQL, [run])[0]
         if row["k"] is None:
             return None
         row["draft_step_ms"] = row["target_ms"] = None
         if row["timed"]:
             fmt = dict(template="NULL::VARCHAR", bucket=_NO_BUCKET)
-            for rec in map(_clean, cur.execute(_TIMINGS_SQL.format(**fmt), [run, run, None, None]).df()
-                           .to_dict("records")):
+            for rec in _records(cur, _TIMINGS_SQL.format(**fmt), [run, run, None, None]):
                 row["draft_step_ms"], row["target_ms"] = rec["draft_step_ms"], rec["target_ms"]
     return int(row["k"]), _cost(row, c, declared_costs(store).get(run))[0]
 
@@ -248,7 +266,8 @@ def declared_costs(store: Store) -> dict[str, float]:
 
 
 def _clean(row: dict) -> dict:
-    """pandas gives NaN/NaT/NA for SQL NULL; make them None."""
+    """SQL NULL as None, and so a NaN (a float of nothing) and pandas' NaT and NA (a frame's rows: the tests'
+    full-scan oracle)."""
     out = {}
     for key, value in row.items():
         try:
@@ -314,8 +333,8 @@ def _segment(row: dict, positions: list[dict], c_given: float | None, by: str, d
     return SegmentSummary(
         run=row["run"],
         template=(row["template"] or None) if by != "run" else None,
-        day=pd.Timestamp(row["bucket"]).date().isoformat() if day_output else None,
-        bucket_start=pd.Timestamp(row["bucket"]).isoformat() if row["bucket"] is not None else None,
+        day=row["bucket"].date().isoformat() if day_output else None,
+        bucket_start=row["bucket"].isoformat() if row["bucket"] is not None else None,
         demo=bool(row["demo"]), k=k, steps=steps, requests=int(row["requests"]), drafted=int(row["drafted"]),
         checked=int(row["checked"]), accepted=int(row["accepted"]), alpha=alpha,
         design_effect=finite(interval.design_effect), interval_dof=finite(interval.dof), beta=_beta(row),
@@ -328,7 +347,7 @@ def _segment(row: dict, positions: list[dict], c_given: float | None, by: str, d
     )
 
 
-def template_changes(store: Store, run: str | None = None):
+def template_changes(store: Store, run: str | None = None) -> pd.DataFrame:
     """When each template first appears in each run shown (a template change is an event on the timeline)."""
     return store.query_df(
         "SELECT ss.run, ss.template, min(rq.first_ts) AS first_ts FROM rollup_requests rq "

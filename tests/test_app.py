@@ -190,3 +190,18 @@ def test_live_page_renders_without_loading_torch(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().splitlines()[-1] == "torch not loaded"
+
+
+
+def test_the_servers_head_start_leaves_the_first_page_nothing_to_compute(app_db, monkeypatch):
+    """`specmon serve`'s start-up hook runs the Overview's queries into the app's cache (with Streamlit's and Altair's
+    first uses, which leave nothing to check here), so the first page finds them done."""
+    from specmon.ui import dashboard_server, data
+
+    dashboard_server._prepare_first_page()
+
+    def no_query(*args, **kwargs):
+        raise AssertionError("the summary query ran again")
+
+    monkeypatch.setattr(summary, "summarize", no_query)
+    assert data.summaries(), "the head start left no rows"

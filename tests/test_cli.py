@@ -216,10 +216,30 @@ def test_live_defaults_are_the_shared_settings():
     assert cli._live_settings(args).proposer == "ngram"
 
 
-def test_serve_starts_without_loading_pandas_or_the_readers():
+def test_serve_starts_without_loading_numpy_duckdb_or_the_readers():
     """`specmon serve` only starts Streamlit: the CLI imports what the other commands need when they run, which
     keeps the time from `specmon serve` to the first page short (docs/benchmarks.md)."""
     code = "import sys, specmon.cli; specmon.cli.build_parser().parse_args(['serve']); print(sorted(sys.modules))"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    for heavy in ("pandas", "scipy.special", "specmon.summary", "specmon.ingest", "specmon.alarms", "torch"):
+    for heavy in ("numpy", "duckdb", "pandas", "scipy.special", "specmon.summary", "specmon.ingest", "specmon.alarms",
+                  "torch"):
+        assert f"'{heavy}'" not in loaded, heavy
+
+
+def test_summary_of_step_logs_loads_neither_pandas_nor_the_readers(tmp_path):
+    """`specmon summary` in a cron job: on a database of step logs it imports only what the step-log summary needs
+    (engine and replay summaries, which use pandas, load only where such data is stored)."""
+    from specmon.ingest import ingest_file
+    from specmon.store import Store
+
+    db = str(tmp_path / "s.duckdb")
+    with Store(db) as store:
+        ingest_file(store, str(resources.DEMO_LOG), run="mine")
+    code = ("import io, sys, contextlib; from specmon import cli\n"
+            "with contextlib.redirect_stdout(io.StringIO()) as out: code = cli.main(['summary', '--json', '--db', "
+            f"{db!r}])\n"
+            "print(code, len(out.getvalue()) > 0, sorted(sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.startswith("0 True"), loaded[:200]
+    for heavy in ("pandas", "specmon.ingest", "specmon.engine_summary", "specmon.predicted", "torch"):
         assert f"'{heavy}'" not in loaded, heavy

@@ -11,8 +11,13 @@ from specmon.resources import UI
 from specmon.ui.data import follow_updates
 
 
-def main() -> None:
+def configure_page() -> None:
+    """The browser tab's title and icon and the wide layout (each page run; the server's head start warms it)."""
     st.set_page_config(page_title="specmon", page_icon="⚡", layout="wide")
+
+
+def main() -> None:
+    configure_page()
     page = st.navigation([
         st.Page(UI / "overview.py", title="Overview", default=True),  # served at /
         st.Page(UI / "acceptance.py", title="Acceptance", url_path="acceptance"),

@@ -32,7 +32,8 @@ def segments_frame(rows: list[dict]) -> pd.DataFrame:
     } for r in rows])
 
 
-def _chart(rows: list[dict]) -> alt.Chart:
+def acceptance_chart(rows: list[dict]) -> alt.Chart:
+    """Each segment's alpha with its interval, and its break-even as a tick."""
     df = pd.DataFrame([{
         "segment": segment_label(r), "alpha": r["alpha"], "lo": r["alpha_lo"],
         "hi": r["alpha_hi"], "break_even": r["break_even_alpha"], "status": r["status"]} for r in rows])
@@ -67,7 +68,7 @@ def render() -> None:
         st.error(f"**{md_text(segment_label(r))}** is {r['status']}: alpha = {r['alpha']:.3f} "
                  f"(95% CI {r['alpha_lo']:.3f}–{r['alpha_hi']:.3f}) against break-even alpha* = "
                  f"{fmt(r['break_even_alpha'])} at k = {r['k']}, c = {fmt(r['c'])}.")
-    st.altair_chart(_chart(rows), width="stretch")
+    st.altair_chart(acceptance_chart(rows), width="stretch")
     st.caption("Point: per-token acceptance alpha (accepted / checked positions); bar: its 95% Wilson interval, "
                "widened for correlation within a request. Black tick: break-even alpha* for the segment's k and c.")
     st.dataframe(segments_frame(rows), hide_index=True, width="stretch", column_config={
