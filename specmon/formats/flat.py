@@ -277,12 +277,12 @@ def _aggregate_steps(cur: duckdb.DuckDBPyConnection, source: str, cols: list[str
                          f"THEN (coalesce({b}_accepted, 0) + ({b}_next & {_LOW96}))::DOUBLE / {FIXED} END "
                          f"AS beta_{b}_sum")
     # The step's least template (a NULL one aside) and whether its greatest differs: by rank ($2: the file's templates
-    # in order) or as text. template_rank: the rank, n + 1 for none (insert finds the step's segment by it).
+    # in order) or as text. template_rank: the rank, n + 1 for none (insert finds the step's segment by it, and needs
+    # no text then: 0.05 CPU s less at 10M positions than carrying each step's name).
     rank = "list_position($2::VARCHAR[], template)"
     least, greatest, template, template_rank = (
         ("min(template)", "max(template)", "least_template", "NULL::INTEGER") if templates is None else
-        (f"min({rank})", f"max({rank})", "list_extract($2::VARCHAR[], least_template)",
-         "coalesce(least_template, len($2::VARCHAR[]) + 1)"))
+        (f"min({rank})", f"max({rank})", "NULL::VARCHAR", "coalesce(least_template, len($2::VARCHAR[]) + 1)"))
     cur.execute(
         # Numbered by a window over the sorted rows as they come: a window that sorts by first_line itself carries
         # every column through its sort, several times slower.
