@@ -156,6 +156,40 @@ def test_migrations_upgrade_an_older_file_and_refuse_a_newer_one(tmp_path):
         Store(path)
 
 
+def _old_store_with(path: str, steps: list, positions: list) -> None:
+    """A database at the schema before positions moved to position_rows, holding these rows."""
+    version = next(i for i, m in enumerate(store_mod.MIGRATIONS) if "CREATE TABLE position_rows" in m)
+    con = store_mod.connect(path)
+    store_mod.migrate(con, path, upto=version)
+    con.execute("INSERT INTO runs VALUES (1, 'r', 'steplog', false, now()::TIMESTAMP, NULL)")
+    con.execute("INSERT INTO segments VALUES (1, 1, ''), (2, 1, 't')")
+    con.executemany(f"INSERT INTO steps VALUES ({', '.join('?' * len(steps[0]))})", steps)
+    con.executemany(f"INSERT INTO positions VALUES ({', '.join('?' * len(positions[0]))})", positions)
+    con.close()
+
+
+def test_the_position_rows_migration_keeps_every_stored_position(store, tmp_path):
+    df = flat_rows(n_steps=300)
+    df.assign(template=np.where(df["step"] % 3 == 0, "a", "b")).to_parquet(tmp_path / "f.parquet")
+    assert ingest_file(store, str(tmp_path / "f.parquet")).status == "stored"
+    steps = store.query("SELECT * FROM steps ORDER BY step_id")
+    positions = store.query("SELECT * FROM positions ORDER BY step_id, position")
+    old = str(tmp_path / "old.duckdb")
+    _old_store_with(old, steps, positions)
+    with Store(old) as s:
+        assert s.query("SELECT * FROM positions ORDER BY step_id, position") == positions
+        assert s.query("SELECT count(*) FROM position_rows")[0][0] == len(positions) == 1200
+    # a stored position that its step contradicts stops the migration, naming the file; nothing changes
+    bad = str(tmp_path / "bad.duckdb")
+    _old_store_with(bad, steps, [(*p[:5], not p[5], *p[6:]) if i == 7 else p for i, p in enumerate(positions)])
+    with pytest.raises(SpecmonError, match=r"bad\.duckdb: cannot upgrade .*1 stored positions disagree .*step "):
+        Store(bad)
+    con = duckdb.connect(bad, read_only=True)
+    assert store_mod.schema_version(con) < store_mod.SCHEMA_VERSION
+    assert con.execute("SELECT count(*) FROM positions").fetchall()[0][0] == 1200
+    con.close()
+
+
 def test_user_text_is_data_not_sql(store, tmp_path):
     evil = "x'; DROP TABLE steps; --"
     path = tmp_path / "e.jsonl"

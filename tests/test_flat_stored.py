@@ -13,7 +13,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specmon import store as store_mod
 from specmon.formats import flat
 from specmon.ingest import ingest_file
 from specmon.store import ROLLUP_POSITIONS_SELECT, ROLLUP_REQUESTS_SELECT
@@ -146,10 +145,9 @@ def assert_rollups_equal_a_rebuild(store, ingest_id: int) -> None:
 
 
 @pytest.mark.parametrize("in_time_order", [True, False])
-def test_positions_rollup_by_hour_ranges_or_by_join_equals_a_rebuild(store, tmp_path, in_time_order):
-    """A log in time order (each hour's steps one run of ids) gets its positions' hours from their step ids, one
-    whose hours interleave by joining the positions with their steps: both append the rows a rebuild gives. The
-    first file's ids come before the second's, so the second's ranges do not start at 1."""
+def test_positions_rollup_equals_a_rebuild_whether_hours_interleave_or_not(store, tmp_path, in_time_order):
+    """The positions' rollup appended by an ingest equals a rebuild, for a log in time order (each hour's steps one
+    run of ids) and one whose hours interleave. The first file's ids come before the second's."""
     rng = np.random.default_rng(21)
     ingest_file(store, _written(random_flat(rng, 300, False), tmp_path / "first.parquet", "parquet"))
     df = random_flat(rng, 1500, False)
@@ -162,11 +160,32 @@ def test_positions_rollup_by_hour_ranges_or_by_join_equals_a_rebuild(store, tmp_
         df["ts"] = 1.7e9 + 12.0 * rank + 3600.0 * (rank % 2)
     res = ingest_file(store, _written(df, tmp_path / "second.parquet", "parquet"))
     assert res.status == "stored", res.faults
-    ingest_id, lo, hi = store.query("SELECT max(ingest_id), min(step_id), max(step_id) FROM steps "
-                                    "WHERE ingest_id = (SELECT max(ingest_id) FROM ingests)")[0]
-    with store.cursor() as cur:
-        ranges = store_mod._hour_ranges(cur, ingest_id, lo, hi)
-    assert (ranges is not None and len(ranges) >= 5) if in_time_order else ranges is None
+    ingest_id = store.query("SELECT max(ingest_id) FROM ingests")[0][0]
+    assert store.query("SELECT count(DISTINCT hour) FROM rollup_positions WHERE ingest_id = ?", [ingest_id])[0][0] >= 5
+    assert_rollups_equal_a_rebuild(store, ingest_id)
+
+
+def test_steps_whose_join_keys_collide_store_the_same_rows(store, tmp_path, monkeypatch):
+    """Rows meet their step by a hash of (request_id, step); where two steps share a key (here every step of a
+    request, by hashing request_id alone) the rows are written again, joined on the pair: the same rows."""
+    monkeypatch.setattr(flat, "STEP_KEY", "hash(request_id)")
+    rng = np.random.default_rng(8)
+    first = random_flat(rng, 200, False)
+    ingest_file(store, _written(first, tmp_path / "a.parquet", "parquet"))
+    df = random_flat(rng, 900, False)
+    assert df.groupby("request_id")["step"].nunique().max() > 1  # keys do collide
+    res = ingest_file(store, _written(df, tmp_path / "b.parquet", "parquet"))
+    assert (res.status, res.positions) == ("stored", len(df)), res.faults
+    ingest_id, ingested_at = store.query("SELECT max(ingest_id), max(ingested_at) FROM ingests")[0]
+    segments = dict(store.query("SELECT template, segment_id FROM segments"))
+    first_step_id = store.query("SELECT min(step_id) FROM steps WHERE ingest_id = ?", [ingest_id])[0][0]
+    want_steps, want_positions = expected(df, first_step_id, segments, ingested_at)
+    got_positions = store.query(f"SELECT {', '.join('p.' + c for c in POSITION_COLUMNS)} FROM positions p JOIN steps "
+                                "USING (step_id) WHERE ingest_id = ? ORDER BY step_id, position", [ingest_id])
+    assert got_positions == sorted(want_positions)
+    assert store.query(f"SELECT {', '.join(STEP_COLUMNS)} FROM steps WHERE ingest_id = ? ORDER BY step_id",
+                       [ingest_id]) == want_steps
+    assert store.query("SELECT count(*) FROM positions")[0][0] == len(first) + len(df)
     assert_rollups_equal_a_rebuild(store, ingest_id)
 
 

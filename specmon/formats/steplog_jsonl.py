@@ -231,9 +231,8 @@ class Reader:
             f"{cols} FROM stage.staging_steps",
             [base, ingest_id, templates, segments])
         cur.execute(
-            f"INSERT INTO positions SELECT ? + local_step, {segment_of}, position, draft_token, checked, accepted, "
-            "beta_lo, beta_hi, p_token, q_token FROM stage.staging_positions",
-            [base, templates, segments])
+            "INSERT INTO position_rows SELECT ? + local_step, position, draft_token, beta_lo, beta_hi, p_token, "
+            "q_token FROM stage.staging_positions", [base])
 
     def close(self) -> None:
         if self.staging_path and self.store is not None:
