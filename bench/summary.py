@@ -49,7 +49,7 @@ def main() -> None:
                 rows = summarize(s, by=by)
                 runs.append(time.perf_counter() - t)
             warm[by] = {"best_s": min(runs), "median_s": sorted(runs)[2], "segments": len(rows)}
-        positions = s.query("SELECT count(*) FROM positions")[0][0]
+        positions = s.query("SELECT count(*) FROM position_rows")[0][0]
     print(json.dumps({"machine": machine(), "positions": positions, "ingest_s": build, "cold_s": cold,
                       "warm": warm}, indent=2))
 

@@ -195,7 +195,7 @@ def best(fn, n=7):
 check = best(lambda: (s.generation, watch.source_health(watch.watched_sources(s))))
 generation = best(lambda: s.generation, 50)
 overview = best(lambda: summary.summarize(s), 3)
-print(json.dumps({"positions": s.query("SELECT count(*) FROM positions")[0][0], "generation_check_s": generation,
+print(json.dumps({"positions": s.query("SELECT count(*) FROM position_rows")[0][0], "generation_check_s": generation,
                   "refresh_check_s": check, "overview_rerun_warm_s": overview}))
 """
 

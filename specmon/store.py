@@ -368,8 +368,7 @@ CREATE TABLE staging_steps (
     beta_hi_sum DOUBLE, emitted_tokens INTEGER[], pit_below DOUBLE[], pit_mass DOUBLE[], extra JSON
 );
 CREATE TABLE staging_positions (
-    local_step BIGINT NOT NULL, template VARCHAR NOT NULL, position SMALLINT NOT NULL,
-    draft_token INTEGER, checked BOOLEAN NOT NULL, accepted BOOLEAN NOT NULL, beta_lo DOUBLE, beta_hi DOUBLE,
+    local_step BIGINT NOT NULL, position SMALLINT NOT NULL, draft_token INTEGER, beta_lo DOUBLE, beta_hi DOUBLE,
     p_token DOUBLE, q_token DOUBLE
 );
 """

@@ -72,10 +72,8 @@ class _StepBatch:
         ("pit_below", pa.list_(pa.float64())), ("pit_mass", pa.list_(pa.float64())), ("extra", pa.string()),
     ])
     POSITION_SCHEMA = pa.schema([
-        ("local_step", pa.int64()), ("template", pa.string()), ("position", pa.int16()),
-        ("draft_token", pa.int32()),
-        ("checked", pa.bool_()), ("accepted", pa.bool_()), ("beta_lo", pa.float64()), ("beta_hi", pa.float64()),
-        ("p_token", pa.float64()), ("q_token", pa.float64()),
+        ("local_step", pa.int64()), ("position", pa.int16()), ("draft_token", pa.int32()),
+        ("beta_lo", pa.float64()), ("beta_hi", pa.float64()), ("p_token", pa.float64()), ("q_token", pa.float64()),
     ])
 
     def __init__(self) -> None:
@@ -105,11 +103,8 @@ class _StepBatch:
         none = [None] * g
         p = self.pos
         p["local_step"] += [local_step] * g
-        p["template"] += [template] * g
         p["position"] += range(1, g + 1)
         p["draft_token"] += s.draft_tokens
-        p["checked"] += [i < checked for i in range(g)]
-        p["accepted"] += [i < s.accepted for i in range(g)]
         p["beta_lo"] += s.beta_lo if s.beta_lo is not None else none
         p["beta_hi"] += s.beta_hi if s.beta_hi is not None else none
         p["p_token"] += s.p_token if s.p_token is not None else none

@@ -200,9 +200,8 @@ def stage(conn: duckdb.DuckDBPyConnection, path: str, *, sum_tol: float, default
             FROM fast_steps""", {"template": default_template, "now": ingest_time})
         conn.execute("""
             INSERT INTO staging_positions
-            SELECT n, coalesce(tpl, $template), i, d[i], i <= chk, i <= acc, blo[i], bhi[i], pt[i], qt[i]
-            FROM (SELECT *, unnest(range(1, g + 1)) AS i FROM fast_steps)""",
-                     {"template": default_template})
+            SELECT n, i, d[i], blo[i], bhi[i], pt[i], qt[i]
+            FROM (SELECT *, unnest(range(1, g + 1)) AS i FROM fast_steps)""")
         counts = conn.execute("SELECT count(*), coalesce(sum(g), 0), count(*) FILTER (ts IS NULL) "
                               "FROM fast_steps").fetchone()
         conn.execute("DROP TABLE fast_steps")
