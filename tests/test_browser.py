@@ -101,6 +101,7 @@ def upload(page, url: str, path: Path) -> None:
         timeout=30_000)
 
 
+@pytest.mark.slow  # two uploads and every page in a real browser (about 18 s)
 def test_two_sessions_upload_then_every_page(app_url, browser, tmp_path):
     logs = []
     for seed, name in ((9, "canary-a.jsonl"), (10, "canary-b.jsonl")):

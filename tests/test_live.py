@@ -87,6 +87,7 @@ def test_sampled_tokens_follow_the_target(pair):
     assert stats.uniformity_ks(np.random.default_rng(1).random(len(u)) ** 1.3).pvalue < 0.001
 
 
+@pytest.mark.slow  # two live runs of the shipped pair end to end (about 17 s)
 def test_live_run_is_stored_and_copy_prompts_accept_more(tmp_path, specmon_cmd):
     db = str(tmp_path / "l.duckdb")
     for prompts in PROMPTS:
