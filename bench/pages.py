@@ -11,14 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from _common import machine, wait_healthy
+from _common import machine
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,28 +55,15 @@ def page_queries(db: str, repeats: int = 5) -> dict:
 
 
 def first_page_seconds(db: str) -> float:
-    """Seconds from starting `specmon serve` to the Overview page rendered in chromium."""
+    """Seconds from starting `specmon serve` (this checkout) to the Overview page rendered in chromium."""
     from playwright.sync_api import sync_playwright
+    from serve import launch_browser, start_times
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium",
-                                    args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-        page = browser.new_page()
-        t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "specmon.cli", "serve", "--db", db, "--port", str(port)],
-                                cwd=ROOT,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        browser = launch_browser(p)
         try:
-            wait_healthy(f"http://127.0.0.1:{port}")
-            page.goto(f"http://127.0.0.1:{port}/")
-            page.locator('[data-testid="stMetricValue"]').first.wait_for(timeout=120_000)
-            return time.perf_counter() - t0
+            return start_times(str(ROOT), db, browser)[1]
         finally:
-            proc.terminate()
-            proc.wait()
             browser.close()
 
 

@@ -5,7 +5,8 @@
 Each start is a fresh server (`python -m specmon.cli serve`, the checkout first on the path) and a fresh browser;
 the checkouts take turns, in reverse order every other round, so that a machine getting busier or quieter weighs
 on each alike. Two times per start, from launching the server: until its health endpoint answers, and until the
-Overview's first metric is drawn (what bench/pages.py's first_page_seconds measures). Each checkout gets its own
+Overview's first metric is drawn (bench/pages.py's first_page_seconds is the latter, for this checkout). Each
+checkout gets its own
 database, so a checkout at an older schema can be timed on a copy it has not migrated.
 """
 from __future__ import annotations
@@ -20,6 +21,12 @@ import sys
 import time
 
 from _common import machine, wait_healthy
+
+
+def launch_browser(playwright):
+    """Debian's chromium, headless, as every start here meets it."""
+    return playwright.chromium.launch(executable_path="/usr/bin/chromium",
+                                      args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
 
 
 def start_times(checkout: str, db: str, browser) -> tuple[float, float]:
@@ -57,8 +64,7 @@ def main() -> None:
     with sync_playwright() as p:
         for i in range(args.starts):
             for checkout, db in (pairs if i % 2 == 0 else pairs[::-1]):
-                browser = p.chromium.launch(executable_path="/usr/bin/chromium",
-                                            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+                browser = launch_browser(p)
                 try:
                     times[checkout].append(start_times(checkout, db, browser))
                 finally:
