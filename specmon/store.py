@@ -754,6 +754,19 @@ def next_step_id(cur: duckdb.DuckDBPyConnection) -> int:
     return int(cur.execute("SELECT coalesce(max(step_id), 0) + 1 FROM steps").fetchall()[0][0])
 
 
+# The positions' rollup of a large ingest is summed in ranges of this many steps, then the ranges' sums are added:
+# each range's join of positions with their steps stays small (0.62 against 0.93-1.11 CPU s for 10M positions, 2.5M
+# steps, in ranges of 500,000; docs/benchmarks.md, "Ingest", sixth round). Sums and counts add exactly (the sums are
+# fixed-point decimals), so the rows are those of one pass.
+ROLLUP_RANGE_STEPS = 500_000
+_ROLLUP_POSITIONS_ADD = """
+SELECT ingest_id, segment_id, hour, position, sum(checked) AS checked, sum(accepted) AS accepted,
+       sum(beta_lo_sum) AS beta_lo_sum, sum(beta_lo_n) AS beta_lo_n, sum(beta_hi_sum) AS beta_hi_sum,
+       sum(beta_hi_n) AS beta_hi_n
+FROM rollup_positions_parts GROUP BY ingest_id, segment_id, hour, position
+"""
+
+
 def refresh_rollups(cur: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
     """Add the rollup rows of the steps and positions one ingest published, inside its transaction. An ingest's
     steps have consecutive ids, so its positions are found by step id range (the table's zone maps skip the rest)."""
@@ -767,5 +780,11 @@ def refresh_rollups(cur: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
                                           "JOIN segments sg2 USING (segment_id) WHERE r2.ingest_id = ?) t "
                                           "ON t.run_id = sg.run_id AND t.request_id = r.request_id"), [ingest_id])
     # The steps' id range as literals: DuckDB plans the join knowing the ids' bounds on both sides.
-    where = f"st.step_id BETWEEN {int(lo)} AND {int(hi)} AND st.ingest_id = ?"  # integers read above
-    cur.execute(f"INSERT INTO rollup_positions BY NAME {ROLLUP_POSITIONS_SELECT.format(where=where)}", [ingest_id])
+    ranges = [(a, min(a + ROLLUP_RANGE_STEPS - 1, int(hi))) for a in range(int(lo), int(hi) + 1, ROLLUP_RANGE_STEPS)]
+    for n, (a, b) in enumerate(ranges):
+        where = f"st.step_id BETWEEN {a} AND {b} AND st.ingest_id = ?"  # integers read above
+        into = ("INSERT INTO rollup_positions BY NAME" if len(ranges) == 1 else
+                "INSERT INTO rollup_positions_parts" if n else "CREATE OR REPLACE TEMP TABLE rollup_positions_parts AS")
+        cur.execute(f"{into} {ROLLUP_POSITIONS_SELECT.format(where=where)}", [ingest_id])
+    if len(ranges) > 1:
+        cur.execute(f"INSERT INTO rollup_positions BY NAME {_ROLLUP_POSITIONS_ADD}; DROP TABLE rollup_positions_parts")

@@ -62,6 +62,8 @@ class FlatFile:
     typed: frozenset[str] = frozenset()  # known columns whose stored type always casts to theirs (Parquet)
     kinds: dict[str, str] = field(default_factory=dict)  # column -> its stored type (CSV: all VARCHAR)
     templates: list[str] | None = None  # the templates it names, in order, where at most RANKED_TEMPLATES (screen)
+    row_groups: list[int] = field(default_factory=list)  # rows per Parquet row group, in file order (CSV: none)
+    pieces: list[tuple[int, int]] | None = None  # the line ranges it is aggregated and written in (screen)
 
 
 def sniff(head: bytes) -> str | None:
@@ -110,11 +112,14 @@ def load(cur: duckdb.DuckDBPyConnection, path: str, fmt: str, name: str) -> tupl
         faults = [Fault(name, int(line), "", f"unreadable CSV line: {msg.splitlines()[0]}") for line, msg in rejects]
         typed: frozenset[str] = frozenset()
         kinds = columns
+        row_groups = []
     else:
         described = cur.execute("DESCRIBE SELECT * FROM read_parquet(?)", [path]).fetchall()
         header = [row[0] for row in described]
         typed = frozenset(name for name, kind, *_ in described if name in TYPES and kind in _CASTS_TO[TYPES[name]])
         kinds = {name: kind for name, kind, *_ in described}
+        row_groups = [n for _, n in cur.execute("SELECT DISTINCT row_group_id, row_group_num_rows "
+                                                "FROM parquet_metadata(?) ORDER BY 1", [path]).fetchall()]
         # A view, not a copy: Parquet is read where it lies (its typed columns need no staging).
         cur.read_parquet(path, file_row_number=True).project(
             "file_row_number + 1 AS line, * EXCLUDE (file_row_number)").create_view("flat_raw", replace=True)
@@ -126,7 +131,7 @@ def load(cur: duckdb.DuckDBPyConnection, path: str, fmt: str, name: str) -> tupl
         return None, faults
     rows = cur.execute("SELECT count(*) FROM flat_raw").fetchall()[0][0]
     known = [c for c in KNOWN if c in header]
-    return FlatFile(known, rows, [c for c in header if c not in KNOWN], typed, kinds), faults
+    return FlatFile(known, rows, [c for c in header if c not in KNOWN], typed, kinds, row_groups=row_groups), faults
 
 
 # Stored types whose every value has a text form that is not empty: a NULL test says whether a value was given.
@@ -245,15 +250,17 @@ RANKED_TEMPLATES = 32
 
 
 def _aggregate_steps(cur: duckdb.DuckDBPyConnection, source: str, cols: list[str], base: int,
-                     rules: list[tuple[str, str, str]], first_step_id: int, templates: list[str] | None) -> int:
-    """Temp table flat_step_agg: one row per (request_id, step) of `source`, its step_id given in the order of
-    first lines, with what a step stores and what screens it. `broken`: a row breaks a rule; `suspect`: the step may
-    break a per-step rule (positions that are not base..g once each, the accepted positions not base..base+a-1,
-    both by bitmasks; an accepted value missing); `two_templates`. Only such steps are looked at row by row (check),
+                     rules: list[tuple[str, str, str]], first_step_id: int, templates: list[str] | None,
+                     append: bool = False) -> int:
+    """Temp table flat_step_agg (append: rows added to it): one row per (request_id, step) of `source`, its step_id
+    given from first_step_id on in the order of first lines, with what a step stores and what screens it.
+    `broken`: a row breaks a rule; `suspect`: the step may break a per-step rule (positions that are not base..g
+    once each, the accepted positions not base..base+a-1, both by bitmasks; an accepted value missing);
+    `two_templates`. Only such steps are looked at row by row (check),
     so a clean file pays for one aggregate. beta_lo_sum and beta_hi_sum: beta's bounds summed over the checked
     positions (the accepted prefix and the first rejected position), NULL where one is missing. templates: the
     file's templates in order (FlatFile.templates), or None to compare them as text. Returns the number of steps
-    that are broken, suspect or name two templates."""
+    it added."""
     broken = " OR ".join(f"({where})" for _, where, _ in rules) or "false"
     # A bit per position in base..63: the step's positions are base..g once each exactly when their bits are the
     # first n from base (n positions given), and its accepted ones a prefix when theirs are the first a.
@@ -283,10 +290,11 @@ def _aggregate_steps(cur: duckdb.DuckDBPyConnection, source: str, cols: list[str
     least, greatest, template, template_rank = (
         ("min(template)", "max(template)", "least_template", "NULL::INTEGER") if templates is None else
         (f"min({rank})", f"max({rank})", "NULL::VARCHAR", "coalesce(least_template, len($2::VARCHAR[]) + 1)"))
-    cur.execute(
+    return int(cur.execute(
         # Numbered by a window over the sorted rows as they come: a window that sorts by first_line itself carries
         # every column through its sort, several times slower.
-        "CREATE OR REPLACE TEMP TABLE flat_step_agg AS SELECT $1 + row_number() OVER () - 1 AS step_id, * FROM ("
+        f"{'INSERT INTO flat_step_agg' if append else 'CREATE OR REPLACE TEMP TABLE flat_step_agg AS'} "
+        "SELECT $1 + row_number() OVER () - 1 AS step_id, * FROM ("
         f"SELECT request_id, step, first_line, g, accepted, ts, {template} AS template, "
         f"{template_rank} AS template_rank, "
         f"two_templates, suspect, broken, {', '.join(outer)} FROM ("
@@ -302,16 +310,53 @@ def _aggregate_steps(cur: duckdb.DuckDBPyConnection, source: str, cols: list[str
         f"false) AS suspect, coalesce(bool_or({broken}), false) AS broken "
         f"FROM {source} GROUP BY request_id, step) ORDER BY first_line)",
         [first_step_id] if templates is None else [first_step_id, templates],
-    )
-    return int(cur.execute(
-        "SELECT count(*) FILTER (WHERE broken OR suspect OR two_templates) FROM flat_step_agg").fetchall()[0][0])
+    ).fetchall()[0][0])
+
+
+# A Parquet file of more rows than this is screened and its positions written in pieces of whole row groups of at
+# least this many rows, so that no per-step aggregate or join outgrows the memory cap and spills, and each works on
+# a table that fits the caches (docs/benchmarks.md, "Ingest", sixth round). Two of pyarrow's row groups (2^20 rows
+# each) make a piece, which DuckDB reads on two threads.
+PIECE_ROWS = 2_000_000
+# A step that passes the screen has at most 64 rows (positions base..63, once each), so a step that a cut would split
+# ends within this many lines after it, or the screen flags it.
+_STEP_ROWS = 64
+
+
+def pieces(cur: duckdb.DuckDBPyConnection, flat: FlatFile) -> list[tuple[int, int]] | None:
+    """Line ranges (first, last) covering a Parquet file in order, each whole row groups of at least PIECE_ROWS rows;
+    a cut that would split the rows of a step (two adjacent lines of one (request_id, step)) is moved on to the next
+    line of another step (none is made where none is found within _STEP_ROWS lines). None for one piece: a smaller
+    file, or CSV. A step whose rows are not adjacent may still lie in two pieces: screen checks for that."""
+    cuts, rows = [1], 0
+    for n in flat.row_groups[:-1]:
+        rows += n
+        if rows + 1 - cuts[-1] < PIECE_ROWS:
+            continue
+        cut = cur.execute(
+            "SELECT min(f.line) FROM flat_cast f, (SELECT request_id, step FROM flat_cast WHERE line = $1 - 1) p "
+            "WHERE f.line BETWEEN $1 AND $1 + $2 - 1 "
+            "AND (f.request_id IS DISTINCT FROM p.request_id OR f.step IS DISTINCT FROM p.step)",
+            [rows + 1, _STEP_ROWS]).fetchall()[0][0]
+        if cut is not None:
+            cuts.append(int(cut))
+    if len(cuts) == 1:
+        return None
+    cuts.append(flat.rows + 1)
+    return list(zip(cuts[:-1], [c - 1 for c in cuts[1:]], strict=True))
+
+
+def _piece(source: str, piece: tuple[int, int] | None) -> str:
+    """SQL of the rows of `source` on the piece's lines (all of them for None); the lines are integers."""
+    return source if piece is None else f"(SELECT * FROM {source} WHERE line BETWEEN {piece[0]} AND {piece[1]})"
 
 
 def screen(cur: duckdb.DuckDBPyConnection, flat: FlatFile,
            first_step_id: int) -> tuple[int, list[tuple[str, str, str]], bool]:
-    """Cast the file (view flat_cast) and aggregate its steps (flat_step_agg). Returns (base, the row rules,
-    whether any step may hold a fault). base: 0 for a file numbered from 0 (as vLLM numbers positions), stored
-    shifted to 1..g; else 1."""
+    """Cast the file (view flat_cast) and aggregate its steps (flat_step_agg), piece by piece where it has pieces
+    (flat.pieces; None when a step lies in two of them: the whole file is aggregated at once then, so the table is
+    the same either way). Returns (base, the row rules, whether any step may hold a fault). base: 0 for a file
+    numbered from 0 (as vLLM numbers positions), stored shifted to 1..g; else 1."""
     _cast_view(cur, flat)
     min_pos = cur.execute("SELECT min(position) FROM flat_cast").fetchall()[0][0]
     base = 0 if min_pos == 0 else 1
@@ -319,8 +364,29 @@ def screen(cur: duckdb.DuckDBPyConnection, flat: FlatFile,
     named = [r[0] for r in cur.execute("SELECT DISTINCT template FROM flat_cast WHERE template IS NOT NULL "
                                        f"ORDER BY template LIMIT {RANKED_TEMPLATES + 1}").fetchall()]
     flat.templates = named if len(named) <= RANKED_TEMPLATES else None
-    return base, rules, _aggregate_steps(cur, "flat_cast", flat.columns, base, rules, first_step_id,
-                                         flat.templates) > 0
+    flat.pieces = pieces(cur, flat)
+    next_id = first_step_id
+    for n, piece in enumerate(flat.pieces or [None]):
+        added = _aggregate_steps(cur, _piece("flat_cast", piece), flat.columns, base, rules, next_id,
+                                 flat.templates, append=n > 0)
+        if flat.pieces:  # each request's least and greatest step in the piece, and whether a key is missing
+            cur.execute(
+                f"{'INSERT INTO flat_piece_requests' if n else 'CREATE OR REPLACE TEMP TABLE flat_piece_requests AS'} "
+                f"SELECT {n} AS piece, request_id, min(step) AS lo, max(step) AS hi, "
+                "bool_or(request_id IS NULL OR step IS NULL) AS no_key FROM flat_step_agg "
+                f"WHERE step_id BETWEEN {next_id} AND {next_id + added - 1} GROUP BY request_id")
+        next_id += added
+    # No step in two pieces: no request's steps in one piece overlap its steps in another (a step without its key
+    # is not compared so: the whole file is aggregated at once then, as it is where steps do overlap).
+    if flat.pieces and cur.execute(
+            "SELECT (SELECT bool_or(no_key) FROM flat_piece_requests) OR EXISTS (SELECT 1 FROM flat_piece_requests a "
+            "JOIN flat_piece_requests b ON a.request_id = b.request_id AND a.piece < b.piece AND a.lo <= b.hi "
+            "AND b.lo <= a.hi)").fetchall()[0][0]:
+        flat.pieces = None
+        _aggregate_steps(cur, "flat_cast", flat.columns, base, rules, first_step_id, flat.templates)
+    flagged = cur.execute("SELECT count(*) FILTER (WHERE broken OR suspect OR two_templates) "
+                          "FROM flat_step_agg").fetchall()[0][0]
+    return base, rules, flagged > 0
 
 
 def check(cur: duckdb.DuckDBPyConnection, flat: FlatFile, base: int, rules: list[tuple[str, str, str]],
@@ -394,12 +460,13 @@ def insert(
     ingest_time: str,
     segment_for: Callable[[str], int],
     templates: list[str] | None,
+    pieces: list[tuple[int, int]] | None = None,
 ) -> tuple[int, int, int]:
     """Insert the checked rows of `source` (flat_cast or flat_typed; its steps, with their ids, in flat_step_agg) as
-    steps and positions. templates: as for _aggregate_steps. Returns (steps, positions, inferred_ts)."""
-    steps, inferred, positions, first_id, last_id = cur.execute(
-        "SELECT count(*), count(*) FILTER (WHERE ts IS NULL), sum(g), min(step_id), max(step_id) "
-        "FROM flat_step_agg").fetchall()[0]
+    steps and positions, the positions piece by piece (each step's rows lie in one piece). templates: as for
+    _aggregate_steps. Returns (steps, positions, inferred_ts)."""
+    steps, inferred, positions = cur.execute(
+        "SELECT count(*), count(*) FILTER (WHERE ts IS NULL), sum(g) FROM flat_step_agg").fetchall()[0]
     # The segment of each template the steps name (the default for none), created in the templates' order, found by
     # the steps' template rank where they have one (an integer join: 0.01 CPU s less for each insert at 1M than
     # joining on the text), else by text.
@@ -427,20 +494,30 @@ def insert(
     # Positions are found by their step's id, never by where they lie: DuckDB may write them in any order, which a
     # large insert needs less memory for. Their segment, checked and accepted are their step's (store.py,
     # position_rows); an exact beta column wins over its bounds. Rows meet their step by a 64-bit hash of
-    # (request_id, step) (STEP_KEY), a cheaper join than on the pair; two steps of the file with one hash would give
-    # a row two steps, so the rows written are counted and, on a mismatch, written again joined on the pair.
-    def write(key: str) -> int:
+    # (request_id, step) (STEP_KEY), a cheaper join than on the pair; two steps of the piece with one hash would
+    # give a row two steps, so the rows written are counted and, on a mismatch, written again joined on the pair.
+    # A piece's steps are those whose first line is in it, their ids one range (given as literals: the join knows
+    # its bounds and reads only those rows of flat_step_agg).
+    def write(key: str, piece: tuple[int, int] | None, first_id: int, last_id: int) -> int:
         return int(cur.execute(
             f"INSERT INTO position_rows SELECT s.step_id, t.position - {base} + 1, t.draft_token, "
             "coalesce(t.beta, t.beta_lo), coalesce(t.beta, t.beta_hi), t.p_token, t.q_token "
-            f"FROM (SELECT {key} AS key, * FROM {source}) t "
-            f"JOIN (SELECT {key} AS key, step_id FROM flat_step_agg) s USING (key)").fetchall()[0][0])
+            f"FROM (SELECT {key} AS key, * FROM {_piece(source, piece)}) t "
+            f"JOIN (SELECT {key} AS key, step_id FROM flat_step_agg "
+            f"WHERE step_id BETWEEN {first_id} AND {last_id}) s USING (key)").fetchall()[0][0])
 
     cur.execute("SET preserve_insertion_order = false")
     try:
-        if write(STEP_KEY) != (positions or 0):
-            cur.execute("DELETE FROM position_rows WHERE step_id BETWEEN ? AND ?", [first_id, last_id])
-            write("(request_id, step)")
+        whole: list[tuple[int, int] | None] = [None]  # one pass over the whole file
+        for piece in pieces or whole:
+            where = "" if piece is None else f"WHERE first_line BETWEEN {piece[0]} AND {piece[1]}"
+            first_id, last_id, rows = cur.execute(
+                f"SELECT min(step_id), max(step_id), sum(g) FROM flat_step_agg {where}").fetchall()[0]
+            if first_id is None:  # every step of the piece was rejected
+                continue
+            if write(STEP_KEY, piece, first_id, last_id) != rows:
+                cur.execute("DELETE FROM position_rows WHERE step_id BETWEEN ? AND ?", [first_id, last_id])
+                write("(request_id, step)", piece, first_id, last_id)
     finally:
         cur.execute("RESET preserve_insertion_order")
     return int(steps), int(positions or 0), int(inferred)
@@ -496,7 +573,7 @@ class Reader:
             job.steps, job.positions, job.no_time = insert(
                 cur, source=source, base=base, ingest_id=ingest_id, default_template=job.default_template,
                 ingest_time=job.ingest_time.isoformat(), segment_for=lambda t: get_or_create_segment(cur, run_id, t),
-                templates=flat.templates)
+                templates=flat.templates, pieces=flat.pieces)
         if job.progress:
             job.progress(size, size)
 
