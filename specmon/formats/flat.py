@@ -2,7 +2,8 @@
 Parquet.
 
 The whole file is read, typed, checked and inserted by DuckDB inside the caller's transaction, so a large
-Parquet file never passes through Python row by row. SQL here is built only from the fixed column names below,
+Parquet file never passes through Python row by row; one of more than PIECE_ROWS rows is aggregated and written in
+pieces of whole row groups, in the same transaction, so that its per-step aggregate and joins fit the memory cap. SQL here is built only from the fixed column names below,
 never from the file's own text; file paths and values are bound as parameters.
 """
 from __future__ import annotations
