@@ -3,8 +3,9 @@ Parquet.
 
 The whole file is read, typed, checked and inserted by DuckDB inside the caller's transaction, so a large
 Parquet file never passes through Python row by row; one of more than PIECE_ROWS rows is aggregated and written in
-pieces of whole row groups, in the same transaction, so that its per-step aggregate and joins fit the memory cap. SQL here is built only from the fixed column names below,
-never from the file's own text; file paths and values are bound as parameters.
+pieces of whole row groups, in the same transaction, so that its per-step aggregate and joins fit the memory cap.
+SQL here is built only from the fixed column names below and integers, never from the file's own text; file paths
+and values are bound as parameters.
 """
 from __future__ import annotations
 
@@ -113,14 +114,11 @@ def load(cur: duckdb.DuckDBPyConnection, path: str, fmt: str, name: str) -> tupl
         faults = [Fault(name, int(line), "", f"unreadable CSV line: {msg.splitlines()[0]}") for line, msg in rejects]
         typed: frozenset[str] = frozenset()
         kinds = columns
-        row_groups = []
     else:
         described = cur.execute("DESCRIBE SELECT * FROM read_parquet(?)", [path]).fetchall()
         header = [row[0] for row in described]
         typed = frozenset(name for name, kind, *_ in described if name in TYPES and kind in _CASTS_TO[TYPES[name]])
         kinds = {name: kind for name, kind, *_ in described}
-        row_groups = [n for _, n in cur.execute("SELECT DISTINCT row_group_id, row_group_num_rows "
-                                                "FROM parquet_metadata(?) ORDER BY 1", [path]).fetchall()]
         # A view, not a copy: Parquet is read where it lies (its typed columns need no staging).
         cur.read_parquet(path, file_row_number=True).project(
             "file_row_number + 1 AS line, * EXCLUDE (file_row_number)").create_view("flat_raw", replace=True)
@@ -131,6 +129,11 @@ def load(cur: duckdb.DuckDBPyConnection, path: str, fmt: str, name: str) -> tupl
                             f"required column is missing (the flat form needs {', '.join(REQUIRED)})"))
         return None, faults
     rows = cur.execute("SELECT count(*) FROM flat_raw").fetchall()[0][0]
+    # Read only where the file may be cut in pieces (screen): a few milliseconds a file otherwise spent.
+    row_groups: list[int] = []
+    if fmt == "flat-parquet" and rows > PIECE_ROWS:
+        row_groups = [n for _, n in cur.execute("SELECT DISTINCT row_group_id, row_group_num_rows "
+                                                "FROM parquet_metadata(?) ORDER BY 1", [path]).fetchall()]
     known = [c for c in KNOWN if c in header]
     return FlatFile(known, rows, [c for c in header if c not in KNOWN], typed, kinds, row_groups=row_groups), faults
 
