@@ -350,17 +350,23 @@ def pieces(cur: duckdb.DuckDBPyConnection, flat: FlatFile) -> list[tuple[int, in
     return list(zip(cuts[:-1], [c - 1 for c in cuts[1:]], strict=True))
 
 
+def _piece_progress(progress: Progress | None, n: int, count: int) -> Progress | None:
+    """progress of the n-th of `count` pieces' queries as progress of them all (each piece a like share)."""
+    return None if progress is None else lambda done, total: progress((n * total + done) // count, total)
+
+
 def _piece(source: str, piece: tuple[int, int] | None) -> str:
     """SQL of the rows of `source` on the piece's lines (all of them for None); the lines are integers."""
     return source if piece is None else f"(SELECT * FROM {source} WHERE line BETWEEN {piece[0]} AND {piece[1]})"
 
 
-def screen(cur: duckdb.DuckDBPyConnection, flat: FlatFile,
-           first_step_id: int) -> tuple[int, list[tuple[str, str, str]], bool]:
+def screen(cur: duckdb.DuckDBPyConnection, flat: FlatFile, first_step_id: int,
+           progress: Progress | None = None, size: int = 0) -> tuple[int, list[tuple[str, str, str]], bool]:
     """Cast the file (view flat_cast) and aggregate its steps (flat_step_agg), piece by piece where it has pieces
     (flat.pieces; None when a step lies in two of them: the whole file is aggregated at once then, so the table is
     the same either way). Returns (base, the row rules, whether any step may hold a fault). base: 0 for a file
-    numbered from 0 (as vLLM numbers positions), stored shifted to 1..g; else 1."""
+    numbered from 0 (as vLLM numbers positions), stored shifted to 1..g; else 1. progress: told how far the
+    aggregate has got, as a share of size (DuckDB's estimate, piece by piece)."""
     _cast_view(cur, flat)
     min_pos = cur.execute("SELECT min(position) FROM flat_cast").fetchall()[0][0]
     base = 0 if min_pos == 0 else 1
@@ -370,9 +376,12 @@ def screen(cur: duckdb.DuckDBPyConnection, flat: FlatFile,
     flat.templates = named if len(named) <= RANKED_TEMPLATES else None
     flat.pieces = pieces(cur, flat)
     next_id = first_step_id
-    for n, piece in enumerate(flat.pieces or [None]):
-        added = _aggregate_steps(cur, _piece("flat_cast", piece), flat.columns, base, rules, next_id,
-                                 flat.templates, append=n > 0)
+    whole: list[tuple[int, int] | None] = [None]  # one pass over the whole file
+    ranges = flat.pieces or whole
+    for n, piece in enumerate(ranges):
+        with query_progress(cur, _piece_progress(progress, n, len(ranges)), size):
+            added = _aggregate_steps(cur, _piece("flat_cast", piece), flat.columns, base, rules, next_id,
+                                     flat.templates, append=n > 0)
         if flat.pieces:  # each request's least and greatest step in the piece, and whether a key is missing
             cur.execute(
                 f"{'INSERT INTO flat_piece_requests' if n else 'CREATE OR REPLACE TEMP TABLE flat_piece_requests AS'} "
@@ -387,7 +396,8 @@ def screen(cur: duckdb.DuckDBPyConnection, flat: FlatFile,
             "JOIN flat_piece_requests b ON a.request_id = b.request_id AND a.piece < b.piece AND a.lo <= b.hi "
             "AND b.lo <= a.hi)").fetchall()[0][0]:
         flat.pieces = None
-        _aggregate_steps(cur, "flat_cast", flat.columns, base, rules, first_step_id, flat.templates)
+        with query_progress(cur, progress, size):
+            _aggregate_steps(cur, "flat_cast", flat.columns, base, rules, first_step_id, flat.templates)
     flagged = cur.execute("SELECT count(*) FILTER (WHERE broken OR suspect OR two_templates) "
                           "FROM flat_step_agg").fetchall()[0][0]
     return base, rules, flagged > 0
@@ -465,10 +475,12 @@ def insert(
     segment_for: Callable[[str], int],
     templates: list[str] | None,
     pieces: list[tuple[int, int]] | None = None,
+    progress: Progress | None = None,
+    size: int = 0,
 ) -> tuple[int, int, int]:
     """Insert the checked rows of `source` (flat_cast or flat_typed; its steps, with their ids, in flat_step_agg) as
     steps and positions, the positions piece by piece (each step's rows lie in one piece). templates: as for
-    _aggregate_steps. Returns (steps, positions, inferred_ts)."""
+    _aggregate_steps. progress: as for screen, for the positions' writes. Returns (steps, positions, inferred_ts)."""
     steps, inferred, positions = cur.execute(
         "SELECT count(*), count(*) FILTER (WHERE ts IS NULL), sum(g) FROM flat_step_agg").fetchall()[0]
     # The segment of each template the steps name (the default for none), created in the templates' order, found by
@@ -513,15 +525,17 @@ def insert(
     cur.execute("SET preserve_insertion_order = false")
     try:
         whole: list[tuple[int, int] | None] = [None]  # one pass over the whole file
-        for piece in pieces or whole:
+        ranges = pieces or whole
+        for n, piece in enumerate(ranges):
             where = "" if piece is None else f"WHERE first_line BETWEEN {piece[0]} AND {piece[1]}"
             first_id, last_id, rows = cur.execute(
                 f"SELECT min(step_id), max(step_id), sum(g) FROM flat_step_agg {where}").fetchall()[0]
             if first_id is None:  # every step of the piece was rejected
                 continue
-            if write(STEP_KEY, piece, first_id, last_id) != rows:
-                cur.execute("DELETE FROM position_rows WHERE step_id BETWEEN ? AND ?", [first_id, last_id])
-                write("(request_id, step)", piece, first_id, last_id)
+            with query_progress(cur, _piece_progress(progress, n, len(ranges)), size):
+                if write(STEP_KEY, piece, first_id, last_id) != rows:
+                    cur.execute("DELETE FROM position_rows WHERE step_id BETWEEN ? AND ?", [first_id, last_id])
+                    write("(request_id, step)", piece, first_id, last_id)
     finally:
         cur.execute("RESET preserve_insertion_order")
     return int(steps), int(positions or 0), int(inferred)
@@ -562,8 +576,7 @@ class Reader:
         for fault in faults:  # unreadable lines never reached a table
             job.fault(fault)
         first_step_id = next_step_id(cur)
-        with query_progress(cur, half(0), size):
-            base, rules, suspect = screen(cur, flat, first_step_id)
+        base, rules, suspect = screen(cur, flat, first_step_id, half(0), size)
         row_faults = check(cur, flat, base, rules, job.name) if suspect else []
         for fault in row_faults:
             job.count(fault)  # reported below with its row, by reject_bad_steps
@@ -573,11 +586,10 @@ class Reader:
             for line, field_name, reason, row in reject_bad_steps(cur, flat, base, first_step_id):
                 job.report.add(Fault(job.name, line, field_name, reason), row)
             source = "flat_typed"
-        with query_progress(cur, half(size // 2), size):
-            job.steps, job.positions, job.no_time = insert(
-                cur, source=source, base=base, ingest_id=ingest_id, default_template=job.default_template,
-                ingest_time=job.ingest_time.isoformat(), segment_for=lambda t: get_or_create_segment(cur, run_id, t),
-                templates=flat.templates, pieces=flat.pieces)
+        job.steps, job.positions, job.no_time = insert(
+            cur, source=source, base=base, ingest_id=ingest_id, default_template=job.default_template,
+            ingest_time=job.ingest_time.isoformat(), segment_for=lambda t: get_or_create_segment(cur, run_id, t),
+            templates=flat.templates, pieces=flat.pieces, progress=half(size // 2), size=size)
         if job.progress:
             job.progress(size, size)
 
