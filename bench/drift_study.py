@@ -101,25 +101,48 @@ def interval_cell(rng: np.random.Generator, rho: float, lengths: str, g: int, k:
 def false_alarm_cell(rng: np.random.Generator, rho: float, lengths: str, k: int, arl0: int, windows: int,
                      shape: str = "beta") -> dict:
     """Each window: a fresh stream, the detector calibrated on its first REFERENCE_STEPS steps, then 10 x ARL0
-    in-control steps watched (restarting after every alarm, as in use)."""
+    in-control steps watched (restarting after every alarm, as in use) by the self-starting detector (its reference
+    growing at the checkpoints, drift.watch) and, on the same steps, by the plain one (the first design throughout:
+    issue 11's sixth pass's detector), so the two are paired."""
     watched = 10 * arl0
-    alarms, episodes, hs = [], 0, []
+    counts: dict[str, list[int]] = {"self_starting": [], "plain": []}
+    episodes, hs, grown = 0, [], []
     for _ in range(windows):
         a, c, req = streams.steps(rng, drift.REFERENCE_STEPS + watched, P0, k, rho, lengths, shape)
         d = drift.design_for(a, c, req, k, BREAK_EVEN, arl0)
-        raw = drift.cusum(a[drift.REFERENCE_STEPS:], c[drift.REFERENCE_STEPS:], d)[1]
-        alarms.append(len(raw))
+        _, raw, _, taken = drift.watch(a[drift.REFERENCE_STEPS:], c[drift.REFERENCE_STEPS:], drift.REFERENCE_STEPS,
+                                       drift.Watch.start(d), drift.redesigner(a, c, req, k, BREAK_EVEN, arl0))
+        counts["self_starting"].append(len(raw))
+        counts["plain"].append(len(drift.cusum(a[drift.REFERENCE_STEPS:], c[drift.REFERENCE_STEPS:], d)[1]))
         episodes += sum(1 for i, t in enumerate(raw) if i == 0 or t - raw[i - 1] > drift.EPISODE_GAP)
-        hs.append(d.h)
-    alarms = np.array(alarms)
+        hs.append([d.h] + [x.h for _, x in taken])
+        grown.append([x.reference for _, x in taken])
     boot = rng.integers(0, windows, (2000, windows))
-    rates = alarms[boot].sum(axis=1) / (windows * watched)
-    spa = windows * watched / max(alarms.sum(), 1)
-    lo, hi = np.quantile(1 / np.maximum(rates, 1e-12), [0.025, 0.975])
-    return {"stated": arl0, "steps_per_false_alarm": spa, "ratio_to_stated": spa / arl0,
-            "ci95": [float(lo), float(hi)], "alarms": int(alarms.sum()), "episodes": episodes,
-            "steps_per_episode": windows * watched / max(episodes, 1), "reference_windows": windows,
-            "watched_steps_per_window": watched, "median_h": float(np.median(hs))}
+    out: dict = {"stated": arl0, "reference_windows": windows, "watched_steps_per_window": watched}
+    for name, alarms in counts.items():
+        n_alarms = np.array(alarms)
+        rates = n_alarms[boot].sum(axis=1) / (windows * watched)
+        spa = windows * watched / max(n_alarms.sum(), 1)
+        lo, hi = np.quantile(1 / np.maximum(rates, 1e-12), [0.025, 0.975])
+        figures = {"steps_per_false_alarm": spa, "ratio_to_stated": spa / arl0, "ci95": [float(lo), float(hi)],
+                   "alarms": int(n_alarms.sum())}
+        if name == "self_starting":
+            out.update(figures)
+        else:
+            out["plain"] = figures
+    # the threshold at the reference and at each checkpoint taken, over the windows (a checkpoint that a window's
+    # alarms deferred past the next one is skipped there)
+    sizes = drift.checkpoints(drift.REFERENCE_STEPS)
+    by_size: dict[int, list[float]] = {drift.REFERENCE_STEPS: [h[0] for h in hs]}
+    for h, refs in zip(hs, grown, strict=True):
+        for x, size in zip(h[1:], refs, strict=True):
+            by_size.setdefault(size, []).append(x)
+    out.update({"episodes": episodes, "steps_per_episode": windows * watched / max(episodes, 1),
+                "median_h": float(np.median([h[-1] for h in hs])),
+                "h_by_reference": {str(size): {"windows": len(v), "median": float(np.median(v)),
+                                               "sd": float(np.std(v, ddof=1)) if len(v) > 1 else 0.0}
+                                   for size, v in sorted(by_size.items()) if size in (drift.REFERENCE_STEPS, *sizes)}})
+    return out
 
 
 def delay_cell(rng: np.random.Generator, rho: float, lengths: str, k: int, streams_n: int, arl0: int,
@@ -133,8 +156,9 @@ def delay_cell(rng: np.random.Generator, rho: float, lengths: str, k: int, strea
         a1, c1, r1 = streams.steps(rng, after, P_DROP, k, rho, lengths)
         a, c = np.concatenate([a0, a1]), np.concatenate([c0, c1])
         change = len(a0)
-        d = drift.design_for(a, c, np.concatenate([r0, r1 + r0.max() + 1]), k, BREAK_EVEN, arl0)
-        _, found = drift.detect(a, c, d)
+        req = np.concatenate([r0, r1 + r0.max() + 1])
+        d = drift.design_for(a, c, req, k, BREAK_EVEN, arl0)
+        _, found, _ = drift.detect(a, c, d, drift.REFERENCE_STEPS, drift.redesigner(a, c, req, k, BREAK_EVEN, arl0))
         if any(e.alarm_index < change for e in found):
             early += 1
             continue
