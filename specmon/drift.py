@@ -587,7 +587,7 @@ def watch(accepted: np.ndarray, checked: np.ndarray, base: int, state: Watch,
             seg, raw = cusum_increments(x, design.h, carry)
             w[pos:stop] = seg
             carry = 0.0 if raw and raw[-1] == len(x) - 1 else float(seg[-1])
-            alarms += [base + pos + r for r in raw]
+            alarms += [int(base + pos + r) for r in raw]
             if raw:
                 last = alarms[-1]
             pos = stop
@@ -596,7 +596,7 @@ def watch(accepted: np.ndarray, checked: np.ndarray, base: int, state: Watch,
             break
         grown = [c for c in checkpoints(state.first) if c <= base + pos]
         design = redesign(grown[-1])
-        taken.append((base + pos, design))
+        taken.append((int(base + pos), design))
         carry = 0.0
         later = [c for c in checkpoints(state.first) if c > base + pos]
         ahead = later[0] if later else None
