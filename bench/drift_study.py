@@ -401,25 +401,42 @@ def tables(r: dict) -> str:  # noqa: C901 (one branch per table of the docs)
                    f"L cells below 0.94: {sum(c['coverage_L'] < 0.94 for c in iv)}; alpha cells below 0.94: "
                    f"{sum(c['coverage_alpha'] < 0.94 for c in iv)}\n")
     fa = r["false_alarms"]
+    paired = any("plain" in c for c in fa)  # issue 11's seventh pass: the plain detector on the same streams
     out.append("| correlation | lengths | k | stated | measured steps per false alarm [95% CI] | ratio | steps per "
-               "episode | median h |\n|---|---|---|---|---|---|---|---|")
+               "episode | median h |" + (" plain detector, same streams: ratio [95% CI] |" if paired else "")
+               + "\n|---|---|---|---|---|---|---|---|" + ("---|" if paired else ""))
     for c in fa:
         shape = " (two-point)" if c.get("shape") == "two-point" else ""
+        plain = (f" {c['plain']['ratio_to_stated']:.2f} [{c['plain']['ci95'][0] / c['stated']:.2f}, "
+                 f"{c['plain']['ci95'][1] / c['stated']:.2f}] |" if "plain" in c else " |" if paired else "")
         out.append(f"| {c['rho']} | {c['lengths']}{shape} | {c['k']} | {c['stated']:,} | "
                    f"{c['steps_per_false_alarm']:,.0f} "
                    f"[{c['ci95'][0]:,.0f}, {c['ci95'][1]:,.0f}] | {c['ratio_to_stated']:.2f} | "
-                   f"{c.get('steps_per_episode', float('nan')):,.0f} | {c['median_h']:.1f} |")
+                   f"{c.get('steps_per_episode', float('nan')):,.0f} | {c['median_h']:.1f} |{plain}")
     for stated, shape in ((2000, "beta"), (20_000, "beta"), (2000, "two-point")):
         cells = [c for c in fa if c["stated"] == stated and c.get("shape", "beta") == shape]
-        if cells:
-            ratios = [c["ratio_to_stated"] for c in cells]
+        plain = [c["plain"] for c in cells if "plain" in c]
+        for name, view in (("", cells), ("plain detector, same streams: ", plain)):
+            if not view:
+                continue
+            ratios = [c["ratio_to_stated"] for c in view]
             inside = sum(0.8 <= x <= 1.25 for x in ratios)
-            ci_inside = sum(c["ci95"][0] <= 1.25 * stated and c["ci95"][1] >= 0.8 * stated for c in cells)
-            episodes = [c["steps_per_episode"] / stated for c in cells]
-            out.append(f"\nstated {stated:,}, {shape} request acceptance: ratio {min(ratios):.2f} to "
+            ci_inside = sum(c["ci95"][0] <= 1.25 * stated and c["ci95"][1] >= 0.8 * stated for c in view)
+            episodes = f"; counted as episodes {min(c['steps_per_episode'] / stated for c in view):.2f} to " \
+                       f"{max(c['steps_per_episode'] / stated for c in view):.2f}" if not name else ""
+            out.append(f"\n{name}stated {stated:,}, {shape} request acceptance: ratio {min(ratios):.2f} to "
                        f"{max(ratios):.2f} (mean {np.mean(ratios):.2f}); "
-                       f"{inside} of {len(cells)} cells within 0.8-1.25; {ci_inside} whose 95% CI meets the band; "
-                       f"counted as episodes {min(episodes):.2f} to {max(episodes):.2f}")
+                       f"{inside} of {len(view)} cells within 0.8-1.25; {ci_inside} whose 95% CI meets the band"
+                       + episodes)
+    grown = [c for c in fa if "h_by_reference" in c]
+    if grown:
+        out.append("\n| correlation | lengths | k | stated | h over the windows, median (sd), by reference size "
+                   "|\n|---|---|---|---|---|")
+        for c in grown:
+            shape = " (two-point)" if c.get("shape") == "two-point" else ""
+            out.append(f"| {c['rho']} | {c['lengths']}{shape} | {c['k']} | {c['stated']:,} | " + "; ".join(
+                f"{int(size):,}: {v['median']:.1f} ({v['sd']:.1f}, {v['windows']} windows)"
+                for size, v in c["h_by_reference"].items()) + " |")
     if r["delays"]:
         out.append("\n| correlation | lengths | k | stated | streams | alarmed in the 3,000 steps before the change | "
                    "mean delay (se) | median delay | mean abs change-time error | median error | truth in likely "
