@@ -12,7 +12,9 @@ reference window (calibrate): its clusters resampled for their sizes, a cluster 
 distribution of cluster acceptance the reference implies (nonparametric maximum likelihood, smoothed), and points
 drawn to match it (steps from the reference's per-position profile shifted to that acceptance; windows binomial),
 until the simulated number of points per false alarm of the restarted CUSUM (every re-alarm counted) is the one
-asked for. Pure numpy; no I/O.
+asked for. A threshold follows the luck of its reference, and the alarm rate is convex in h, so for a step log the
+reference then grows (watch): p0, p1 and h are calibrated again on the first 2, 4, 8 and 16 x REFERENCE_STEPS points
+at checkpoints taken outside alarm episodes. Pure numpy; no I/O.
 """
 from __future__ import annotations
 
