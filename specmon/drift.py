@@ -35,7 +35,8 @@ DEFAULT_DELTA = 0.10  # the drop to watch for when break-even is unknown or alre
 # has what 2,000 steps (about 100 requests of 20 steps) give.
 REFERENCE_STEPS = 2_000
 # The reference then grows (a self-starting design): the threshold is calibrated again on the first 2, 4, 8 and 16 x
-# REFERENCE_STEPS points (docs/drift.md, "Threshold"), so the luck of one short reference fades as the run grows.
+# REFERENCE_STEPS points (docs/math.md, "Drift", "Self-starting"), so the luck of one short reference fades as the
+# run grows.
 CHECKPOINT_GROWTH = 16
 # An engine window (a log interval or a scrape) already batches many drafts: 30 of them (five minutes of vLLM's
 # 10-second log lines) make the reference of a run of engine windows, so a rollout soon after a start is watched.
@@ -594,7 +595,7 @@ def watch(accepted: np.ndarray, checked: np.ndarray, base: int, state: Watch,
                 last = alarms[-1]
             pos = stop
             continue  # an alarm may have moved the checkpoint on
-        if ahead is None or target is None or pos < target:
+        if target is None or pos < target:
             break
         grown = [c for c in checkpoints(state.first) if c <= base + pos]
         design = redesign(grown[-1])
