@@ -101,25 +101,48 @@ def interval_cell(rng: np.random.Generator, rho: float, lengths: str, g: int, k:
 def false_alarm_cell(rng: np.random.Generator, rho: float, lengths: str, k: int, arl0: int, windows: int,
                      shape: str = "beta") -> dict:
     """Each window: a fresh stream, the detector calibrated on its first REFERENCE_STEPS steps, then 10 x ARL0
-    in-control steps watched (restarting after every alarm, as in use)."""
+    in-control steps watched (restarting after every alarm, as in use) by the self-starting detector (its reference
+    growing at the checkpoints, drift.watch) and, on the same steps, by the plain one (the first design throughout:
+    issue 11's sixth pass's detector), so the two are paired."""
     watched = 10 * arl0
-    alarms, episodes, hs = [], 0, []
+    counts: dict[str, list[int]] = {"self_starting": [], "plain": []}
+    episodes, hs, grown = 0, [], []
     for _ in range(windows):
         a, c, req = streams.steps(rng, drift.REFERENCE_STEPS + watched, P0, k, rho, lengths, shape)
         d = drift.design_for(a, c, req, k, BREAK_EVEN, arl0)
-        raw = drift.cusum(a[drift.REFERENCE_STEPS:], c[drift.REFERENCE_STEPS:], d)[1]
-        alarms.append(len(raw))
+        _, raw, _, taken = drift.watch(a[drift.REFERENCE_STEPS:], c[drift.REFERENCE_STEPS:], drift.REFERENCE_STEPS,
+                                       drift.Watch.start(d), drift.redesigner(a, c, req, k, BREAK_EVEN, arl0))
+        counts["self_starting"].append(len(raw))
+        counts["plain"].append(len(drift.cusum(a[drift.REFERENCE_STEPS:], c[drift.REFERENCE_STEPS:], d)[1]))
         episodes += sum(1 for i, t in enumerate(raw) if i == 0 or t - raw[i - 1] > drift.EPISODE_GAP)
-        hs.append(d.h)
-    alarms = np.array(alarms)
+        hs.append([d.h] + [x.h for _, x in taken])
+        grown.append([x.reference for _, x in taken])
     boot = rng.integers(0, windows, (2000, windows))
-    rates = alarms[boot].sum(axis=1) / (windows * watched)
-    spa = windows * watched / max(alarms.sum(), 1)
-    lo, hi = np.quantile(1 / np.maximum(rates, 1e-12), [0.025, 0.975])
-    return {"stated": arl0, "steps_per_false_alarm": spa, "ratio_to_stated": spa / arl0,
-            "ci95": [float(lo), float(hi)], "alarms": int(alarms.sum()), "episodes": episodes,
-            "steps_per_episode": windows * watched / max(episodes, 1), "reference_windows": windows,
-            "watched_steps_per_window": watched, "median_h": float(np.median(hs))}
+    out: dict = {"stated": arl0, "reference_windows": windows, "watched_steps_per_window": watched}
+    for name, alarms in counts.items():
+        n_alarms = np.array(alarms)
+        rates = n_alarms[boot].sum(axis=1) / (windows * watched)
+        spa = windows * watched / max(n_alarms.sum(), 1)
+        lo, hi = np.quantile(1 / np.maximum(rates, 1e-12), [0.025, 0.975])
+        figures = {"steps_per_false_alarm": spa, "ratio_to_stated": spa / arl0, "ci95": [float(lo), float(hi)],
+                   "alarms": int(n_alarms.sum())}
+        if name == "self_starting":
+            out.update(figures)
+        else:
+            out["plain"] = figures
+    # the threshold at the reference and at each checkpoint taken, over the windows (a checkpoint that a window's
+    # alarms deferred past the next one is skipped there)
+    sizes = drift.checkpoints(drift.REFERENCE_STEPS)
+    by_size: dict[int, list[float]] = {drift.REFERENCE_STEPS: [h[0] for h in hs]}
+    for h, refs in zip(hs, grown, strict=True):
+        for x, size in zip(h[1:], refs, strict=True):
+            by_size.setdefault(size, []).append(x)
+    out.update({"episodes": episodes, "steps_per_episode": windows * watched / max(episodes, 1),
+                "median_h": float(np.median([h[-1] for h in hs])),
+                "h_by_reference": {str(size): {"windows": len(v), "median": float(np.median(v)),
+                                               "sd": float(np.std(v, ddof=1)) if len(v) > 1 else 0.0}
+                                   for size, v in sorted(by_size.items()) if size in (drift.REFERENCE_STEPS, *sizes)}})
+    return out
 
 
 def delay_cell(rng: np.random.Generator, rho: float, lengths: str, k: int, streams_n: int, arl0: int,
@@ -133,8 +156,9 @@ def delay_cell(rng: np.random.Generator, rho: float, lengths: str, k: int, strea
         a1, c1, r1 = streams.steps(rng, after, P_DROP, k, rho, lengths)
         a, c = np.concatenate([a0, a1]), np.concatenate([c0, c1])
         change = len(a0)
-        d = drift.design_for(a, c, np.concatenate([r0, r1 + r0.max() + 1]), k, BREAK_EVEN, arl0)
-        _, found = drift.detect(a, c, d)
+        req = np.concatenate([r0, r1 + r0.max() + 1])
+        d = drift.design_for(a, c, req, k, BREAK_EVEN, arl0)
+        _, found, _ = drift.detect(a, c, d, drift.REFERENCE_STEPS, drift.redesigner(a, c, req, k, BREAK_EVEN, arl0))
         if any(e.alarm_index < change for e in found):
             early += 1
             continue
@@ -377,25 +401,42 @@ def tables(r: dict) -> str:  # noqa: C901 (one branch per table of the docs)
                    f"L cells below 0.94: {sum(c['coverage_L'] < 0.94 for c in iv)}; alpha cells below 0.94: "
                    f"{sum(c['coverage_alpha'] < 0.94 for c in iv)}\n")
     fa = r["false_alarms"]
+    paired = any("plain" in c for c in fa)  # issue 11's seventh pass: the plain detector on the same streams
     out.append("| correlation | lengths | k | stated | measured steps per false alarm [95% CI] | ratio | steps per "
-               "episode | median h |\n|---|---|---|---|---|---|---|---|")
+               "episode | median h |" + (" plain detector, same streams: ratio [95% CI] |" if paired else "")
+               + "\n|---|---|---|---|---|---|---|---|" + ("---|" if paired else ""))
     for c in fa:
         shape = " (two-point)" if c.get("shape") == "two-point" else ""
+        plain = (f" {c['plain']['ratio_to_stated']:.2f} [{c['plain']['ci95'][0] / c['stated']:.2f}, "
+                 f"{c['plain']['ci95'][1] / c['stated']:.2f}] |" if "plain" in c else " |" if paired else "")
         out.append(f"| {c['rho']} | {c['lengths']}{shape} | {c['k']} | {c['stated']:,} | "
                    f"{c['steps_per_false_alarm']:,.0f} "
                    f"[{c['ci95'][0]:,.0f}, {c['ci95'][1]:,.0f}] | {c['ratio_to_stated']:.2f} | "
-                   f"{c.get('steps_per_episode', float('nan')):,.0f} | {c['median_h']:.1f} |")
+                   f"{c.get('steps_per_episode', float('nan')):,.0f} | {c['median_h']:.1f} |{plain}")
     for stated, shape in ((2000, "beta"), (20_000, "beta"), (2000, "two-point")):
         cells = [c for c in fa if c["stated"] == stated and c.get("shape", "beta") == shape]
-        if cells:
-            ratios = [c["ratio_to_stated"] for c in cells]
+        plain = [c["plain"] for c in cells if "plain" in c]
+        for name, view in (("", cells), ("plain detector, same streams: ", plain)):
+            if not view:
+                continue
+            ratios = [c["ratio_to_stated"] for c in view]
             inside = sum(0.8 <= x <= 1.25 for x in ratios)
-            ci_inside = sum(c["ci95"][0] <= 1.25 * stated and c["ci95"][1] >= 0.8 * stated for c in cells)
-            episodes = [c["steps_per_episode"] / stated for c in cells]
-            out.append(f"\nstated {stated:,}, {shape} request acceptance: ratio {min(ratios):.2f} to "
+            ci_inside = sum(c["ci95"][0] <= 1.25 * stated and c["ci95"][1] >= 0.8 * stated for c in view)
+            episodes = f"; counted as episodes {min(c['steps_per_episode'] / stated for c in view):.2f} to " \
+                       f"{max(c['steps_per_episode'] / stated for c in view):.2f}" if not name else ""
+            out.append(f"\n{name}stated {stated:,}, {shape} request acceptance: ratio {min(ratios):.2f} to "
                        f"{max(ratios):.2f} (mean {np.mean(ratios):.2f}); "
-                       f"{inside} of {len(cells)} cells within 0.8-1.25; {ci_inside} whose 95% CI meets the band; "
-                       f"counted as episodes {min(episodes):.2f} to {max(episodes):.2f}")
+                       f"{inside} of {len(view)} cells within 0.8-1.25; {ci_inside} whose 95% CI meets the band"
+                       + episodes)
+    grown = [c for c in fa if "h_by_reference" in c]
+    if grown:
+        out.append("\n| correlation | lengths | k | stated | h over the windows, median (sd), by reference size "
+                   "|\n|---|---|---|---|---|")
+        for c in grown:
+            shape = " (two-point)" if c.get("shape") == "two-point" else ""
+            out.append(f"| {c['rho']} | {c['lengths']}{shape} | {c['k']} | {c['stated']:,} | " + "; ".join(
+                f"{int(size):,}: {v['median']:.1f} ({v['sd']:.1f}, {v['windows']} windows)"
+                for size, v in c["h_by_reference"].items()) + " |")
     if r["delays"]:
         out.append("\n| correlation | lengths | k | stated | streams | alarmed in the 3,000 steps before the change | "
                    "mean delay (se) | median delay | mean abs change-time error | median error | truth in likely "

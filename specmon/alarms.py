@@ -73,7 +73,8 @@ class AlarmEvent:
             text += "; it coincides with the " + " and the ".join(e.describe() for e in self.near)
         return (text + f"; CUSUM alarm at {self.alarm_ts:%Y-%m-%d %H:%M} UTC, {self.alarms} alarm(s) to "
                 f"{self.last_alarm_ts:%Y-%m-%d %H:%M} UTC{' and still open' if self.open else ''}; threshold "
-                f"h = {self.design.h:.2f} for one false alarm per {self.design.arl0_steps:,} {self.design.unit}")
+                f"h = {self.design.h:.2f} for one false alarm per {self.design.arl0_steps:,} {self.design.unit}, "
+                f"calibrated on the first {self.design.reference:,} {self.design.unit}")
 
 
 @dataclass(frozen=True)
@@ -304,7 +305,10 @@ def whole_stream_drift(store: Store, run: str, stream: Stream, c: float | None, 
     if design is None:
         return RunDrift(run, None, [], changes, empty, stream.unit, "the reference window has no checked positions",
                         notes)
-    w, raw = drift.detect(stream.accepted, stream.checked, design, reference)
+    # a step log's reference grows at the checkpoints; engine windows keep their first 30 (docs/drift.md)
+    grow = drift.redesigner(stream.accepted, stream.checked, stream.cluster, stream.k, break_even, arl0_steps,
+                            stream.unit, threshold) if stream.unit == "steps" else None
+    w, raw, designs = drift.detect(stream.accepted, stream.checked, design, reference, grow)
     found = []
     for a in raw:
         lo, hi = _when(stream.ts_us[a.change_lo]), _when(stream.ts_us[a.change_hi])
@@ -317,8 +321,8 @@ def whole_stream_drift(store: Store, run: str, stream: Stream, c: float | None, 
         found.append(AlarmEvent(run, template, _when(stream.ts_us[a.change_index]), _when(stream.ts_us[a.alarm_index]),
                                 _when(stream.ts_us[a.last_alarm_index]), a.count,
                                 bool(len(w) - a.last_alarm_index <= drift.EPISODE_GAP), a.alpha_before,
-                                a.alpha_after, design, break_even, lo, hi, near))
-    return RunDrift(run, design, found, changes, _chart_frame(*drift_state.chart_points(stream.ts_us, w)),
+                                a.alpha_after, a.design or design, break_even, lo, hi, near))
+    return RunDrift(run, designs[-1][1], found, changes, _chart_frame(*drift_state.chart_points(stream.ts_us, w)),
                     stream.unit, None, notes)
 
 
@@ -352,8 +356,9 @@ def _step_drift(store: Store, run: str, c: float | None, arl0_steps: int, notes:
         near = tuple(ev for ev in events if after < ev.ts <= hi)
         in_force = [ev for ev in events if ev.ts <= change_ts]
         template = in_force[-1].template if in_force else names[e.segment]
+        used = state.designs[e.design][1] if state.designs else design
         found.append(AlarmEvent(run, template, change_ts, _when(e.ts_us["alarm"]), _when(e.ts_us["last"]), e.count,
-                                bool(state.points - e.last <= drift.EPISODE_GAP), design.p0, e.alpha_after, design,
+                                bool(state.points - e.last <= drift.EPISODE_GAP), used.p0, e.alpha_after, used,
                                 break_even, _when(e.ts_us["lo"]), hi, near))
     chart = _chart_frame(np.array([p[0] for p in state.chart], dtype=np.int64),
                          np.array([p[1] for p in state.chart], dtype=float))
@@ -390,9 +395,12 @@ def _current_state(cur, path: tuple, run: str, ids: list[int], total: int, k: in
     """The detector's state after every stored step: a kept one of this design advanced by the steps after its
     last point, where it still describes the stream, else built from every step. None if the reference has no
     checked positions."""
+    redesign = functools.partial(_redesign, cur, ids, k, break_even, arl0_steps, kept)
     for state in drift_state.load_states(cur, path, run):
-        p1 = drift.target_p1(state.design.p0, break_even)
-        if state.design_key != drift_state.design_key(p1, arl0_steps):
+        # every design in force (the reference's, then each checkpoint's) must watch for the p1 asked for now
+        designs = [d for _, d in state.designs] or [state.design]
+        if state.design_key != drift_state.design_key(drift.target_p1(designs[0].p0, break_even), arl0_steps) or any(
+                d.p1 != drift.target_p1(d.p0, break_even) for d in designs):
             continue
         if state.points != total:
             # a state of fewer points than the reference would change its reference; steps that arrived before its
@@ -400,10 +408,11 @@ def _current_state(cur, path: tuple, run: str, ids: list[int], total: int, k: in
             if state.points < drift.REFERENCE_STEPS or state.points + drift_state.count_after(
                     cur, ids, state.last_key) != total:
                 continue
-            state = _advance_all(cur, ids, state)
+            state = _advance_all(cur, ids, state, redesign)
             kept.changed = True
-        if state.design.k != k:
-            state = replace(state, design=replace(state.design, k=k))
+        if any(d.k != k for d in [state.design, *(d for _, d in state.designs)]):
+            state = replace(state, design=replace(state.design, k=k),
+                            designs=[[t, replace(d, k=k)] for t, d in state.designs])
             kept.changed = True
         kept.state = state
         return state
@@ -416,7 +425,7 @@ def _current_state(cur, path: tuple, run: str, ids: list[int], total: int, k: in
         return None
     fresh = State(drift_state.design_key(design.p1, arl0_steps),
                   drift_state.reference_hash(first.take(0, drift.REFERENCE_STEPS)), design)
-    kept.state = _advance_all(cur, ids, drift_state.advance(fresh, first, _never, _never))
+    kept.state = _advance_all(cur, ids, drift_state.advance(fresh, first, _never, _never, redesign), redesign)
     kept.changed = True
     return kept.state
 
@@ -425,7 +434,17 @@ def _never(*_: object) -> NoReturn:
     raise AssertionError("a state built from the first point has nothing taken in before")
 
 
-def _advance_all(cur, ids: list[int], state: State) -> State:
+def _redesign(cur, ids: list[int], k: int, break_even: float | None, arl0_steps: int, kept: _Kept,
+              c: int) -> drift.Design:
+    """The design calibrated on the run's first c steps (a checkpoint of the kept state), its threshold stored."""
+    head = drift_state.read_points(cur, ids, limit=c, before_us=next(drift_state.chunk_ends(cur, ids, None, c)))
+    design = drift.design_for(head.accepted, head.checked, head.cluster, k, break_even, arl0_steps, c, unit="steps",
+                              threshold=drift_state.stored_threshold(cur, kept.calibrations))
+    assert design is not None, "a reference that holds the first one has checked positions"
+    return design
+
+
+def _advance_all(cur, ids: list[int], state: State, redesign: Callable[[int], drift.Design]) -> State:
     """The state advanced by every stored step after its last point, read about CHUNK_POINTS at a time (memory
     stays bounded however long the run)."""
     limit = drift_state.CHUNK_POINTS
@@ -433,7 +452,7 @@ def _advance_all(cur, ids: list[int], state: State) -> State:
         while True:
             new = drift_state.read_points(cur, ids, after=state.last_key, limit=limit, before_us=before_us)
             state = drift_state.advance(state, new, functools.partial(_older, cur, ids, state.last_key),
-                                        functools.partial(drift_state.segment_before, cur, ids))
+                                        functools.partial(drift_state.segment_before, cur, ids), redesign)
             if len(new) < limit:
                 break
     return state

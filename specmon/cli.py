@@ -237,7 +237,8 @@ def cmd_check(args: argparse.Namespace) -> int:
                         "alarm_ts": a.alarm_ts.isoformat(), "last_alarm_ts": a.last_alarm_ts.isoformat(),
                         "alarms": a.alarms, "open": a.open, "alpha_before": a.alpha_before,
                         "alpha_after": a.alpha_after, "p0": a.design.p0, "p1": a.design.p1, "h": a.design.h,
-                        "false_alarm_steps": a.design.arl0_steps} for a in found],
+                        "false_alarm_steps": a.design.arl0_steps, "reference_points": a.design.reference}
+                       for a in found],
             "template_changes": [{"run": ch.run, "template": ch.template, "previous": ch.previous,
                                   "first_ts": ch.first_ts.isoformat(), "verdict": ch.comparison.verdict,
                                   "z": ch.comparison.z, "alpha_before": ch.comparison.before.estimate,

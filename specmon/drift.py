@@ -12,7 +12,9 @@ reference window (calibrate): its clusters resampled for their sizes, a cluster 
 distribution of cluster acceptance the reference implies (nonparametric maximum likelihood, smoothed), and points
 drawn to match it (steps from the reference's per-position profile shifted to that acceptance; windows binomial),
 until the simulated number of points per false alarm of the restarted CUSUM (every re-alarm counted) is the one
-asked for. Pure numpy; no I/O.
+asked for. A threshold follows the luck of its reference, and the alarm rate is convex in h, so for a step log the
+reference then grows (watch): p0, p1 and h are calibrated again on the first 2, 4, 8 and 16 x REFERENCE_STEPS points
+at checkpoints taken outside alarm episodes. Pure numpy; no I/O.
 """
 from __future__ import annotations
 
@@ -32,6 +34,10 @@ DEFAULT_DELTA = 0.10  # the drop to watch for when break-even is unknown or alre
 # how well they picture the in-control process, so more is better, at the price of watching later; docs/drift.md
 # has what 2,000 steps (about 100 requests of 20 steps) give.
 REFERENCE_STEPS = 2_000
+# The reference then grows (a self-starting design): the threshold is calibrated again on the first 2, 4, 8 and 16 x
+# REFERENCE_STEPS points (docs/math.md, "Drift", "Self-starting"), so the luck of one short reference fades as the
+# run grows.
+CHECKPOINT_GROWTH = 16
 # An engine window (a log interval or a scrape) already batches many drafts: 30 of them (five minutes of vLLM's
 # 10-second log lines) make the reference of a run of engine windows, so a rollout soon after a start is watched.
 REFERENCE_WINDOWS = 30
@@ -47,7 +53,7 @@ MIXING_GRID = 100  # points of the grid of cluster acceptance (_Mixing)
 MIXING_ITERATIONS = 40  # EM iterations per group, from the whole reference's fit (10 x as many)
 # Raised whenever calibrate gives another threshold for the same input, so thresholds kept in a database
 # (specmon.drift_state) are calibrated again rather than reused.
-CALIBRATION_VERSION = 5
+CALIBRATION_VERSION = 6
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,7 @@ class Design:
     k: int
     clusters: int = 0
     unit: str = "steps"
+    reference: int = 0  # points it was calibrated on (the first of the stream)
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,7 @@ class Alarm:
     alpha_after: float  # acceptance from the estimated change to the last alarm
     change_lo: int = 0  # the change's likely range of start points (CHANGE_RANGE_DROP)
     change_hi: int = 0
+    design: Design | None = None  # the design in force at the alarm
 
 
 def llr_weights(p0: float, p1: float) -> tuple[float, float]:
@@ -517,7 +525,85 @@ def design_for(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, 
     h = (threshold or _calibrate_cached)(a, n, ref_clusters, p0, p1, arl0_steps)
     per_a, per_n = _cluster_sums(a, n, ref_clusters)
     iv = stats.cluster_robust_interval(per_a, per_n)
-    return Design(p0, p1, float(h), arl0_steps, float(iv.design_effect), int(k), len(per_n), unit)
+    return Design(p0, p1, float(h), arl0_steps, float(iv.design_effect), int(k), len(per_n), unit, len(a))
+
+
+def redesigner(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, k: int, break_even: float | None,
+               arl0_steps: int = DEFAULT_ARL0_STEPS, unit: str = "steps",
+               threshold: Callable[..., float] | None = None) -> Callable[[int], Design]:
+    """For a stream held whole: the design calibrated on its first c points, for watch's checkpoints."""
+    def redesign(c: int) -> Design:
+        design = design_for(accepted, checked, clusters, k, break_even, arl0_steps, c, unit=unit, threshold=threshold)
+        assert design is not None, "a reference that holds the first one has checked positions"
+        return design
+    return redesign
+
+
+def checkpoints(reference_steps: int) -> list[int]:
+    """The reference sizes at which the threshold is calibrated again: 2, 4, ... CHECKPOINT_GROWTH x the first."""
+    return [reference_steps * 2 ** j for j in range(1, CHECKPOINT_GROWTH.bit_length())]
+
+
+@dataclass(frozen=True)
+class Watch:
+    """Where a self-starting CUSUM stands after a point: the design in force, W there, the latest alarm's index,
+    the next checkpoint (a reference size; None once the reference has stopped growing) and the first reference's
+    size (which sets the checkpoints)."""
+
+    design: Design
+    w: float = 0.0
+    last_alarm: int = -EPISODE_GAP - 1
+    checkpoint: int | None = None
+    first: int = REFERENCE_STEPS
+
+    @staticmethod
+    def start(design: Design, self_starting: bool = True) -> Watch:
+        """The watch right after the reference: the first checkpoint ahead where the reference grows."""
+        ahead = checkpoints(design.reference) if self_starting else []
+        return Watch(design, checkpoint=ahead[0] if ahead else None, first=design.reference)
+
+
+def watch(accepted: np.ndarray, checked: np.ndarray, base: int, state: Watch,
+          redesign: Callable[[int], Design]) -> tuple[np.ndarray, list[int], Watch, list[tuple[int, Design]]]:
+    """The self-starting CUSUM over points base, base + 1, ... (accepted and checked of those points), from
+    `state`: W, the alarm indices, the state after the last point, and the checkpoints taken as (index, design).
+
+    The CUSUM restarts after every alarm. A checkpoint c is taken at the first point t >= c that lies outside any
+    alarm episode (no alarm among the EPISODE_GAP points before it): from t on the design is redesign(c'), calibrated
+    on the first c' points, c' the largest checkpoint <= t, and W restarts at 0. So every in-control point joins the
+    reference (which points come in does not depend on the alarms, so the reference is not selected for calm
+    stretches), while a drop that keeps alarming never does: a lasting drop defers the checkpoint for as long as it
+    lasts. Cutting the points anywhere and calling this on the pieces in turn gives what one call gives."""
+    m = len(accepted)
+    w = np.zeros(m)
+    alarms: list[int] = []
+    taken: list[tuple[int, Design]] = []
+    design, carry, last, ahead = state.design, state.w, state.last_alarm, state.checkpoint
+    pos = 0  # relative to base
+    while True:
+        target = None if ahead is None else max(ahead, last + EPISODE_GAP + 1) - base
+        stop = m if target is None else min(m, target)
+        if stop > pos:
+            wa, wr = llr_weights(design.p0, design.p1)
+            a = np.asarray(accepted[pos:stop], dtype=float)
+            x = a * wa + (np.asarray(checked[pos:stop], dtype=float) - a) * wr
+            seg, raw = cusum_increments(x, design.h, carry)
+            w[pos:stop] = seg
+            carry = 0.0 if raw and raw[-1] == len(x) - 1 else float(seg[-1])
+            alarms += [int(base + pos + r) for r in raw]
+            if raw:
+                last = alarms[-1]
+            pos = stop
+            continue  # an alarm may have moved the checkpoint on
+        if target is None or pos < target:
+            break
+        grown = [c for c in checkpoints(state.first) if c <= base + pos]
+        design = redesign(grown[-1])
+        taken.append((int(base + pos), design))
+        carry = 0.0
+        later = [c for c in checkpoints(state.first) if c > base + pos]
+        ahead = later[0] if later else None
+    return w, alarms, Watch(design, carry, last, ahead, state.first), taken
 
 
 def change_point(accepted: np.ndarray, checked: np.ndarray, p0: float, start: int, end: int,
@@ -546,12 +632,18 @@ def change_point(accepted: np.ndarray, checked: np.ndarray, p0: float, start: in
 
 
 def detect(accepted: np.ndarray, checked: np.ndarray, design: Design,
-           reference_steps: int = REFERENCE_STEPS) -> tuple[np.ndarray, list[Alarm]]:
-    """Run the CUSUM after the reference window; indices are positions in the whole stream. An alarm within
-    EPISODE_GAP points of the previous alarm continues that episode. Each episode's change is dated by maximum
-    likelihood over the points since the previous episode (or the reference) up to its first alarm."""
+           reference_steps: int = REFERENCE_STEPS,
+           redesign: Callable[[int], Design] | None = None
+           ) -> tuple[np.ndarray, list[Alarm], list[tuple[int, Design]]]:
+    """Run the CUSUM after the reference window; indices are positions in the whole stream. With redesign (the
+    design calibrated on the first c points, e.g. redesigner's) the reference grows at the checkpoints (watch);
+    without, the first design watches the whole stream. An alarm within EPISODE_GAP points of the previous alarm
+    continues that episode. Each episode's change is dated by maximum likelihood over the points since the previous
+    episode (or the reference) up to its first alarm, against the p0 of the design in force. Returns W, the
+    episodes and every design in force as (its first point, design): the first, then each checkpoint's."""
     start = min(reference_steps, len(accepted))
-    w, raw = cusum(accepted[start:], checked[start:], design)
+    state = Watch.start(design, redesign is not None)
+    w, raw, _, taken = watch(accepted[start:], checked[start:], start, state, redesign or (lambda c: design))
     episodes: list[list[int]] = []  # [first alarm, last alarm, count]
     for alarm in raw:
         if episodes and alarm - episodes[-1][1] <= EPISODE_GAP:
@@ -562,13 +654,15 @@ def detect(accepted: np.ndarray, checked: np.ndarray, design: Design,
     alarms = []
     since = start
     for first, last, count in episodes:
-        first, last = start + first, start + last
+        # a checkpoint lies outside every episode, so one design holds through each
+        used = next((d for t, d in reversed(taken) if t <= first), design)
         # dated from the points up to the first alarm: fixed from then on, so a watcher sees one episode
-        change, lo, hi = change_point(accepted, checked, design.p0, since, first + 1, design.design_effect)
+        change, lo, hi = change_point(accepted, checked, used.p0, since, first + 1, used.design_effect)
         a, c = accepted[change:last + 1], checked[change:last + 1]
-        alarms.append(Alarm(change, first, last, count, design.p0, float(np.sum(a) / max(np.sum(c), 1)), lo, hi))
+        alarms.append(Alarm(change, first, last, count, used.p0, float(np.sum(a) / max(np.sum(c), 1)), lo, hi,
+                            used))
         since = last + 1
-    return np.concatenate([np.zeros(start), w]), alarms
+    return np.concatenate([np.zeros(start), w]), alarms, [(start, design), *taken]
 
 
 @dataclass(frozen=True)

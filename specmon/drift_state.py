@@ -3,14 +3,16 @@ per run and design, so an analysis reads only the steps stored after the last on
 "Keeping up with the data").
 
 A state holds what the whole-stream analysis (drift.detect over every step in (ts, step_id) order) would know after
-its last point: the CUSUM's W there, the alarm episodes with their dates, each template's first step, running sums,
-and the downsampled W chart. Advancing it by the steps after that point gives what the whole stream gives, to float
-rounding (W is summed from the point it was kept at). It is used only while it still describes the stored stream:
-the run holds exactly the points it took in plus those after its last one (else steps arrived earlier than that
-point, and the state is built again from every step), and its design is the one asked for (false-alarm rate, p1,
-calibration and state versions; the reference is fixed once 2,000 steps are in, and an earlier step changes the
-count). Calibrated thresholds are stored too, keyed by the reference's points, p0, p1, the false-alarm rate and
-drift.CALIBRATION_VERSION, so a fresh process does not calibrate again.
+its last point: the CUSUM's W there, every design in force so far (the first reference's and each checkpoint's of
+the self-starting design, drift.watch) with the next checkpoint, the alarm episodes with their dates, each
+template's first step, running sums, and the downsampled W chart. Advancing it by the steps after that point gives
+what the whole stream gives, to float rounding (W is summed from the point it was kept at). It is used only while it
+still describes the stored stream: the run holds exactly the points it took in plus those after its last one (else
+steps arrived earlier than that point, and the state is built again from every step), and its design is the one
+asked for (false-alarm rate, p1, calibration and state versions; the first reference is fixed once 2,000 steps are
+in, each checkpoint's once its steps are, and an earlier step changes the count). Calibrated thresholds are stored
+too, keyed by the reference's points, p0, p1, the false-alarm rate and drift.CALIBRATION_VERSION, so a fresh process
+does not calibrate again (a checkpoint's reference is one more key).
 
 States are saved after an analysis, in a short write that is skipped when another process holds the database (the
 state is a cache: the next analysis advances from the older one), and kept in this process meanwhile.
@@ -33,7 +35,7 @@ from specmon import drift
 from specmon.faults import SpecmonError
 from specmon.store import Store
 
-STATE_VERSION = 1  # raised when what a state holds or means changes: older states are then rebuilt
+STATE_VERSION = 2  # raised when what a state holds or means changes: older states are then rebuilt
 SAVE_TIMEOUT_S = 0.2  # how long saving a state may wait for the database before it is skipped
 STATES_PER_RUN = 4  # designs kept per run (another c or false-alarm rate is another design)
 CHART_POINTS = 2000  # the W chart's rows at most
@@ -88,6 +90,7 @@ class Episode:
     through_last: tuple[float, float]  # ... through `last`
     ts_us: dict[str, int]  # change, alarm, last, lo, hi, after (the point before lo)
     segment: int  # the segment of the point at `change`
+    design: int = 0  # the design in force (an index into State.designs)
 
     @property
     def alpha_after(self) -> float:
@@ -105,7 +108,11 @@ class State:
     totals: tuple[float, float] = (0.0, 0.0)  # accepted, checked over every point taken in
     # per segment in order of first appearance: [segment, ts_us, step_id, segment of the last earlier point or None]
     firsts: list[list] = field(default_factory=list)
-    carry: float = 0.0  # W to continue from (0 after an alarm)
+    carry: float = 0.0  # W to continue from (0 after an alarm or a checkpoint)
+    last_alarm: int = -drift.EPISODE_GAP - 1  # the latest alarm's index
+    checkpoint: int | None = None  # the next reference size the threshold is calibrated again at (drift.watch)
+    # every design in force so far, [the index of its first point, design]: the reference's, then the checkpoints'
+    designs: list[list] = field(default_factory=list)
     episodes: list[Episode] = field(default_factory=list)
     # where the next episode's change is dated from: its index, key (None: the next point), the sums before it and
     # the time of the point before it
@@ -126,6 +133,7 @@ class State:
     def from_json(text: str) -> State:
         d = json.loads(text)
         d["design"] = drift.Design(**d["design"])
+        d["designs"] = [[t, drift.Design(**x)] for t, x in d["designs"]]
         d["episodes"] = [Episode(**{**e, "before_change": tuple(e["before_change"]),
                                     "through_last": tuple(e["through_last"])}) for e in d["episodes"]]
         for name in ("last_key", "totals", "since_sums"):
@@ -242,18 +250,19 @@ def request_sums(cur: duckdb.DuckDBPyConnection, segments: Sequence[int], lo_us:
 
 # -- advancing -----------------------------------------------------------------------------------------------------
 def advance(state: State, new: Points, older: Callable[[int, tuple[int, int]], Points],
-            before: Callable[[int], int | None]) -> State:
+            before: Callable[[int], int | None], redesign: Callable[[int], drift.Design]) -> State:
     """The state after the points `new`, which follow the state's last point in stream order. older(since, key)
     gives the points taken in already from index `since` (at `key`) on, for dating a change that began before
-    `new`; before(ts) the segment of the last point before ts. A state with fewer points than the reference takes
-    new points only from scratch (the reference, and with it the design, would change)."""
+    `new`; before(ts) the segment of the last point before ts; redesign(c) the design calibrated on the stream's
+    first c points (a checkpoint, drift.watch). A state with fewer points than the reference takes new points only
+    from scratch (the reference, and with it the design, would change)."""
     base, m = state.points, len(new)
     if not m:
         return state
     if 0 < base < drift.REFERENCE_STEPS:
         raise ValueError("a state with an incomplete reference is rebuilt, not advanced")
     s = replace(state, firsts=[list(f) for f in state.firsts], episodes=list(state.episodes),
-                chart=[list(c) for c in state.chart], verdicts=None)
+                chart=[list(c) for c in state.chart], designs=[list(d) for d in state.designs], verdicts=None)
     _take_firsts(s, new, before)
     cum_a = s.totals[0] + np.cumsum(new.accepted)
     cum_n = s.totals[1] + np.cumsum(new.checked)
@@ -264,14 +273,18 @@ def advance(state: State, new: Points, older: Callable[[int, tuple[int, int]], P
         s.since, s.since_key = reference, new.key(skip) if skip < m else None
         s.since_sums = (float(cum_a[skip - 1]), float(cum_n[skip - 1]))
         s.since_prev_ts = int(new.ts_us[skip - 1])
+        start = drift.Watch.start(s.design)
+        s.designs, s.checkpoint = [[reference, s.design]], start.checkpoint
     if skip < m:
-        wa, wr = drift.llr_weights(s.design.p0, s.design.p1)
-        x = new.accepted[skip:] * wa + (new.checked[skip:] - new.accepted[skip:]) * wr
-        w_tail, raw = drift.cusum_increments(x, s.design.h, s.carry)
+        at = drift.Watch(s.design, s.carry, s.last_alarm, s.checkpoint, reference)
+        w_tail, raw, at, taken = drift.watch(new.accepted[skip:], new.checked[skip:], base + skip, at, redesign)
         w[skip:] = w_tail
-        s.carry = 0.0 if raw and raw[-1] == len(x) - 1 else float(w_tail[-1])
         for alarm in raw:
-            _take_alarm(s, base + skip + alarm, new, base, cum_a, cum_n, older)
+            # the design in force: the last one taken at or before the alarm
+            in_force = len(s.designs) - 1 + sum(t <= alarm for t, _ in taken)
+            _take_alarm(s, alarm, new, base, cum_a, cum_n, older, in_force, (s.designs + taken)[in_force][1])
+        s.designs += [[t, d] for t, d in taken]
+        s.design, s.carry, s.last_alarm, s.checkpoint = at.design, at.w, at.last_alarm, at.checkpoint
     _chart_add(s, new.ts_us, w)
     s.points = base + m
     s.last_key, s.last_segment = new.key(m - 1), int(new.segment_id[-1])
@@ -301,7 +314,7 @@ def _take_firsts(s: State, new: Points, before: Callable[[int], int | None]) -> 
 
 
 def _take_alarm(s: State, g: int, new: Points, base: int, cum_a: np.ndarray, cum_n: np.ndarray,
-                older: Callable[[int, tuple[int, int]], Points]) -> None:
+                older: Callable[[int, tuple[int, int]], Points], index: int, design: drift.Design) -> None:
     """Alarm at stream index g (in `new`): it continues the last episode or opens one, dated as drift.detect does."""
     i = g - base
     through = (float(cum_a[i]), float(cum_n[i]))
@@ -315,8 +328,8 @@ def _take_alarm(s: State, g: int, new: Points, base: int, cum_a: np.ndarray, cum
             span = Points.join(older(s.since, s.since_key), new.take(0, i + 1))
         else:
             span = new.take(s.since - base, i + 1)
-        change, lo, hi = (s.since + v for v in drift.change_point(span.accepted, span.checked, s.design.p0, 0,
-                                                                   len(span), s.design.design_effect))
+        change, lo, hi = (s.since + v for v in drift.change_point(span.accepted, span.checked, design.p0, 0,
+                                                                   len(span), design.design_effect))
         ts = span.ts_us
         prior = change - s.since
         before_change = (s.since_sums[0] + float(np.sum(span.accepted[:prior])),
@@ -325,7 +338,7 @@ def _take_alarm(s: State, g: int, new: Points, base: int, cum_a: np.ndarray, cum
         s.episodes.append(Episode(g, g, 1, change, lo, hi, before_change, through, {
             "change": int(ts[change - s.since]), "alarm": int(new.ts_us[i]), "last": int(new.ts_us[i]),
             "lo": int(ts[lo - s.since]), "hi": int(ts[hi - s.since]), "after": after_ts},
-            int(span.segment_id[change - s.since])))
+            int(span.segment_id[change - s.since]), index))
     s.since = g + 1
     s.since_key = new.key(i + 1) if i + 1 < len(new) else None
     s.since_sums = through

@@ -51,7 +51,7 @@ def test_a_drop_below_break_even_is_found_and_dated_by_maximum_likelihood():
     a, c = np.concatenate([before_a, after_a]), np.concatenate([before_c, after_c])
     req = np.concatenate([before_r, after_r + before_r.max() + 1])
     design = drift.design_for(a, c, req, K, P1, 20_000)
-    _, found = drift.detect(a, c, design)
+    _, found, _ = drift.detect(a, c, design)
     after = [e for e in found if e.last_alarm_index >= 5000]
     assert len(after) == 1 and len(found) <= 2  # (a false alarm before the change is possible, not likely)
     episode = after[0]

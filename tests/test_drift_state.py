@@ -115,6 +115,10 @@ def test_pieces_in_order_advance_the_kept_state_and_match_the_whole_stream(store
         # saved, and advanced rather than duplicated
         assert kept_points(store, "prod") == ([total] if i < 3 else [cuts[4], total] if i > 3 else [total, total])
     assert total > 2 * drift.REFERENCE_STEPS and len(result.alarms) >= 2, [a.describe() for a in result.alarms]
+    # the reference grew at the 4,000-step checkpoint (taken at step 4,708, once the first episode was over, inside
+    # the piece 4,100-5,000): the second drop alarms under that design; the 8,000-step one waits behind its alarms
+    assert [a.design.reference for a in result.alarms] == [drift.REFERENCE_STEPS, 2 * drift.REFERENCE_STEPS]
+    assert result.design.reference == 2 * drift.REFERENCE_STEPS
     assert any(ch.template == "c" for ch in result.changes)
     compare(store, "prod", c=0.2)  # the second design advances over three pieces at once
 

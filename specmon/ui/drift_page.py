@@ -5,6 +5,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
+from specmon import drift
 from specmon.settings import BUCKETS
 from specmon.ui import data
 from specmon.ui.widgets import EMPTY, STATUS_BADGE, STATUS_COLOURS, demo_banner, guarded, md_text
@@ -91,10 +92,16 @@ def render() -> None:
                 "still applies.")
     else:
         d = result.design
+        grown = (f" The reference grows with the run: p0, p1 and h are calibrated again on the first "
+                 f"{', '.join(f'{c:,}' for c in drift.checkpoints(drift.REFERENCE_STEPS))} steps as the run reaches "
+                 "them (each once no alarm has come for 1,000 steps; the CUSUM restarts there, and the stretches "
+                 "before the last one were watched against their own h)."
+                 if d.unit == "steps" else "")
         st.caption(f"One-sided Bernoulli CUSUM over {d.unit} from the reference acceptance p0 = {d.p0:.3f} (the "
-                   f"run's first {d.unit}) towards p1 = {d.p1:.3f}; threshold h = {d.h:.2f}, calibrated to one false "
-                   f"alarm per {d.arl0_steps:,} {d.unit} by resampling the reference's {d.clusters} "
-                   f"{'requests' if d.unit == 'steps' else 'windows'} (design effect {d.design_effect:.2f}). A drop "
+                   f"run's first {d.reference:,} {d.unit}) towards p1 = {d.p1:.3f}; threshold h = {d.h:.2f} (the "
+                   f"dashed line below), calibrated to one false alarm per {d.arl0_steps:,} {d.unit} by resampling the "
+                   f"reference's {d.clusters:,} {'requests' if d.unit == 'steps' else 'windows'} (design effect "
+                   f"{d.design_effect:.2f}).{grown} A drop "
                    "is dated by maximum likelihood; the shaded band is its likely range, blue dotted lines are "
                    "annotated rollouts (`specmon annotate`), black dashed lines templates first seen in the data.")
     for a in result.alarms:
