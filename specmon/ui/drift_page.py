@@ -94,8 +94,8 @@ def render() -> None:
         d = result.design
         grown = (f" The reference grows with the run: p0, p1 and h are calibrated again on the first "
                  f"{', '.join(f'{c:,}' for c in drift.checkpoints(drift.REFERENCE_STEPS))} steps as the run reaches "
-                 "them (each once no alarm has come for 1,000 steps; the CUSUM restarts there, and the stretches "
-                 "before the last one were watched against their own h)."
+                 f"them (each once no alarm has come for {drift.EPISODE_GAP:,} steps; the CUSUM restarts there, and "
+                 "the stretches before the last one were watched against their own h)."
                  if d.unit == "steps" else "")
         st.caption(f"One-sided Bernoulli CUSUM over {d.unit} from the reference acceptance p0 = {d.p0:.3f} (the "
                    f"run's first {d.reference:,} {d.unit}) towards p1 = {d.p1:.3f}; threshold h = {d.h:.2f} (the "
