@@ -321,7 +321,7 @@ def whole_stream_drift(store: Store, run: str, stream: Stream, c: float | None, 
         found.append(AlarmEvent(run, template, _when(stream.ts_us[a.change_index]), _when(stream.ts_us[a.alarm_index]),
                                 _when(stream.ts_us[a.last_alarm_index]), a.count,
                                 bool(len(w) - a.last_alarm_index <= drift.EPISODE_GAP), a.alpha_before,
-                                a.alpha_after, a.design or design, break_even, lo, hi, near))
+                                a.alpha_after, a.design, break_even, lo, hi, near))
     return RunDrift(run, designs[-1][1], found, changes, _chart_frame(*drift_state.chart_points(stream.ts_us, w)),
                     stream.unit, None, notes)
 

@@ -86,9 +86,9 @@ class Alarm:
     count: int  # alarms in the episode
     alpha_before: float  # acceptance over the reference window
     alpha_after: float  # acceptance from the estimated change to the last alarm
-    change_lo: int = 0  # the change's likely range of start points (CHANGE_RANGE_DROP)
-    change_hi: int = 0
-    design: Design | None = None  # the design in force at the alarm
+    change_lo: int  # the change's likely range of start points (CHANGE_RANGE_DROP)
+    change_hi: int
+    design: Design  # the design in force at the alarm
 
 
 def llr_weights(p0: float, p1: float) -> tuple[float, float]:
