@@ -528,12 +528,13 @@ def design_for(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, 
     return Design(p0, p1, float(h), arl0_steps, float(iv.design_effect), int(k), len(per_n), unit, len(a))
 
 
-def redesigner(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, k: int, break_even: float | None,
-               arl0_steps: int = DEFAULT_ARL0_STEPS, unit: str = "steps",
+def redesigner(head: Callable[[int], tuple[np.ndarray, np.ndarray, np.ndarray]], k: int,
+               break_even: float | None, arl0_steps: int = DEFAULT_ARL0_STEPS, unit: str = "steps",
                threshold: Callable[..., float] | None = None) -> Callable[[int], Design]:
-    """For a stream held whole: the design calibrated on its first c points, for watch's checkpoints."""
+    """watch's redesign: the design calibrated on a stream's first c points (a checkpoint), head(c) giving accepted,
+    checked and clusters of at least those (a stream held whole gives all of it; a kept state reads them back)."""
     def redesign(c: int) -> Design:
-        design = design_for(accepted, checked, clusters, k, break_even, arl0_steps, c, unit=unit, threshold=threshold)
+        design = design_for(*head(c), k, break_even, arl0_steps, c, unit=unit, threshold=threshold)
         assert design is not None, "a reference that holds the first one has checked positions"
         return design
     return redesign
