@@ -412,28 +412,30 @@ class _StepProcess:
         self.steps = np.bincount(inverse, minlength=n_requests)[pool]
         self.lengths = _Lengths(self.steps)
 
-    def _acceptance(self, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per-token acceptance of a step at each theta, its derivative in theta, and P(exactly j accepted), one
-        row per theta."""
-        q = 1 / (1 + np.exp(-(self.profile[None, :] + theta[:, None])))
-        reach = np.concatenate([np.ones((len(theta), 1)), np.cumprod(q, axis=1)], axis=1)  # P(accept >= j)
-        weight = reach.copy()
-        weight[:, :-1] *= 1 - q  # P(exactly j accepted) for j < k
-        # E accepted = sum_{j>=1} P(accept >= j); E checked = 1 + sum_{j<k, j>=1} P(accept >= j); d/dtheta of
-        # P(accept >= j) = P(accept >= j) sum_{i<=j} (1 - q_i)
-        slope = reach[:, 1:] * np.cumsum(1 - q, axis=1)
-        acc, chk = reach[:, 1:].sum(axis=1), 1 + reach[:, 1:-1].sum(axis=1)
-        d_acc, d_chk = slope.sum(axis=1), slope[:, :-1].sum(axis=1)
-        return acc / chk, (d_acc * chk - acc * d_chk) / chk ** 2, weight
+    def _accept(self, theta: np.ndarray) -> np.ndarray:
+        """q_i(theta), the chance of accepting position i when all before were: a row per position, a column per
+        theta (so the products over positions run down short columns, vectorised across thetas)."""
+        return 1 / (1 + np.exp(-(self.profile[:, None] + theta[None, :])))
+
+    def _acceptance(self, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per-token acceptance of a step at each theta, and its derivative in theta."""
+        q = self._accept(theta)
+        reach = np.cumprod(q, axis=0)  # P(a step accepts at least j positions), j = 1..k
+        # E accepted = sum_{j>=1} P(accept >= j), E checked = 1 + sum_{1<=j<k} P(accept >= j), and
+        # d/dtheta P(accept >= j) = P(accept >= j) sum_{i<=j} (1 - q_i)
+        slope = reach * np.cumsum(1 - q, axis=0)
+        acc, chk = reach.sum(axis=0), 1 + reach[:-1].sum(axis=0)
+        d_acc, d_chk = slope.sum(axis=0), slope[:-1].sum(axis=0)
+        return acc / chk, (d_acc * chk - acc * d_chk) / chk ** 2
 
     def _tilt(self, rates: np.ndarray) -> np.ndarray:
-        """The cumulative probabilities of a step's kinds at the theta whose per-token acceptance is each r."""
+        """P(a step accepts at most j positions), j = 0..k-1 (a row each, a column per r), at the theta whose per-token
+        acceptance is each r: interpolated on TILT_GRID, then one Newton step (the rate is smooth in theta, so the
+        interpolation's error of about 1e-4 falls to about 1e-8)."""
         theta = np.interp(rates, self.tilt_rate, TILT_GRID)
-        for _ in range(2):
-            rate, slope, _ = self._acceptance(theta)
-            theta = np.clip(theta + (rates - rate) / np.maximum(slope, 1e-12), TILT_GRID[0], TILT_GRID[-1])
-        weight = self._acceptance(theta)[2]
-        return np.cumsum(weight / weight.sum(axis=1, keepdims=True), axis=1)
+        rate, slope = self._acceptance(theta)
+        theta = np.clip(theta + (rates - rate) / np.maximum(slope, 1e-12), TILT_GRID[0], TILT_GRID[-1])
+        return 1 - np.cumprod(self._accept(theta), axis=0)
 
     def draw(self, rng: np.random.Generator, n_streams: int, n_points: int) -> tuple[np.ndarray, np.ndarray]:
         """(accepted, checked) of n_streams streams of n_points steps, one a row."""
@@ -443,12 +445,14 @@ class _StepProcess:
             filled = 0
             while filled < n_points:
                 lengths = self.lengths.draw(rng, draws, n_points - filled)
-                cdf = self._tilt(self.rates.draw(rng, draws))
-                row = np.repeat(np.arange(draws), lengths)[:n_points - filled]
+                rates = self.rates.draw(rng, draws)
+                used = min(int(np.searchsorted(np.cumsum(lengths), n_points - filled)) + 1, draws)  # those that fit
+                cdf = self._tilt(rates[:used])
+                row = np.repeat(np.arange(used), lengths[:used])[:n_points - filled]
                 u = rng.random(len(row))
                 kind = np.zeros(len(row), dtype=np.int8)
-                for j in range(cdf.shape[1] - 1):
-                    kind += u > cdf[row, j]
+                for column in cdf:
+                    kind += u > column[row]
                 picked[i, filled:filled + len(row)] = kind
                 filled += len(row)
         return self.kinds[picked, 0], self.kinds[picked, 1]

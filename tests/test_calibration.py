@@ -151,8 +151,8 @@ def test_a_request_drawn_at_r_accepts_r_and_simulated_steps_accept_what_the_refe
     # r, 0.009 above it here
     alpha, rates, process = _reference_process(0.0, 1)
     r = np.linspace(0.05, 0.97, 200)
-    cdf = process._tilt(r)
-    p = np.diff(cdf, prepend=0.0, axis=1)  # P(exactly j accepted), j = 0..k
+    at_most = process._tilt(r).T  # P(at most j accepted), j = 0..k-1, a row per r
+    p = np.diff(at_most, prepend=0.0, append=1.0, axis=1)  # P(exactly j accepted), j = 0..k
     kinds = process.kinds.astype(float)
     assert np.allclose((p @ kinds[:, 0]) / (p @ kinds[:, 1]), r, atol=1e-6)
     pa, pn = process.draw(np.random.default_rng(5), 1, 100_000)
