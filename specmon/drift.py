@@ -392,7 +392,7 @@ class _StepProcess:
     drawn independently from the group's per-position profile shifted to r: position i of a step is checked while all
     before were accepted, and accepted with probability logistic(logit q_i + theta), q_i the group's own rate at
     position i (accepted / checked there), theta the shift whose per-token acceptance is r (interpolated between
-    the points of TILT_GRID, then refined by Newton steps: a draw at the grid point at or above r, as before, made
+    the points of TILT_GRID, then refined by a Newton step: a draw at the grid point at or above r, as before, made
     every request a little easier than its r). So steps keep the shape of real steps (position 1 easier or harder
     than position 4, as the logs have it) at the request's own acceptance; within a request whose positions share
     one rate this is exactly the truncated geometric step. (A tilt of the group's mix of steps, which this replaced,

@@ -145,7 +145,7 @@ def _reference_process(rho: float, seed: int) -> tuple[float, drift._Rates, drif
 
 def test_a_request_drawn_at_r_accepts_r_and_simulated_steps_accept_what_the_reference_did():
     # the tilt is solved for each r, not read off a grid: a step at acceptance r accepts r per checked position (to
-    # 1e-6: two Newton steps from the interpolated theta). Without correlation every request shares one acceptance,
+    # 1e-6: one Newton step from the interpolated theta). Without correlation every request shares one acceptance,
     # so 100,000 simulated steps (about 290,000 checked positions, a standard error of 0.0008) accept the
     # reference's per-token alpha to 0.003; issue 11's seventh pass drew each request at the grid point at or above
     # r, 0.009 above it here
