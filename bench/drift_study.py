@@ -110,8 +110,9 @@ def false_alarm_cell(rng: np.random.Generator, rho: float, lengths: str, k: int,
     for _ in range(windows):
         a, c, req = streams.steps(rng, drift.REFERENCE_STEPS + watched, P0, k, rho, lengths, shape)
         d = drift.design_for(a, c, req, k, BREAK_EVEN, arl0)
+        grow = drift.redesigner(lambda _, held=(a, c, req): held, k, BREAK_EVEN, arl0)
         _, raw, _, taken = drift.watch(a[drift.REFERENCE_STEPS:], c[drift.REFERENCE_STEPS:], drift.REFERENCE_STEPS,
-                                       drift.Watch.start(d), drift.redesigner(a, c, req, k, BREAK_EVEN, arl0))
+                                       drift.Watch.start(d), grow)
         counts["self_starting"].append(len(raw))
         counts["plain"].append(len(drift.cusum(a[drift.REFERENCE_STEPS:], c[drift.REFERENCE_STEPS:], d)[1]))
         episodes += sum(1 for i, t in enumerate(raw) if i == 0 or t - raw[i - 1] > drift.EPISODE_GAP)
@@ -158,7 +159,8 @@ def delay_cell(rng: np.random.Generator, rho: float, lengths: str, k: int, strea
         change = len(a0)
         req = np.concatenate([r0, r1 + r0.max() + 1])
         d = drift.design_for(a, c, req, k, BREAK_EVEN, arl0)
-        _, found, _ = drift.detect(a, c, d, drift.REFERENCE_STEPS, drift.redesigner(a, c, req, k, BREAK_EVEN, arl0))
+        grow = drift.redesigner(lambda _, held=(a, c, req): held, k, BREAK_EVEN, arl0)
+        _, found, _ = drift.detect(a, c, d, drift.REFERENCE_STEPS, grow)
         if any(e.alarm_index < change for e in found):
             early += 1
             continue

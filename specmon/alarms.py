@@ -306,8 +306,8 @@ def whole_stream_drift(store: Store, run: str, stream: Stream, c: float | None, 
         return RunDrift(run, None, [], changes, empty, stream.unit, "the reference window has no checked positions",
                         notes)
     # a step log's reference grows at the checkpoints; engine windows keep their first 30 (docs/drift.md)
-    grow = drift.redesigner(stream.accepted, stream.checked, stream.cluster, stream.k, break_even, arl0_steps,
-                            stream.unit, threshold) if stream.unit == "steps" else None
+    grow = drift.redesigner(lambda c: (stream.accepted, stream.checked, stream.cluster), stream.k, break_even,
+                            arl0_steps, stream.unit, threshold) if stream.unit == "steps" else None
     w, raw, designs = drift.detect(stream.accepted, stream.checked, design, reference, grow)
     found = []
     for a in raw:
@@ -356,7 +356,7 @@ def _step_drift(store: Store, run: str, c: float | None, arl0_steps: int, notes:
         near = tuple(ev for ev in events if after < ev.ts <= hi)
         in_force = [ev for ev in events if ev.ts <= change_ts]
         template = in_force[-1].template if in_force else names[e.segment]
-        used = state.designs[e.design][1] if state.designs else design
+        used = state.designs[e.design][1]
         found.append(AlarmEvent(run, template, change_ts, _when(e.ts_us["alarm"]), _when(e.ts_us["last"]), e.count,
                                 bool(state.points - e.last <= drift.EPISODE_GAP), used.p0, e.alpha_after, used,
                                 break_even, _when(e.ts_us["lo"]), hi, near))
@@ -395,10 +395,12 @@ def _current_state(cur, path: tuple, run: str, ids: list[int], total: int, k: in
     """The detector's state after every stored step: a kept one of this design advanced by the steps after its
     last point, where it still describes the stream, else built from every step. None if the reference has no
     checked positions."""
-    redesign = functools.partial(_redesign, cur, ids, k, break_even, arl0_steps, kept)
+    # a checkpoint's thresholds are stored like the first's
+    redesign = drift.redesigner(functools.partial(_head, cur, ids), k, break_even, arl0_steps, "steps",
+                                drift_state.stored_threshold(cur, kept.calibrations))
     for state in drift_state.load_states(cur, path, run):
         # every design in force (the reference's, then each checkpoint's) must watch for the p1 asked for now
-        designs = [d for _, d in state.designs] or [state.design]
+        designs = [d for _, d in state.designs]
         if state.design_key != drift_state.design_key(drift.target_p1(designs[0].p0, break_even), arl0_steps) or any(
                 d.p1 != drift.target_p1(d.p0, break_even) for d in designs):
             continue
@@ -410,9 +412,8 @@ def _current_state(cur, path: tuple, run: str, ids: list[int], total: int, k: in
                 continue
             state = _advance_all(cur, ids, state, redesign)
             kept.changed = True
-        if any(d.k != k for d in [state.design, *(d for _, d in state.designs)]):
-            state = replace(state, design=replace(state.design, k=k),
-                            designs=[[t, replace(d, k=k)] for t, d in state.designs])
+        if any(d.k != k for _, d in state.designs):
+            state = replace(state, designs=[[t, replace(d, k=k)] for t, d in state.designs])
             kept.changed = True
         kept.state = state
         return state
@@ -424,7 +425,8 @@ def _current_state(cur, path: tuple, run: str, ids: list[int], total: int, k: in
     if design is None:
         return None
     fresh = State(drift_state.design_key(design.p1, arl0_steps),
-                  drift_state.reference_hash(first.take(0, drift.REFERENCE_STEPS)), design)
+                  drift_state.reference_hash(first.take(0, drift.REFERENCE_STEPS)),
+                  designs=[[drift.REFERENCE_STEPS, design]])
     kept.state = _advance_all(cur, ids, drift_state.advance(fresh, first, _never, _never, redesign), redesign)
     kept.changed = True
     return kept.state
@@ -434,14 +436,10 @@ def _never(*_: object) -> NoReturn:
     raise AssertionError("a state built from the first point has nothing taken in before")
 
 
-def _redesign(cur, ids: list[int], k: int, break_even: float | None, arl0_steps: int, kept: _Kept,
-              c: int) -> drift.Design:
-    """The design calibrated on the run's first c steps (a checkpoint of the kept state), its threshold stored."""
+def _head(cur, ids: list[int], c: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The run's first c steps (a checkpoint's reference): accepted, checked and request of each."""
     head = drift_state.read_points(cur, ids, limit=c, before_us=next(drift_state.chunk_ends(cur, ids, None, c)))
-    design = drift.design_for(head.accepted, head.checked, head.cluster, k, break_even, arl0_steps, c, unit="steps",
-                              threshold=drift_state.stored_threshold(cur, kept.calibrations))
-    assert design is not None, "a reference that holds the first one has checked positions"
-    return design
+    return head.accepted, head.checked, head.cluster
 
 
 def _advance_all(cur, ids: list[int], state: State, redesign: Callable[[int], drift.Design]) -> State:

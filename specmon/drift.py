@@ -53,7 +53,7 @@ MIXING_GRID = 100  # points of the grid of cluster acceptance (_Mixing)
 MIXING_ITERATIONS = 40  # EM iterations per group, from the whole reference's fit (10 x as many)
 # Raised whenever calibrate gives another threshold for the same input, so thresholds kept in a database
 # (specmon.drift_state) are calibrated again rather than reused.
-CALIBRATION_VERSION = 6
+CALIBRATION_VERSION = 7
 
 
 @dataclass(frozen=True)
@@ -312,21 +312,26 @@ class _Mixing:
         mean = w @ logit
         cdf = np.cumsum(w)
         iqr = logit[np.searchsorted(cdf, 0.75)] - logit[np.searchsorted(cdf, 0.25)]
-        sd = math.sqrt(max(w @ (logit - mean) ** 2, 0.0))
+        var = max(w @ (logit - mean) ** 2, 0.0)
+        sd = math.sqrt(var)
         spread = min(sd, iqr / 1.34) if iqr > 0 else sd
         b = 0.9 * spread * len(counts) ** -0.2
+        if b <= 0:
+            return _Rates(self.grid, w, 0.0, mean, 1.0, 0.0)
+        # shrink towards the weights' mean so that the kernel keeps their variance on the log-odds scale (Silverman
+        # 1986, 6.4.1): a widening alone would add b^2, simulated requests differing more than the data's
+        scale = 1 / math.sqrt(1 + b * b / var)
+        # the log-odds scale's mean is kept, that of r not quite (the logistic is curved); shift it back (Newton, on
+        # 20 Gauss-Hermite nodes), since the false-alarm rate is steep in the mean acceptance
+        nodes, node_w = np.polynomial.hermite_e.hermegauss(20)
+        node_w = node_w / node_w.sum()
+        target = w @ self.grid
+        base = mean + scale * (logit[:, None] - mean + b * nodes[None, :])
         shift = 0.0
-        if b > 0:
-            # a kernel on the log-odds scale pulls the mean towards 1/2; shift it back (Newton, on 20 Gauss-Hermite
-            # nodes), since the false-alarm rate is steep in the mean acceptance
-            nodes, node_w = np.polynomial.hermite_e.hermegauss(20)
-            node_w = node_w / node_w.sum()
-            target = w @ self.grid
-            base = logit[:, None] + b * nodes[None, :]
-            for _ in range(8):
-                e = 1 / (1 + np.exp(-(base + shift)))
-                shift += (target - w @ e @ node_w) / (w @ (e * (1 - e)) @ node_w)
-        return _Rates(self.grid, w, b, shift)
+        for _ in range(8):
+            e = 1 / (1 + np.exp(-(base + shift)))
+            shift += (target - w @ e @ node_w) / (w @ (e * (1 - e)) @ node_w)
+        return _Rates(self.grid, w, b, mean, scale, shift)
 
     def _em(self, counts: np.ndarray, w: np.ndarray, iterations: int) -> np.ndarray:
         for _ in range(iterations):
@@ -337,23 +342,28 @@ class _Mixing:
 
 @dataclass(frozen=True)
 class _Rates:
-    """Draws of cluster acceptance: a grid value with its weight, moved on the log-odds scale by b z + shift, z
-    standard normal (a kernel with Silverman's bandwidth b from the weights' own spread on that scale and the number
-    of clusters; shift keeps the mean of the weights). The maximum-likelihood weights sit on a few points, inside
-    the range of the clusters' own rates, so they picture the tail of poor clusters, where false alarms come from,
-    as lighter than it is; the kernel spreads each point, and adds nothing where the clusters do not differ
-    (b = 0)."""
+    """Draws of cluster acceptance: a grid value g with its weight, moved on the log-odds scale to
+    center + scale (logit g - center + b z) + shift, z standard normal: a kernel with Silverman's bandwidth b from the
+    weights' own spread on that scale and the number of clusters, shrunk towards the weights' mean `center` by
+    scale = 1 / sqrt(1 + b^2 / s^2) (s^2 the weights' variance there) so that the draws keep that variance, and
+    shift keeping the mean of r. The maximum-likelihood weights sit on a few points inside the range of the
+    clusters' own rates; the kernel fills the gaps between them and beyond, without making the clusters differ more
+    than the weights say, and adds nothing where they do not differ (b = 0)."""
 
     grid: np.ndarray
     weights: np.ndarray
     b: float
+    center: float = 0.0
+    scale: float = 1.0
     shift: float = 0.0
 
     def draw(self, rng: np.random.Generator, size: int | tuple) -> np.ndarray:
         r = rng.choice(self.grid, size=size, p=self.weights)
         if self.b <= 0:
             return r
-        return 1 / (1 + (1 - r) / r * np.exp(-self.b * rng.standard_normal(size) - self.shift))
+        logit = np.log(r / (1 - r))
+        z = rng.standard_normal(size)
+        return 1 / (1 + np.exp(-(self.center + self.scale * (logit - self.center + self.b * z) + self.shift)))
 
 
 class _WindowProcess:
@@ -370,7 +380,7 @@ class _WindowProcess:
         return accepted.astype(np.int32), checked.astype(np.int32)
 
 
-TILT_GRID = np.linspace(-8.0, 8.0, 161)  # shifts of the per-position log-odds of acceptance
+TILT_GRID = np.linspace(-8.0, 8.0, 161)  # shifts of the per-position log-odds of acceptance, for interpolation
 
 
 class _StepProcess:
@@ -381,12 +391,13 @@ class _StepProcess:
     fifth (_Lengths), and an acceptance r from the group's distribution of request acceptance (_Mixing). Its steps are
     drawn independently from the group's per-position profile shifted to r: position i of a step is checked while all
     before were accepted, and accepted with probability logistic(logit q_i + theta), q_i the group's own rate at
-    position i (accepted / checked there), theta (on TILT_GRID) the shift whose per-token acceptance is nearest r. So
-    steps keep the shape of real steps (position 1 easier or harder than position 4, as the logs have it) at the
-    request's own acceptance; within a request whose positions share one rate this is exactly the truncated geometric
-    step. (A tilt of the group's mix of steps, which this replaced, matched r but, at an r far below the mix, kept too
-    many fully accepted steps from the easy requests in it: fewer rejections per step, a CUSUM drifting up more slowly
-    than in a poor request.)"""
+    position i (accepted / checked there), theta the shift whose per-token acceptance is r (interpolated between
+    the points of TILT_GRID, then refined by a Newton step: a draw at the grid point at or above r, as before, made
+    every request a little easier than its r). So steps keep the shape of real steps (position 1 easier or harder
+    than position 4, as the logs have it) at the request's own acceptance; within a request whose positions share
+    one rate this is exactly the truncated geometric step. (A tilt of the group's mix of steps, which this replaced,
+    matched r but, at an r far below the mix, kept too many fully accepted steps from the easy requests in it: fewer
+    rejections per step, a CUSUM drifting up more slowly than in a poor request.)"""
 
     def __init__(self, a: np.ndarray, n: np.ndarray, inverse: np.ndarray, pool: np.ndarray, rates: _Rates):
         self.rates = rates
@@ -396,15 +407,35 @@ class _StepProcess:
         times = np.bincount(pool, minlength=n_requests)[inverse]  # how often the group holds each reference step
         reached = np.array([times[n >= i].sum() for i in range(1, k + 1)])
         passed = np.array([times[a >= i].sum() for i in range(1, k + 1)])
-        q = 1 / (1 + np.exp(-(np.log((passed + 0.5) / (reached - passed + 0.5))[None, :] + TILT_GRID[:, None])))
-        weight = np.concatenate([np.ones((len(TILT_GRID), 1)), np.cumprod(q, axis=1)], axis=1)  # P(reach j)
-        weight[:, :-1] *= 1 - q  # P(exactly j accepted) for j < k
-        kinds = self.kinds.astype(float)
-        self.tilt_rate = (weight @ kinds[:, 0]) / (weight @ kinds[:, 1])  # increasing in theta
-        cdf = np.cumsum(weight / weight.sum(axis=1, keepdims=True), axis=1)
-        self.columns = [np.ascontiguousarray(cdf[:, j]) for j in range(len(kinds) - 1)]  # kind: cdf values below u
+        self.profile = np.log((passed + 0.5) / (reached - passed + 0.5))  # log-odds at each position
+        self.tilt_rate = self._acceptance(TILT_GRID)[0]  # increasing in theta
         self.steps = np.bincount(inverse, minlength=n_requests)[pool]
         self.lengths = _Lengths(self.steps)
+
+    def _accept(self, theta: np.ndarray) -> np.ndarray:
+        """q_i(theta), the chance of accepting position i when all before were: a row per position, a column per
+        theta (so the products over positions run down short columns, vectorised across thetas)."""
+        return 1 / (1 + np.exp(-(self.profile[:, None] + theta[None, :])))
+
+    def _acceptance(self, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per-token acceptance of a step at each theta, and its derivative in theta."""
+        q = self._accept(theta)
+        reach = np.cumprod(q, axis=0)  # P(a step accepts at least j positions), j = 1..k
+        # E accepted = sum_{j>=1} P(accept >= j), E checked = 1 + sum_{1<=j<k} P(accept >= j), and
+        # d/dtheta P(accept >= j) = P(accept >= j) sum_{i<=j} (1 - q_i)
+        slope = reach * np.cumsum(1 - q, axis=0)
+        acc, chk = reach.sum(axis=0), 1 + reach[:-1].sum(axis=0)
+        d_acc, d_chk = slope.sum(axis=0), slope[:-1].sum(axis=0)
+        return acc / chk, (d_acc * chk - acc * d_chk) / chk ** 2
+
+    def _tilt(self, rates: np.ndarray) -> np.ndarray:
+        """P(a step accepts at most j positions), j = 0..k-1 (a row each, a column per r), at the theta whose per-token
+        acceptance is each r: interpolated on TILT_GRID, then one Newton step (the rate is smooth in theta, so the
+        interpolation's error of about 1e-4 falls to about 1e-8)."""
+        theta = np.interp(rates, self.tilt_rate, TILT_GRID)
+        rate, slope = self._acceptance(theta)
+        theta = np.clip(theta + (rates - rate) / np.maximum(slope, 1e-12), TILT_GRID[0], TILT_GRID[-1])
+        return 1 - np.cumprod(self._accept(theta), axis=0)
 
     def draw(self, rng: np.random.Generator, n_streams: int, n_points: int) -> tuple[np.ndarray, np.ndarray]:
         """(accepted, checked) of n_streams streams of n_points steps, one a row."""
@@ -415,11 +446,12 @@ class _StepProcess:
             while filled < n_points:
                 lengths = self.lengths.draw(rng, draws, n_points - filled)
                 rates = self.rates.draw(rng, draws)
-                tilt = np.searchsorted(self.tilt_rate, rates).clip(0, len(TILT_GRID) - 1)
-                row = np.repeat(tilt, lengths)[:n_points - filled]
+                used = min(int(np.searchsorted(np.cumsum(lengths), n_points - filled)) + 1, draws)  # those that fit
+                cdf = self._tilt(rates[:used])
+                row = np.repeat(np.arange(used), lengths[:used])[:n_points - filled]
                 u = rng.random(len(row))
                 kind = np.zeros(len(row), dtype=np.int8)
-                for column in self.columns:
+                for column in cdf:
                     kind += u > column[row]
                 picked[i, filled:filled + len(row)] = kind
                 filled += len(row)
@@ -528,12 +560,13 @@ def design_for(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, 
     return Design(p0, p1, float(h), arl0_steps, float(iv.design_effect), int(k), len(per_n), unit, len(a))
 
 
-def redesigner(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, k: int, break_even: float | None,
-               arl0_steps: int = DEFAULT_ARL0_STEPS, unit: str = "steps",
+def redesigner(head: Callable[[int], tuple[np.ndarray, np.ndarray, np.ndarray]], k: int,
+               break_even: float | None, arl0_steps: int = DEFAULT_ARL0_STEPS, unit: str = "steps",
                threshold: Callable[..., float] | None = None) -> Callable[[int], Design]:
-    """For a stream held whole: the design calibrated on its first c points, for watch's checkpoints."""
+    """watch's redesign: the design calibrated on a stream's first c points (a checkpoint), head(c) giving accepted,
+    checked and clusters of at least those (a stream held whole gives all of it; a kept state reads them back)."""
     def redesign(c: int) -> Design:
-        design = design_for(accepted, checked, clusters, k, break_even, arl0_steps, c, unit=unit, threshold=threshold)
+        design = design_for(*head(c), k, break_even, arl0_steps, c, unit=unit, threshold=threshold)
         assert design is not None, "a reference that holds the first one has checked positions"
         return design
     return redesign

@@ -35,7 +35,7 @@ from specmon import drift
 from specmon.faults import SpecmonError
 from specmon.store import Store
 
-STATE_VERSION = 2  # raised when what a state holds or means changes: older states are then rebuilt
+STATE_VERSION = 3  # raised when what a state holds or means changes: older states are then rebuilt
 SAVE_TIMEOUT_S = 0.2  # how long saving a state may wait for the database before it is skipped
 STATES_PER_RUN = 4  # designs kept per run (another c or false-alarm rate is another design)
 CHART_POINTS = 2000  # the W chart's rows at most
@@ -101,7 +101,6 @@ class Episode:
 class State:
     design_key: str
     reference: str  # sha256 of the reference's points
-    design: drift.Design
     points: int = 0
     last_key: tuple[int, int] = (0, 0)  # (ts in epoch microseconds, step_id) of the last point taken in
     last_segment: int = 0
@@ -112,6 +111,7 @@ class State:
     last_alarm: int = -drift.EPISODE_GAP - 1  # the latest alarm's index
     checkpoint: int | None = None  # the next reference size the threshold is calibrated again at (drift.watch)
     # every design in force so far, [the index of its first point, design]: the reference's, then the checkpoints'
+    # (the last is the one in force)
     designs: list[list] = field(default_factory=list)
     episodes: list[Episode] = field(default_factory=list)
     # where the next episode's change is dated from: its index, key (None: the next point), the sums before it and
@@ -126,13 +126,17 @@ class State:
     # per-request sum of the templates compared costs O(requests)); None until computed, and after every advance
     verdicts: dict | None = None
 
+    @property
+    def design(self) -> drift.Design:
+        """The design in force."""
+        return self.designs[-1][1]
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), default=lambda v: v.item())  # numpy scalars
 
     @staticmethod
     def from_json(text: str) -> State:
         d = json.loads(text)
-        d["design"] = drift.Design(**d["design"])
         d["designs"] = [[t, drift.Design(**x)] for t, x in d["designs"]]
         d["episodes"] = [Episode(**{**e, "before_change": tuple(e["before_change"]),
                                     "through_last": tuple(e["through_last"])}) for e in d["episodes"]]
@@ -273,8 +277,7 @@ def advance(state: State, new: Points, older: Callable[[int, tuple[int, int]], P
         s.since, s.since_key = reference, new.key(skip) if skip < m else None
         s.since_sums = (float(cum_a[skip - 1]), float(cum_n[skip - 1]))
         s.since_prev_ts = int(new.ts_us[skip - 1])
-        start = drift.Watch.start(s.design)
-        s.designs, s.checkpoint = [[reference, s.design]], start.checkpoint
+        s.checkpoint = drift.Watch.start(s.design).checkpoint
     if skip < m:
         at = drift.Watch(s.design, s.carry, s.last_alarm, s.checkpoint, reference)
         w_tail, raw, at, taken = drift.watch(new.accepted[skip:], new.checked[skip:], base + skip, at, redesign)
@@ -284,7 +287,7 @@ def advance(state: State, new: Points, older: Callable[[int, tuple[int, int]], P
             in_force = len(s.designs) - 1 + sum(t <= alarm for t, _ in taken)
             _take_alarm(s, alarm, new, base, cum_a, cum_n, older, in_force, (s.designs + taken)[in_force][1])
         s.designs += [[t, d] for t, d in taken]
-        s.design, s.carry, s.last_alarm, s.checkpoint = at.design, at.w, at.last_alarm, at.checkpoint
+        s.carry, s.last_alarm, s.checkpoint = at.w, at.last_alarm, at.checkpoint
     _chart_add(s, new.ts_us, w)
     s.points = base + m
     s.last_key, s.last_segment = new.key(m - 1), int(new.segment_id[-1])
@@ -374,7 +377,7 @@ def _chart_add(s: State, ts_us: np.ndarray, w: np.ndarray) -> None:
 
 def chart_points(ts_us: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The W chart of a whole stream, drawn at once: what a state's chart holds after the same points."""
-    s = State("", "", drift.Design(0.5, 0.4, 1.0, 1, 1.0, 1))
+    s = State("", "")
     _chart_add(s, np.asarray(ts_us), np.asarray(w, dtype=float))
     return np.array([c[0] for c in s.chart], dtype=np.int64), np.array([c[1] for c in s.chart], dtype=float)
 
@@ -397,8 +400,10 @@ def identity(store: Store) -> tuple:
 def load_states(cur: duckdb.DuckDBPyConnection, path: tuple, run: str) -> list[State]:
     """The run's kept states, the furthest first: the database's, and this process's that descend from one of them
     (same design and reference; a file created again under a reused name and inode has none of them)."""
-    found = [State.from_json(text) for (text,) in
-             cur.execute("SELECT state FROM drift_states WHERE run = ?", [run]).fetchall()]
+    # a state of another STATE_VERSION may hold other fields: its design key differs, so it is never used
+    found = [State.from_json(text) for key, text in
+             cur.execute("SELECT design_key, state FROM drift_states WHERE run = ?", [run]).fetchall()
+             if json.loads(key)[0] == STATE_VERSION]
     known = {(st.design_key, st.reference) for st in found}
     with _MEMO_GUARD:
         found += [st for (p, r, _), st in _MEMO.items()

@@ -27,7 +27,7 @@ def stream() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def test_the_reference_grows_outside_alarm_episodes_and_a_lasting_drop_never_joins_it():
     a, c, req = stream()
     first = drift.design_for(a, c, req, K, BREAK_EVEN, ARL0, FIRST)
-    redesign = drift.redesigner(a, c, req, K, BREAK_EVEN, ARL0)
+    redesign = drift.redesigner(lambda _: (a, c, req), K, BREAK_EVEN, ARL0)
     assert drift.checkpoints(FIRST) == [1000, 2000, 4000, 8000]
     w, found, designs = drift.detect(a, c, first, FIRST, redesign)
     _, raw, _, _ = drift.watch(a[FIRST:], c[FIRST:], FIRST, drift.Watch.start(first), redesign)
@@ -50,7 +50,7 @@ def test_the_reference_grows_outside_alarm_episodes_and_a_lasting_drop_never_joi
 def test_the_watch_cut_into_pieces_is_the_watch_over_the_whole_stream():
     a, c, req = stream()
     first = drift.design_for(a, c, req, K, BREAK_EVEN, ARL0, FIRST)
-    redesign = drift.redesigner(a, c, req, K, BREAK_EVEN, ARL0)
+    redesign = drift.redesigner(lambda _: (a, c, req), K, BREAK_EVEN, ARL0)
     whole = drift.watch(a[FIRST:], c[FIRST:], FIRST, drift.Watch.start(first), redesign)
     taken = [t for t, _ in whole[3]]
     # cuts at, just before and just after each checkpoint taken, at a nominal one, and inside the drop's episode
