@@ -190,6 +190,35 @@ def test_the_position_rows_migration_keeps_every_stored_position(store, tmp_path
     con.close()
 
 
+def test_the_position_tokens_migration_keeps_p_and_q_where_given(store, tmp_path):
+    df = flat_rows(n_steps=300)
+    given = df.index % 3 != 0  # a third of the rows give neither, a few only one of them
+    df = df.assign(p_token=np.where(given, 0.25 + df.index / 1e4, np.nan),
+                   q_token=np.where(given & (df.index % 5 != 0), 0.5 - df.index / 1e5, np.nan))
+    df.to_parquet(tmp_path / "f.parquet")
+    assert ingest_file(store, str(tmp_path / "f.parquet")).status == "stored"
+    steps = store.query("SELECT * FROM steps ORDER BY step_id")
+    positions = store.query("SELECT * FROM positions ORDER BY step_id, position")
+    assert store.query("SELECT count(*) FROM position_tokens")[0][0] == given.sum() == 800
+    # the same rows as the schema before the migration held them: every column of a position in position_rows
+    old = str(tmp_path / "old.duckdb")
+    version = next(i for i, m in enumerate(store_mod.MIGRATIONS) if "CREATE TABLE position_tokens" in m)
+    con = store_mod.connect(old)
+    store_mod.migrate(con, old, upto=version)
+    con.execute("INSERT INTO runs VALUES (1, 'r', 'steplog', false, now()::TIMESTAMP, NULL)")
+    con.execute("INSERT INTO segments VALUES (1, 1, 'flat')")
+    con.executemany(f"INSERT INTO steps VALUES ({', '.join('?' * len(steps[0]))})", steps)
+    con.executemany("INSERT INTO position_rows VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    [(p[0], p[2], p[3], *p[6:]) for p in positions])
+    con.close()
+    with Store(old) as s:
+        assert s.query("SELECT * FROM positions ORDER BY step_id, position") == positions
+        assert s.query("SELECT count(*), count(p_token), count(q_token) FROM position_tokens")[0] == (800, 800, 640)
+        assert [c for (c,) in s.query("SELECT column_name FROM information_schema.columns "
+                                      "WHERE table_name = 'position_rows' ORDER BY ordinal_position")] == \
+            ["step_id", "position", "draft_token", "beta_lo", "beta_hi"]
+
+
 def test_user_text_is_data_not_sql(store, tmp_path):
     evil = "x'; DROP TABLE steps; --"
     path = tmp_path / "e.jsonl"

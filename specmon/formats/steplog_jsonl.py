@@ -225,9 +225,10 @@ class Reader:
             f"INSERT INTO steps (step_id, ingest_id, segment_id, {cols}) SELECT ? + local_step, ?, {segment_of}, "
             f"{cols} FROM stage.staging_steps",
             [base, ingest_id, templates, segments])
-        cur.execute(
-            "INSERT INTO position_rows SELECT ? + local_step, position, draft_token, beta_lo, beta_hi, p_token, "
-            "q_token FROM stage.staging_positions", [base])
+        cur.execute("INSERT INTO position_rows SELECT ? + local_step, position, draft_token, beta_lo, beta_hi "
+                    "FROM stage.staging_positions", [base])
+        cur.execute("INSERT INTO position_tokens SELECT ? + local_step, position, p_token, q_token "
+                    "FROM stage.staging_positions WHERE p_token IS NOT NULL OR q_token IS NOT NULL", [base])
 
     def close(self) -> None:
         if self.staging_path and self.store is not None:
