@@ -564,9 +564,18 @@ class Store:
         self._local = threading.local()
         if os.path.isdir(self.path):
             raise SpecmonError(f"{self.path}: is a directory, not a database file")
-        with self._connection(read_only=False) as conn:
-            migrate(conn, self.path)
+        if self._memory is not None or not self._schema_is_current():
+            with self._connection(read_only=False) as conn:
+                migrate(conn, self.path)
         self._sweep_staging()
+
+    def _schema_is_current(self) -> bool:
+        """Whether the file exists at this specmon's schema, read on a read-only connection: opening the file
+        for writing only to find nothing to migrate would cost every command a write lock and a connection."""
+        if not os.path.exists(self.path) or os.path.getsize(self.path) == 0:
+            return False
+        with self._connection(read_only=True) as conn:
+            return schema_version(conn) == SCHEMA_VERSION
 
     # -- connections ---------------------------------------------------------------------------------------
     def _open(self, read_only: bool, timeout: float | None = None) -> duckdb.DuckDBPyConnection:

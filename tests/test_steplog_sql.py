@@ -198,12 +198,12 @@ HANDED_OVER = [
 
 
 @pytest.mark.parametrize("bad", HANDED_OVER)
-@pytest.mark.parametrize("skip_bad", [False, True])
-def test_a_line_the_fast_path_cannot_vouch_for_sends_the_file_to_the_python_path(tmp_path, monkeypatch, bad,
-                                                                                 skip_bad):
+def test_a_line_the_fast_path_cannot_vouch_for_sends_the_file_to_the_python_path(tmp_path, monkeypatch, bad):
+    # Both runs then take the Python path, so what is compared is that the fast path's attempt left nothing behind:
+    # with --skip-bad the good lines are stored even where the odd line is a fault, so a leftover would show
     lines = [orjson.dumps(GOOD)] * 3 + [b""] + [bad] + [orjson.dumps(GOOD)] * 2
     path = _write(tmp_path / "bad.jsonl", lines, crlf=True, bom=True)
-    results, staged = _ingest_both(tmp_path, monkeypatch, path, skip_bad=skip_bad)
+    results, staged = _ingest_both(tmp_path, monkeypatch, path, skip_bad=True)
     assert staged == [None]
     _assert_same(results)
 
