@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -80,6 +81,12 @@ def test_economics_uses_the_segment_operating_point(app_db):
     assert at.metric[0].value == f"{theory.speedup(seg['alpha'], seg['k'], c):.2f}x"
     k_best, s_best = theory.best_k(seg["alpha"], c, 12)
     assert at.metric[1].value == str(k_best) and at.metric[2].value == f"{s_best:.2f}x"
+    # the operating point on both surfaces, on the cell that holds it (the grids step by 0.02)
+    charts = [e.proto for e in at.main if type(e).__name__ == "UnknownElement" and hasattr(e.proto, "spec")]
+    marked = [row for chart in charts for d in chart.datasets
+              for row in pa.ipc.open_stream(d.data.data).read_all().to_pylist() if row.get("segment") == "your segment"]
+    cell = round(round(seg["alpha"] / 0.02) * 0.02, 2)
+    assert [(r["alpha"], r.get("k"), r.get("c")) for r in marked] == [(cell, seg["k"], None), (cell, None, c)]
     at.slider[0].set_value(0.9).run()  # expensive draft: everything loses
     assert any("every k from 1 to 12 loses" in e.value for e in at.error)
 

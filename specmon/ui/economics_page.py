@@ -13,15 +13,32 @@ from specmon.ui.widgets import demo_banner, fmt, guarded, pick_segment
 _SPEEDUP_SCALE = alt.Scale(scheme="redyellowgreen", domainMid=1.0, type="log")
 
 
-def _heatmap(df: pd.DataFrame, y: str, y_title: str) -> alt.Chart:
-    return alt.Chart(df).mark_rect().encode(
-        x=alt.X("alpha:O", title="per-token acceptance alpha", axis=alt.Axis(values=[0.0, 0.2, 0.4, 0.6, 0.8])),
-        y=alt.Y(f"{y}:O", title=y_title, sort="descending" if y == "c" else "ascending",
-                axis=alt.Axis(values=[0.0, 0.2, 0.4, 0.6, 0.8, 1.0]) if y == "c" else alt.Axis()),
+def _heatmap(df: pd.DataFrame, y: str, y_title: str, point: dict | None) -> alt.Chart:
+    """The surface, and the segment's operating point (point: alpha, k, c) drawn on the cell that holds it, a black
+    diamond, its exact values in the tooltip."""
+    x_enc = alt.X("alpha:O", title="per-token acceptance alpha", axis=alt.Axis(values=[0.0, 0.2, 0.4, 0.6, 0.8]))
+    y_enc = alt.Y(f"{y}:O", title=y_title, sort="descending" if y == "c" else "ascending",
+                  axis=alt.Axis(values=[0.0, 0.2, 0.4, 0.6, 0.8, 1.0]) if y == "c" else alt.Axis())
+    cells = alt.Chart(df).mark_rect().encode(
+        x=x_enc, y=y_enc,
         color=alt.Color("speedup:Q", scale=_SPEEDUP_SCALE, title="speedup (x)"),
         stroke=alt.condition(alt.datum.wins, alt.value(None), alt.value("#7f0000")),
         tooltip=[alt.Tooltip("alpha:Q", format=".2f"), alt.Tooltip(f"{y}:Q"), alt.Tooltip("speedup:Q", format=".2f")],
-    ).properties(height=320)
+    )
+    if point is None:
+        return cells.properties(height=320)
+    at = pd.DataFrame([{"alpha": _nearest(economics.ALPHAS, point["alpha"]),
+                        y: point[y] if y == "k" else _nearest(economics.COSTS, point[y]),
+                        "segment": point["label"], "its alpha": point["alpha"]}])
+    dot = alt.Chart(at).mark_point(shape="diamond", size=160, filled=True, color="black", stroke="white",
+                                   strokeWidth=1).encode(
+        x=x_enc, y=y_enc, tooltip=["segment", alt.Tooltip("its alpha:Q", format=".3f"), alt.Tooltip(f"{y}:Q")])
+    return (cells + dot).properties(height=320)
+
+
+def _nearest(grid, value: float) -> float:
+    """The grid value whose cell holds value (the grid's values are evenly spaced)."""
+    return float(grid[abs(grid - value).argmin()])
 
 
 def _break_even_chart(curves: pd.DataFrame, point: pd.DataFrame | None) -> alt.Chart:
@@ -68,16 +85,19 @@ def render() -> None:
                     help="defaults to the segment's measured c")
     k = right.slider("draft length k", 1, SURFACE_K_MAX, int(min(seg_k, SURFACE_K_MAX)), key="economics_k")
 
+    mine = ({"alpha": seg["alpha"], "k": k, "c": c, "label": "your segment"}
+            if seg is not None and seg["alpha"] is not None else None)
     a, b = st.columns(2)
     a.markdown(f"**Speedup over (alpha, k) at c = {c:.2f}**")
-    a.altair_chart(_heatmap(economics.surface_alpha_k(c), "k", "draft length k"), width="stretch")
+    a.altair_chart(_heatmap(economics.surface_alpha_k(c), "k", "draft length k", mine), width="stretch")
     b.markdown(f"**Speedup over (alpha, c) at k = {k}**")
-    b.altair_chart(_heatmap(economics.surface_alpha_c(k), "c", "draft cost c"), width="stretch")
+    b.altair_chart(_heatmap(economics.surface_alpha_c(k), "c", "draft cost c", mine), width="stretch")
+    if mine is not None:
+        st.caption(f"◆ your segment: alpha = {seg['alpha']:.3f} at the chosen k and c.")
 
     st.markdown("**Break-even alpha\\*(c)**: above its curve, a draft length pays for itself")
     ks = tuple(sorted(set(REFERENCE_KS) | {k}))
-    point = (pd.DataFrame([{"c": c, "alpha": seg["alpha"], "label": "your segment"}])
-             if seg is not None and seg["alpha"] is not None else None)
+    point = pd.DataFrame([mine]) if mine is not None else None
     st.altair_chart(_break_even_chart(economics.break_even_curves(ks), point), width="stretch")
 
     if seg is None or seg["alpha"] is None:
