@@ -235,6 +235,7 @@ ROLLUP_EXACT = "DECIMAL(38, 12)"
 ROLLUP_BUCKET = "1 hour"
 _HOUR_OF_STEP = f"time_bucket(INTERVAL '{ROLLUP_BUCKET}', st.ts)"
 
+
 def _rollup_requests_select(source: str, d: str) -> str:
     """The per-request rollup of the steps matching {where} (steps aliased st), from `source`, where d names what
     holds a step's timings and PIT lists (steps itself before migration 13, step_details after)."""

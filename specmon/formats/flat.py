@@ -482,8 +482,7 @@ def insert(
     """Insert the checked rows of `source` (flat_cast or flat_typed; its steps, with their ids, in flat_step_agg) as
     steps and positions, the positions piece by piece (each step's rows lie in one piece). templates: as for
     _aggregate_steps. tokens: the file has p_token or q_token. progress: as for screen, for the steps' and positions'
-    writes.
-    Returns (steps, positions, inferred_ts)."""
+    writes. Returns (steps, positions, inferred_ts)."""
     steps, inferred, positions = cur.execute(
         "SELECT count(*), count(*) FILTER (WHERE ts IS NULL), sum(g) FROM flat_step_agg").fetchall()[0]
     # The segment of each template the steps name (the default for none), created in the templates' order, found by
