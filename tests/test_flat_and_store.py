@@ -226,13 +226,11 @@ def test_the_position_tokens_migration_keeps_p_and_q_where_given(store, tmp_path
 
 
 def test_the_step_details_migration_keeps_every_step_and_what_reads_them(store, tmp_path):
-    log = tmp_path / "demo_steplog.jsonl"  # the demo's first lines: timings, emitted tokens, PIT lists, temperature
-    log.write_text("".join(DEMO_LOG.read_text().splitlines(keepends=True)[:120]))
+    log = tmp_path / "demo_steplog.jsonl"  # the demo's first lines: timings, emitted tokens, PIT lists, temperature;
+    log.write_text("".join(DEMO_LOG.read_text().splitlines(keepends=True)[:40])  # a field of no column (extra),
+                   + '{"request_id": "a", "draft_tokens": [1, 2], "accepted": 1, "batch": 8}\n'
+                   + '{"request_id": "a", "draft_tokens": [3], "accepted": 0}\n')  # and a step that gives none
     assert ingest_file(store, str(log)).status == "stored"
-    extra = tmp_path / "extra.jsonl"  # a field of no column (extra), and steps that give no optional field
-    extra.write_text('{"request_id": "a", "draft_tokens": [1, 2], "accepted": 1, "batch": 8}\n'
-                     '{"request_id": "a", "draft_tokens": [3], "accepted": 0}\n')
-    assert ingest_file(store, str(extra), run="extra").status == "stored"
     full = "SELECT * FROM steps LEFT JOIN step_details USING (step_id) ORDER BY step_id"
     steps, positions = store.query(full), store.query("SELECT * FROM positions ORDER BY step_id, position")
     assert store.query("SELECT count(*) FROM step_details")[0][0] == len(steps) - 1
