@@ -18,11 +18,11 @@ from specmon.store import Store
 # Two logged probabilities of the same token count as equal (the same fixed p) within this.
 _SAME_P = 1e-9
 
+# In step order, as the steps were stored (the PIT's random draws are taken in this order).
 _EMITTED_SQL = """
-SELECT unnest(st.pit_below) AS below, unnest(st.pit_mass) AS mass,
-       unnest(st.emitted_tokens[1:len(st.pit_mass)]) AS token
-FROM steps st JOIN run_segments rs USING (segment_id)
-WHERE rs.run = ? AND rs.template = ? AND st.pit_mass IS NOT NULL
+SELECT unnest(pit_below) AS below, unnest(pit_mass) AS mass, unnest(emitted_tokens[1:len(pit_mass)]) AS token
+FROM (SELECT d.* FROM steps st JOIN step_details d USING (step_id) JOIN run_segments rs USING (segment_id)
+      WHERE rs.run = ? AND rs.template = ? AND d.pit_mass IS NOT NULL ORDER BY d.step_id)
 """
 
 

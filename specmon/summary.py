@@ -100,10 +100,10 @@ ORDER BY n.run, n.template, b.bucket
 # Medians are not sums: they are read from the steps that carry timings, in the segments that have any.
 _TIMINGS_SQL = """
 SELECT ss.run, {template} AS template, {bucket} AS bucket,
-       median(st.draft_ms / st.g) FILTER (WHERE st.g > 0) AS draft_step_ms, median(st.target_ms) AS target_ms
-FROM steps st JOIN shown_segments ss USING (segment_id)
+       median(d.draft_ms / st.g) FILTER (WHERE st.g > 0) AS draft_step_ms, median(d.target_ms) AS target_ms
+FROM steps st JOIN step_details d USING (step_id) JOIN shown_segments ss USING (segment_id)
 WHERE st.segment_id IN (SELECT segment_id FROM rollup_requests WHERE timed > 0)
-  AND (st.draft_ms IS NOT NULL OR st.target_ms IS NOT NULL)
+  AND (d.draft_ms IS NOT NULL OR d.target_ms IS NOT NULL)
   AND (? IS NULL OR ss.run = ?) AND (?::TIMESTAMP IS NULL OR st.ts >= ?::TIMESTAMP)
 GROUP BY ALL
 """

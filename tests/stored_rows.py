@@ -8,7 +8,8 @@ def stored(db: str) -> tuple[list, list]:
     """Every stored step and position, in id order; an inferred ts (the ingest time) as NULL, since two ingests
     infer different times."""
     with Store(db) as s:
-        steps = s.query("SELECT * EXCLUDE (ingest_id, ts), CASE WHEN ts_inferred THEN NULL ELSE ts END FROM steps "
+        steps = s.query("SELECT * EXCLUDE (ingest_id, ts), CASE WHEN ts_inferred THEN NULL ELSE ts END "
+                        "FROM steps LEFT JOIN step_details USING (step_id) "
                         "ORDER BY step_id")
         positions = s.query("SELECT * FROM positions ORDER BY step_id, position")
     return steps, positions

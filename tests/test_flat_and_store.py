@@ -5,10 +5,11 @@ import pandas as pd
 import pytest
 from conftest import PAPER_P, PAPER_Q
 
-from specmon import sampler, settings
+from specmon import lossless, sampler, settings
 from specmon import store as store_mod
 from specmon.faults import SpecmonError
 from specmon.ingest import ingest_file
+from specmon.resources import DEMO_LOG
 from specmon.store import Store
 from specmon.summary import summarize
 
@@ -156,38 +157,95 @@ def test_migrations_upgrade_an_older_file_and_refuse_a_newer_one(tmp_path):
         Store(path)
 
 
-def _old_store_with(path: str, steps: list, positions: list) -> None:
-    """A database at the schema before positions moved to position_rows, holding these rows."""
-    version = next(i for i, m in enumerate(store_mod.MIGRATIONS) if "CREATE TABLE position_rows" in m)
+def step_columns(store) -> list[str]:
+    return [c for (c,) in store.query("SELECT column_name FROM information_schema.columns WHERE table_name = 'steps' "
+                                      "ORDER BY ordinal_position")]
+
+
+def _old_store_from(store, path: str, before: str, copy: list[str]) -> duckdb.DuckDBPyConnection:
+    """A connection to a database at the schema before the migration that runs `before`, holding what each of the
+    `copy` statements inserts from `store`'s file (attached as cur)."""
+    version = next(i for i, m in enumerate(store_mod.MIGRATIONS) if before in m)
     con = store_mod.connect(path)
     store_mod.migrate(con, path, upto=version)
-    con.execute("INSERT INTO runs VALUES (1, 'r', 'steplog', false, now()::TIMESTAMP, NULL)")
-    con.execute("INSERT INTO segments VALUES (1, 1, ''), (2, 1, 't')")
-    con.executemany(f"INSERT INTO steps VALUES ({', '.join('?' * len(steps[0]))})", steps)
-    con.executemany(f"INSERT INTO positions VALUES ({', '.join('?' * len(positions[0]))})", positions)
-    con.close()
+    con.execute("ATTACH ? AS cur (READ_ONLY)", [store.path])
+    for statement in copy:
+        con.execute(statement)
+    con.execute("DETACH cur")
+    return con
 
 
 def test_the_position_rows_migration_keeps_every_stored_position(store, tmp_path):
     df = flat_rows(n_steps=300)
     df.assign(template=np.where(df["step"] % 3 == 0, "a", "b")).to_parquet(tmp_path / "f.parquet")
     assert ingest_file(store, str(tmp_path / "f.parquet")).status == "stored"
-    steps = store.query("SELECT * FROM steps ORDER BY step_id")
     positions = store.query("SELECT * FROM positions ORDER BY step_id, position")
-    old = str(tmp_path / "old.duckdb")
-    _old_store_with(old, steps, positions)
+    copy = ["INSERT INTO runs SELECT * FROM cur.runs", "INSERT INTO segments SELECT * FROM cur.segments",
+            "INSERT INTO steps BY NAME SELECT * FROM cur.steps", "INSERT INTO positions SELECT * FROM cur.positions"]
+    old = str(tmp_path / "old.duckdb")  # the schema before positions moved to position_rows
+    _old_store_from(store, old, "CREATE TABLE position_rows", copy).close()
     with Store(old) as s:
         assert s.query("SELECT * FROM positions ORDER BY step_id, position") == positions
         assert s.query("SELECT count(*) FROM position_rows")[0][0] == len(positions) == 1200
     # a stored position that its step contradicts stops the migration, naming the file; nothing changes
     bad = str(tmp_path / "bad.duckdb")
-    _old_store_with(bad, steps, [(*p[:5], not p[5], *p[6:]) if i == 7 else p for i, p in enumerate(positions)])
+    con = _old_store_from(store, bad, "CREATE TABLE position_rows", copy)
+    con.execute("UPDATE positions SET accepted = NOT accepted WHERE step_id = ? AND position = ?",
+                [positions[7][0], positions[7][2]])
+    con.close()
     with pytest.raises(SpecmonError, match=r"bad\.duckdb: cannot upgrade .*1 stored positions disagree .*step "):
         Store(bad)
     con = duckdb.connect(bad, read_only=True)
     assert store_mod.schema_version(con) < store_mod.SCHEMA_VERSION
     assert con.execute("SELECT count(*) FROM positions").fetchall()[0][0] == 1200
     con.close()
+
+
+def test_the_position_tokens_migration_keeps_p_and_q_where_given(store, tmp_path):
+    df = flat_rows(n_steps=300)
+    given = df.index % 3 != 0  # a third of the rows give neither, a few only one of them
+    df = df.assign(p_token=np.where(given, 0.25 + df.index / 1e4, np.nan),
+                   q_token=np.where(given & (df.index % 5 != 0), 0.5 - df.index / 1e5, np.nan))
+    df.to_parquet(tmp_path / "f.parquet")
+    assert ingest_file(store, str(tmp_path / "f.parquet")).status == "stored"
+    positions = store.query("SELECT * FROM positions ORDER BY step_id, position")
+    assert store.query("SELECT count(*) FROM position_tokens")[0][0] == given.sum() == 800
+    # the same rows as the schema before the migration held them: every column of a position in position_rows
+    old = str(tmp_path / "old.duckdb")
+    _old_store_from(store, old, "CREATE TABLE position_tokens", [
+        "INSERT INTO runs SELECT * FROM cur.runs", "INSERT INTO segments SELECT * FROM cur.segments",
+        "INSERT INTO steps BY NAME SELECT * FROM cur.steps",
+        "INSERT INTO position_rows SELECT step_id, position, draft_token, beta_lo, beta_hi, p_token, q_token "
+        "FROM cur.positions"]).close()
+    with Store(old) as s:
+        assert s.query("SELECT * FROM positions ORDER BY step_id, position") == positions
+        assert s.query("SELECT count(*), count(p_token), count(q_token) FROM position_tokens")[0] == (800, 800, 640)
+        assert [c for (c,) in s.query("SELECT column_name FROM information_schema.columns "
+                                      "WHERE table_name = 'position_rows' ORDER BY ordinal_position")] == \
+            ["step_id", "position", "draft_token", "beta_lo", "beta_hi"]
+
+
+def test_the_step_details_migration_keeps_every_step_and_what_reads_them(store, tmp_path):
+    log = tmp_path / "demo_steplog.jsonl"  # the demo's first lines: timings, emitted tokens, PIT lists, temperature;
+    log.write_text("".join(DEMO_LOG.read_text().splitlines(keepends=True)[:40])  # a field of no column (extra),
+                   + '{"request_id": "a", "draft_tokens": [1, 2], "accepted": 1, "batch": 8}\n'
+                   + '{"request_id": "a", "draft_tokens": [3], "accepted": 0}\n')  # and a step that gives none
+    assert ingest_file(store, str(log)).status == "stored"
+    full = "SELECT * FROM steps LEFT JOIN step_details USING (step_id) ORDER BY step_id"
+    steps, positions = store.query(full), store.query("SELECT * FROM positions ORDER BY step_id, position")
+    assert store.query("SELECT count(*) FROM step_details")[0][0] == len(steps) - 1
+    old = str(tmp_path / "old.duckdb")
+    _old_store_from(store, old, "CREATE TABLE step_details", [
+        *(f"INSERT INTO {t} SELECT * FROM cur.{t}" for t in ("runs", "segments", "ingests", "rollup_requests",
+                                                              "rollup_positions", "position_rows", "position_tokens")),
+        "INSERT INTO steps BY NAME SELECT * FROM cur.steps LEFT JOIN cur.step_details USING (step_id)"]).close()
+    with Store(old) as s:
+        assert s.query(full) == steps
+        assert s.query("SELECT * FROM positions ORDER BY step_id, position") == positions
+        assert summarize(s) == summarize(store)  # the timings' medians
+        pit = lossless.pit_check(s, "demo_steplog", "v1")
+        assert pit is not None and (pit.u == lossless.pit_check(store, "demo_steplog", "v1").u).all()
+        assert "temperature" not in step_columns(s)
 
 
 def test_user_text_is_data_not_sql(store, tmp_path):

@@ -21,6 +21,7 @@ from specmon.store import ROLLUP_POSITIONS_SELECT, ROLLUP_REQUESTS_SELECT
 STEP_COLUMNS = ("step_id", "segment_id", "request_id", "step_index", "ts", "ts_inferred", "k", "g", "accepted",
                 "checked", "temperature", "target_ms", "draft_ms", "beta_lo_sum", "beta_hi_sum", "emitted_tokens",
                 "pit_below", "pit_mass", "extra")
+STEPS = "steps LEFT JOIN step_details USING (step_id)"  # a step's every field (store.STEP_DETAILS)
 POSITION_COLUMNS = ("step_id", "segment_id", "position", "draft_token", "checked", "accepted", "beta_lo", "beta_hi",
                     "p_token", "q_token")
 
@@ -125,7 +126,7 @@ def test_every_stored_column_matches_the_definition(store, tmp_path, fmt, zero_b
                                 "(SELECT run_id FROM ingests WHERE ingest_id = ?)", [ingest_id]))
     first_step_id = store.query("SELECT min(step_id) FROM steps WHERE ingest_id = ?", [ingest_id])[0][0]
     want_steps, want_positions = expected(df, first_step_id, segments, ingested_at)
-    got_steps = store.query(f"SELECT {', '.join(STEP_COLUMNS)} FROM steps WHERE ingest_id = ? ORDER BY step_id",
+    got_steps = store.query(f"SELECT {', '.join(STEP_COLUMNS)} FROM {STEPS} WHERE ingest_id = ? ORDER BY step_id",
                             [ingest_id])
     assert got_steps == want_steps
     got_positions = store.query(f"SELECT {', '.join('p.' + c for c in POSITION_COLUMNS)} FROM positions p JOIN steps "
@@ -184,7 +185,7 @@ def test_steps_whose_join_keys_collide_store_the_same_rows(store, tmp_path, monk
     got_positions = store.query(f"SELECT {', '.join('p.' + c for c in POSITION_COLUMNS)} FROM positions p JOIN steps "
                                 "USING (step_id) WHERE ingest_id = ? ORDER BY step_id, position", [ingest_id])
     assert got_positions == sorted(want_positions)
-    assert store.query(f"SELECT {', '.join(STEP_COLUMNS)} FROM steps WHERE ingest_id = ? ORDER BY step_id",
+    assert store.query(f"SELECT {', '.join(STEP_COLUMNS)} FROM {STEPS} WHERE ingest_id = ? ORDER BY step_id",
                        [ingest_id]) == want_steps
     assert store.query("SELECT count(*) FROM positions")[0][0] == len(first) + len(df)
     assert_rollups_equal_a_rebuild(store, ingest_id)
@@ -223,7 +224,7 @@ def test_templates_compared_by_rank_or_as_text_store_the_same_and_find_two_in_a_
     assert res.status == "stored", res.faults
     segments = dict(store.query("SELECT template, segment_id FROM segments"))
     want_steps, _ = expected(df, 1, segments, store.query("SELECT ingested_at FROM ingests")[0][0])
-    assert store.query(f"SELECT {', '.join(STEP_COLUMNS)} FROM steps ORDER BY step_id") == want_steps
+    assert store.query(f"SELECT {', '.join(STEP_COLUMNS)} FROM {STEPS} ORDER BY step_id") == want_steps
     named = df["template"].notna()
     first = df.index[named & (df["request_id"] == df.loc[named.idxmax(), "request_id"])
                      & (df["step"] == df.loc[named.idxmax(), "step"])][0]
@@ -275,7 +276,7 @@ def test_a_file_in_pieces_stores_what_it_stores_whole(store, tmp_path, monkeypat
     segments = dict(store.query("SELECT template, segment_id FROM segments"))
     first_step_id = store.query("SELECT min(step_id) FROM steps WHERE ingest_id = ?", [ingest_id])[0][0]
     want_steps, want_positions = expected(df, first_step_id, segments, ingested_at)
-    assert store.query(f"SELECT {', '.join(STEP_COLUMNS)} FROM steps WHERE ingest_id = ? ORDER BY step_id",
+    assert store.query(f"SELECT {', '.join(STEP_COLUMNS)} FROM {STEPS} WHERE ingest_id = ? ORDER BY step_id",
                        [ingest_id]) == want_steps
     assert store.query(f"SELECT {', '.join('p.' + c for c in POSITION_COLUMNS)} FROM positions p JOIN steps "
                        "USING (step_id) WHERE ingest_id = ? ORDER BY step_id, position", [ingest_id]) \
@@ -305,7 +306,7 @@ def test_faults_found_in_pieces_are_those_found_whole(tmp_path, monkeypatch):
             report = tmp_path / f"{piece_rows}.jsonl"
             kept = ingest_file(s, path, skip_bad=True, report_path=str(report))
             stored = (s.query("SELECT * FROM positions ORDER BY ALL"),  # ts aside: the ingest time of each ingest
-                      s.query("SELECT * EXCLUDE (ingest_id, ts) FROM steps ORDER BY ALL"))
+                      s.query(f"SELECT * EXCLUDE (ingest_id, ts) FROM {STEPS} ORDER BY ALL"))
             results[piece_rows] = (rejected.faults, rejected.fault_count, kept.faults, kept.rejected,
                                    report.read_text(), stored)
     assert results[10**9][0] and results[10**9][3] > 0

@@ -39,7 +39,8 @@ def test_the_contract_example_is_stored_with_exact_beta(store, tmp_path):
                        "ORDER BY 1")
     assert rows[0] == (1, True, True, pytest.approx(0.88), pytest.approx(0.88), 0.38, 0.30)
     assert rows[1][:3] == (2, True, False) and rows[1][5:] == (0.08, 0.14)
-    step = store.query("SELECT g, accepted, checked, beta_lo_sum, target_ms, draft_ms, ts::VARCHAR FROM steps")[0]
+    step = store.query("SELECT g, accepted, checked, beta_lo_sum, target_ms, draft_ms, ts::VARCHAR "
+                       "FROM steps LEFT JOIN step_details USING (step_id)")[0]
     assert step == (2, 1, 2, pytest.approx(1.76), 31.5, 6.2, "2026-11-29 10:00:03")
 
 
@@ -132,7 +133,7 @@ def test_missing_ts_uses_ingest_time_and_says_so(store, tmp_path):
 def test_unknown_fields_are_kept(store, tmp_path):
     path = write_jsonl(tmp_path / "x.jsonl", [{**GOOD, "gpu": "h100", "batch": 8}])
     ingest_file(store, path)
-    assert json.loads(store.query("SELECT extra FROM steps")[0][0]) == {"batch": 8, "gpu": "h100"}
+    assert json.loads(store.query("SELECT extra FROM step_details")[0][0]) == {"batch": 8, "gpu": "h100"}
 
 
 def test_topk_logprobs_give_an_interval_that_contains_beta(store, tmp_path):

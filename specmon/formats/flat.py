@@ -474,13 +474,15 @@ def insert(
     ingest_time: str,
     segment_for: Callable[[str], int],
     templates: list[str] | None,
+    tokens: bool = False,
     pieces: list[tuple[int, int]] | None = None,
     progress: Progress | None = None,
     size: int = 0,
 ) -> tuple[int, int, int]:
     """Insert the checked rows of `source` (flat_cast or flat_typed; its steps, with their ids, in flat_step_agg) as
     steps and positions, the positions piece by piece (each step's rows lie in one piece). templates: as for
-    _aggregate_steps. progress: as for screen, for the positions' writes. Returns (steps, positions, inferred_ts)."""
+    _aggregate_steps. tokens: the file has p_token or q_token. progress: as for screen, for the steps' and positions'
+    writes. Returns (steps, positions, inferred_ts)."""
     steps, inferred, positions = cur.execute(
         "SELECT count(*), count(*) FILTER (WHERE ts IS NULL), sum(g) FROM flat_step_agg").fetchall()[0]
     # The segment of each template the steps name (the default for none), created in the templates' order, found by
@@ -499,14 +501,18 @@ def insert(
         on, on_params = "sg.template_rank = s.template_rank", []
     for t, r in named:
         cur.execute("INSERT INTO flat_segments VALUES (?, ?, ?)", [t, r, segment_for(t)])
-    cur.execute(
-        "INSERT INTO steps (step_id, ingest_id, segment_id, request_id, step_index, ts, ts_inferred, g, accepted, "
-        "checked, beta_lo_sum, beta_hi_sum) "
-        "SELECT s.step_id, ?, sg.segment_id, s.request_id, s.step, coalesce(s.ts, ?::TIMESTAMP), s.ts IS NULL, "
-        "s.g, s.accepted, least(s.accepted + 1, s.g), s.beta_lo_sum, s.beta_hi_sum "
-        f"FROM flat_step_agg s JOIN flat_segments sg ON {on}",
-        [ingest_id, ingest_time, *on_params],
-    )
+    whole: list[tuple[int, int] | None] = [None]  # one pass over the whole file
+    ranges = pieces or whole
+    # The steps' insert is told as one more share, before the pieces' (the bar moves while it runs).
+    with query_progress(cur, _piece_progress(progress, 0, len(ranges) + 1), size):
+        cur.execute(
+            "INSERT INTO steps (step_id, ingest_id, segment_id, request_id, step_index, ts, ts_inferred, g, accepted, "
+            "checked, beta_lo_sum, beta_hi_sum) "
+            "SELECT s.step_id, ?, sg.segment_id, s.request_id, s.step, coalesce(s.ts, ?::TIMESTAMP), s.ts IS NULL, "
+            "s.g, s.accepted, least(s.accepted + 1, s.g), s.beta_lo_sum, s.beta_hi_sum "
+            f"FROM flat_step_agg s JOIN flat_segments sg ON {on}",
+            [ingest_id, ingest_time, *on_params],
+        )
     # Positions are found by their step's id, never by where they lie: DuckDB may write them in any order, which a
     # large insert needs less memory for. Their segment, checked and accepted are their step's (store.py,
     # position_rows); an exact beta column wins over its bounds. Rows meet their step by a 64-bit hash of
@@ -514,28 +520,34 @@ def insert(
     # give a row two steps, so the rows written are counted and, on a mismatch, written again joined on the pair.
     # A piece's steps are those whose first line is in it, their ids one range (given as literals: the join knows
     # its bounds and reads only those rows of flat_step_agg).
-    def write(key: str, piece: tuple[int, int] | None, first_id: int, last_id: int) -> int:
+    # p_token and q_token go to position_tokens, only where given (store.py, migration 12).
+    def write(key: str, piece: tuple[int, int] | None, first_id: int, last_id: int, token_rows: bool = False) -> int:
+        into, values, given = (
+            ("position_tokens", "t.p_token, t.q_token", "WHERE t.p_token IS NOT NULL OR t.q_token IS NOT NULL")
+            if token_rows else
+            ("position_rows", "t.draft_token, coalesce(t.beta, t.beta_lo), coalesce(t.beta, t.beta_hi)", ""))
         return int(cur.execute(
-            f"INSERT INTO position_rows SELECT s.step_id, t.position - {base} + 1, t.draft_token, "
-            "coalesce(t.beta, t.beta_lo), coalesce(t.beta, t.beta_hi), t.p_token, t.q_token "
+            f"INSERT INTO {into} SELECT s.step_id, t.position - {base} + 1, {values} "
             f"FROM (SELECT {key} AS key, * FROM {_piece(source, piece)}) t "
             f"JOIN (SELECT {key} AS key, step_id FROM flat_step_agg "
-            f"WHERE step_id BETWEEN {first_id} AND {last_id}) s USING (key)").fetchall()[0][0])
+            f"WHERE step_id BETWEEN {first_id} AND {last_id}) s USING (key) {given}").fetchall()[0][0])
 
     cur.execute("SET preserve_insertion_order = false")
     try:
-        whole: list[tuple[int, int] | None] = [None]  # one pass over the whole file
-        ranges = pieces or whole
         for n, piece in enumerate(ranges):
             where = "" if piece is None else f"WHERE first_line BETWEEN {piece[0]} AND {piece[1]}"
             first_id, last_id, rows = cur.execute(
                 f"SELECT min(step_id), max(step_id), sum(g) FROM flat_step_agg {where}").fetchall()[0]
             if first_id is None:  # every step of the piece was rejected
                 continue
-            with query_progress(cur, _piece_progress(progress, n, len(ranges)), size):
-                if write(STEP_KEY, piece, first_id, last_id) != rows:
+            with query_progress(cur, _piece_progress(progress, n + 1, len(ranges) + 1), size):
+                key = STEP_KEY
+                if write(key, piece, first_id, last_id) != rows:
+                    key = "(request_id, step)"
                     cur.execute("DELETE FROM position_rows WHERE step_id BETWEEN ? AND ?", [first_id, last_id])
-                    write("(request_id, step)", piece, first_id, last_id)
+                    write(key, piece, first_id, last_id)
+                if tokens:
+                    write(key, piece, first_id, last_id, token_rows=True)
     finally:
         cur.execute("RESET preserve_insertion_order")
     return int(steps), int(positions or 0), int(inferred)
@@ -589,7 +601,8 @@ class Reader:
         job.steps, job.positions, job.no_time = insert(
             cur, source=source, base=base, ingest_id=ingest_id, default_template=job.default_template,
             ingest_time=job.ingest_time.isoformat(), segment_for=lambda t: get_or_create_segment(cur, run_id, t),
-            templates=flat.templates, pieces=flat.pieces, progress=half(size // 2), size=size)
+            templates=flat.templates, tokens=bool({"p_token", "q_token"} & set(flat.columns)), pieces=flat.pieces,
+            progress=half(size // 2), size=size)
         if job.progress:
             job.progress(size, size)
 

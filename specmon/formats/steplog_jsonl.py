@@ -22,7 +22,7 @@ from specmon.faults import Fault, RowFault
 from specmon.formats import steplog_sql, textio
 from specmon.formats.base import Job
 from specmon.limits import MAX_JSON_LINE_BYTES
-from specmon.store import Store, get_or_create_segment, next_step_id, query_progress
+from specmon.store import STEP_DETAILS, Store, get_or_create_segment, next_step_id, query_progress
 
 FORMATS = ("steplog-jsonl",)
 SOURCE = "steplog"
@@ -219,15 +219,18 @@ class Reader:
         segments = [get_or_create_segment(cur, run_id, t) for t in templates]
         segment_of = "map(?::VARCHAR[], ?::INTEGER[])[template]"
         base = next_step_id(cur)
-        cols = ("request_id, ts, ts_inferred, k, g, accepted, checked, temperature, target_ms, draft_ms, "
-                "beta_lo_sum, beta_hi_sum, emitted_tokens, pit_below, pit_mass, extra")
+        cols = "request_id, ts, ts_inferred, k, g, accepted, checked, beta_lo_sum, beta_hi_sum"
         cur.execute(
             f"INSERT INTO steps (step_id, ingest_id, segment_id, {cols}) SELECT ? + local_step, ?, {segment_of}, "
             f"{cols} FROM stage.staging_steps",
             [base, ingest_id, templates, segments])
-        cur.execute(
-            "INSERT INTO position_rows SELECT ? + local_step, position, draft_token, beta_lo, beta_hi, p_token, "
-            "q_token FROM stage.staging_positions", [base])
+        cur.execute(  # the optional fields only for the steps that give one (store.STEP_DETAILS)
+            f"INSERT INTO step_details SELECT ? + local_step, {', '.join(STEP_DETAILS)} FROM stage.staging_steps "
+            f"WHERE {' OR '.join(f'{c} IS NOT NULL' for c in STEP_DETAILS)}", [base])
+        cur.execute("INSERT INTO position_rows SELECT ? + local_step, position, draft_token, beta_lo, beta_hi "
+                    "FROM stage.staging_positions", [base])
+        cur.execute("INSERT INTO position_tokens SELECT ? + local_step, position, p_token, q_token "
+                    "FROM stage.staging_positions WHERE p_token IS NOT NULL OR q_token IS NOT NULL", [base])
 
     def close(self) -> None:
         if self.staging_path and self.store is not None:
