@@ -22,7 +22,7 @@ from specmon.faults import Fault, RowFault
 from specmon.formats import steplog_sql, textio
 from specmon.formats.base import Job
 from specmon.limits import MAX_JSON_LINE_BYTES
-from specmon.store import STEP_DETAILS, Store, get_or_create_segment, next_step_id, query_progress
+from specmon.store import STEP_DETAILS, STEP_DETAILS_GIVEN, Store, get_or_create_segment, next_step_id, query_progress
 
 FORMATS = ("steplog-jsonl",)
 SOURCE = "steplog"
@@ -226,7 +226,7 @@ class Reader:
             [base, ingest_id, templates, segments])
         cur.execute(  # the optional fields only for the steps that give one (store.STEP_DETAILS)
             f"INSERT INTO step_details SELECT ? + local_step, {', '.join(STEP_DETAILS)} FROM stage.staging_steps "
-            f"WHERE {' OR '.join(f'{c} IS NOT NULL' for c in STEP_DETAILS)}", [base])
+            f"WHERE {STEP_DETAILS_GIVEN}", [base])
         cur.execute("INSERT INTO position_rows SELECT ? + local_step, position, draft_token, beta_lo, beta_hi "
                     "FROM stage.staging_positions", [base])
         cur.execute("INSERT INTO position_tokens SELECT ? + local_step, position, p_token, q_token "
