@@ -353,9 +353,9 @@ class _Rates:
     grid: np.ndarray
     weights: np.ndarray
     b: float
-    center: float = 0.0
-    scale: float = 1.0
-    shift: float = 0.0
+    center: float
+    scale: float
+    shift: float
 
     def draw(self, rng: np.random.Generator, size: int | tuple) -> np.ndarray:
         r = rng.choice(self.grid, size=size, p=self.weights)
