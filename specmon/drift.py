@@ -309,10 +309,10 @@ class _Mixing:
         fit), smoothed (_Rates)."""
         w = self._em(counts.astype(float), self.start, MIXING_ITERATIONS)
         logit = np.log(self.grid / (1 - self.grid))
-        mean = w @ logit
+        mean = float(w @ logit)
         cdf = np.cumsum(w)
         iqr = logit[np.searchsorted(cdf, 0.75)] - logit[np.searchsorted(cdf, 0.25)]
-        var = max(w @ (logit - mean) ** 2, 0.0)
+        var = max(float(w @ (logit - mean) ** 2), 0.0)
         sd = math.sqrt(var)
         spread = min(sd, iqr / 1.34) if iqr > 0 else sd
         b = 0.9 * spread * len(counts) ** -0.2

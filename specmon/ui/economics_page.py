@@ -93,7 +93,7 @@ def render() -> None:
     b.markdown(f"**Speedup over (alpha, c) at k = {k}**")
     b.altair_chart(_heatmap(economics.surface_alpha_c(k), "c", "draft cost c", mine), width="stretch")
     if mine is not None:
-        st.caption(f"◆ your segment: alpha = {seg['alpha']:.3f} at the chosen k and c.")
+        st.caption(f"◆ your segment: alpha = {mine['alpha']:.3f} at the chosen k and c.")
 
     st.markdown("**Break-even alpha\\*(c)**: above its curve, a draft length pays for itself")
     ks = tuple(sorted(set(REFERENCE_KS) | {k}))
