@@ -84,7 +84,10 @@ def _progress_bar(label: str):
         bar.n = done
         bar.refresh()
 
-    return bar, update
+    def stage(what: str) -> None:  # the steps after the reading, which a full bar would hide
+        bar.set_description(f"{label}: {what}")
+
+    return bar, update, stage
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
@@ -109,10 +112,10 @@ def _ingest_one(store: Store, path: str, name: str, args: argparse.Namespace) ->
     """One file (or standard input, path "-") through the ingest, with a progress bar on stderr."""
     from specmon.ingest import ingest_file, ingest_stream
 
-    bar, update = _progress_bar(Path(name).name)
+    bar, update, stage = _progress_bar(Path(name).name)
     options = dict(run=args.run or ("stdin" if path == "-" else None), template=args.template,
                    skip_bad=args.skip_bad, report_path=args.report, fmt=args.format, sum_tol=args.sum_tol,
-                   progress=update)
+                   progress=update, stage=stage)
     try:
         if path == "-":
             return ingest_stream(store, sys.stdin.buffer, name, **options)

@@ -70,6 +70,7 @@ def utc_now() -> datetime:
 
 
 InTransaction = Callable[[duckdb.DuckDBPyConnection, "IngestResult"], None]
+Stage = Callable[[str], None]  # told what an ingest is doing once its reading is done
 
 
 def ingest_file(
@@ -84,6 +85,7 @@ def ingest_file(
     fmt: str | None = None,
     sum_tol: float = steplog.DEFAULT_SUM_TOLERANCE,
     progress: Progress | None = None,
+    stage: Stage | None = None,
     demo: bool = False,
     run_meta: str | None = None,
     dedupe_key: str | None = None,
@@ -95,7 +97,10 @@ def ingest_file(
     For a watched source, which ingests a followed file piece by piece: `dedupe_key` replaces the content hash as
     what makes an ingest a no-op when repeated, `first_line` numbers the piece's lines as in the whole file, and
     `in_transaction(cur, result)` runs inside the publishing transaction (to commit the read position with the
-    data it covers); it is not called when the file is rejected or was already ingested."""
+    data it covers); it is not called when the file is rejected or was already ingested.
+
+    progress(done, total) follows the reading in bytes; stage(what) names each step after it ("storing", "rollups",
+    "committing"), which can take a while for a large file once every byte has been read."""
     name = name or path
     _check_readable(path, name)
     result = IngestResult(file=name, status="stored", source_format=fmt or "", run=run or Path(name).stem or "default")
@@ -122,7 +127,8 @@ def ingest_file(
         if getattr(reader, "prepares", True) and store.query("SELECT 1 FROM ingests WHERE sha256 = ?", [sha]):
             return _already(result)
         reader.prepare(store)
-        return _publish(store, reader, job, result, sha, demo=demo, run_meta=run_meta, in_transaction=in_transaction)
+        return _publish(store, reader, job, result, sha, demo=demo, run_meta=run_meta, in_transaction=in_transaction,
+                        stage=stage or _no_stage)
     except Rejected as rej:
         _fill(result, job)
         return _rejected(result, rej.args[0])
@@ -141,8 +147,12 @@ def _check_readable(path: str, name: str) -> None:
         raise SpecmonError(f"{name}: cannot be read (permission denied)")
 
 
+def _no_stage(what: str) -> None:
+    """The stage callback of an ingest nobody watches."""
+
+
 def _publish(store: Store, reader, job: Job, result: IngestResult, sha: str, *, demo: bool, run_meta: str | None,
-             in_transaction: InTransaction | None) -> IngestResult:
+             in_transaction: InTransaction | None, stage: Stage) -> IngestResult:
     """The one transaction that makes a read file visible: its run, its ingest record, its rows, their rollups,
     and whatever the caller commits with them. Raises Rejected (nothing is stored) when the reader finds a fault."""
     module = formats.module(job.fmt)
@@ -153,11 +163,14 @@ def _publish(store: Store, reader, job: Job, result: IngestResult, sha: str, *, 
         run_id = get_or_create_run(cur, result.run, source, demo, run_meta)
         ingest_id = add_ingest(cur, file_name=Path(job.name).name, sha256=sha, ingested_at=job.ingest_time,
                                source_format=job.fmt, run_id=run_id)
+        stage("storing")
         reader.publish(cur, run_id, ingest_id)
+        stage("rollups")
         refresh_rollups(cur, ingest_id)
         _record_counts(cur, result, job, ingest_id, module.SOURCE)
         if in_transaction:
             in_transaction(cur, result)
+        stage("committing")
     return result
 
 

@@ -310,3 +310,25 @@ def test_one_long_query_reports_its_progress_while_it_runs():
     assert all(0 < done <= total == 1000 for done, total in seen)
     assert [done for done, _ in seen] == sorted({done for done, _ in seen})  # only forwards
     assert conn.execute("SELECT current_setting('enable_progress_bar')").fetchone()[0] is False
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "csv"])
+def test_the_steps_after_the_reading_are_named_in_order(store, tmp_path, kind):
+    """Once every byte is read, a large file still has its rows written, its rollups added and its transaction
+    committed; a progress bar at 100% would hide that, so each step is named, after the reading."""
+    if kind == "jsonl":
+        path = write_jsonl(tmp_path / "s.jsonl", [{**GOOD, "request_id": f"r{i}"} for i in range(50)])
+    else:
+        path = str(tmp_path / "s.csv")
+        (tmp_path / "s.csv").write_text("request_id,step,position,draft_token,accepted\n" +
+                                        "".join(f"r{i},0,1,5,1\nr{i},0,2,6,0\n" for i in range(50)))
+    events: list = []
+    res = ingest_file(store, path, progress=lambda done, total: events.append((done, total)), stage=events.append)
+    assert res.status == "stored"
+    stages = [e for e in events if isinstance(e, str)]
+    assert stages == ["storing", "rollups", "committing"]
+    size = tmp_path.joinpath(path).stat().st_size
+    read = [e for e in events[:events.index("rollups")] if not isinstance(e, str)]
+    assert read[-1] == (size, size) and not any(isinstance(e, tuple) for e in events[events.index("rollups"):])
+    again: list = []
+    assert ingest_file(store, path, stage=again.append).status == "already ingested" and again == []

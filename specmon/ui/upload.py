@@ -40,18 +40,26 @@ def _ingest_upload(store: Store, upload: UploadedFile, run: str | None, template
     label = md_text(upload.name)
     bar = st.progress(0.0, text=f"{label}: reading")
     page = get_script_run_ctx()
+    share, doing = 0.0, "reading"
 
     def progress(done: int, total: int) -> None:
+        nonlocal share
         # a load done by one DuckDB query reports from a polling thread (store.query_progress): give it the page
         if get_script_run_ctx(suppress_warning=True) is None:
             add_script_run_ctx(threading.current_thread(), page)
-        bar.progress(min(done / total, 1.0) if total else 1.0, text=f"{label}: {done / 2**20:.1f} MB")
+        share = min(done / total, 1.0) if total else 1.0
+        bar.progress(share, text=f"{label}: {doing}, {done / 2**20:.1f} MB")
+
+    def stage(what: str) -> None:  # the steps after the reading, which a full bar would hide
+        nonlocal doing
+        doing = what
+        bar.progress(share, text=f"{label}: {what}")
 
     with tempfile.TemporaryDirectory(prefix="specmon-report-") as tmp:
         report_path = os.path.join(tmp, "rejected.jsonl")
         try:
             result = ingest_stream(store, upload, upload.name, run=run, template=template, skip_bad=skip_bad,
-                                   report_path=report_path, progress=progress)
+                                   report_path=report_path, progress=progress, stage=stage)
         except SpecmonError as exc:  # e.g. a run name that belongs to the demo: said as the CLI says it
             bar.progress(1.0, text=f"{label}: not stored")
             st.error(md_text(str(exc)))
