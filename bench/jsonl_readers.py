@@ -2,7 +2,8 @@
 (specmon/formats/steplog_sql.py): where its time goes, and what rate any reader installable from PyPI allows.
 
     nice python bench/jsonl_readers.py [--positions 100000] [--workdir DIR] [--reuse] [--repeat 3]
-                                       [--parts readers stages profile duckdb_types python_path] [--out FILE]
+                                       [--parts readers stages profile duckdb_types python_path]
+                                       [--files same_tokens varying_tokens] [--out FILE]
 
 On the two top-20 files of bench/ingest.py (the same 20 tokens at every position, and tokens that change per
 position), every measurement in a fresh process, CPU seconds of all its threads beside the wall time:
@@ -14,7 +15,7 @@ position), every measurement in a fresh process, CPU seconds of all its threads 
   same-token file, one per token of the file on the varying one, so they are timed there on its first 200 lines
   only, to show the width). A reader whose package is missing is reported as such.
 - stages: the fast path's own query cut after each stage (read, trailing-comma screen, decode, split, checks, p and
-  q, bounds, stored), cumulative.
+  q, bounds, stored), cumulative; alternating, `--repeat` times.
 - profile: specmon's whole ingest, statement by statement (staging, publishing, rollups, the file's hash).
 - duckdb_types: read_json with the logprobs typed as MAP(VARCHAR, DOUBLE)[], MAP(INTEGER, DOUBLE)[], VARCHAR[] and
   JSON[] (split as the fast path does), each reduced by a query that touches every value of both fields.
@@ -243,21 +244,32 @@ def readers(path: str, name: str, positions: int, repeat: int, workdir: str) -> 
     return out
 
 
+def stages(path: str, repeat: int) -> dict:
+    """The fast path's query cut after each stage, alternating stage by stage, `repeat` times."""
+    runs: dict[str, list[dict]] = {stage: [] for stage in QUERY_STAGES}
+    for _ in range(repeat):
+        for stage, query in QUERY_STAGES.items():
+            runs[stage].append(run_child(QUERY_STAGE.format(query=query, path=path)))
+    return {stage: {"cpu_s": _spread([r["cpu_seconds"] for r in rs]), "wall_s": _spread([r["seconds"] for r in rs]),
+                    "peak_rss_mb": max(r["peak_rss_mb"] for r in rs)} for stage, rs in runs.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--positions", type=int, default=100_000)
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--reuse", action="store_true", help="keep the input files already in --workdir")
-    ap.add_argument("--repeat", type=int, default=3, help="runs of each reader, alternating")
+    ap.add_argument("--repeat", type=int, default=3, help="runs of each reader and each stage, alternating")
     parts = ("readers", "stages", "profile", "duckdb_types", "python_path")
     ap.add_argument("--parts", nargs="+", choices=parts, default=list(parts))
+    ap.add_argument("--files", nargs="+", choices=list(FILES), default=list(FILES))
     ap.add_argument("--out", default=None, help="also write the results here (JSON)")
     args = ap.parse_args()
     w = args.workdir or tempfile.mkdtemp(prefix="specmon-bench-")
     os.makedirs(w, exist_ok=True)
     results: dict = {"machine": machine(), "positions": args.positions, "repeat": args.repeat,
                      "load_average_at_start": os.getloadavg()[0]}
-    for name, writer in FILES.items():
+    for name, writer in ((n, w) for n, w in FILES.items() if n in args.files):
         path = os.path.join(w, f"{name}.jsonl")
         if not (args.reuse and os.path.exists(path)):
             writer(path, args.positions)
@@ -265,8 +277,7 @@ def main() -> None:
         if "readers" in args.parts:
             row["readers"] = readers(path, name, args.positions, args.repeat, w)
         if "stages" in args.parts:
-            row["fast path query, cumulative"] = {
-                stage: run_child(QUERY_STAGE.format(query=query, path=path)) for stage, query in QUERY_STAGES.items()}
+            row["fast path query, cumulative"] = stages(path, args.repeat)
         if "profile" in args.parts:
             db = os.path.join(w, f"{name}.duckdb")
             for p in (db, db + ".wal"):
