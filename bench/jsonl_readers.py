@@ -10,10 +10,11 @@ position), every measurement in a fresh process, CPU seconds of all its threads 
 - readers: DuckDB's bare auto-detected load (CREATE TABLE AS SELECT * FROM read_json, in memory), pyarrow.json,
   polars.read_ndjson, msgspec (untyped, and typed with the contract's fields), orjson line by line, and msgspec
   typed with every top-k entry gathered into numpy arrays (token ids, logprobs, entries per object): the least a
-  reader outside DuckDB must do before any check, p_i(x_i) or bound. Alternating reader by reader, `--repeat`
-  times; median and range. pyarrow and polars turn each object's keys into struct fields (20 fixed ones on the
-  same-token file, one per token of the file on the varying one, so they are timed there on its first 200 lines
-  only, to show the width). A reader whose package is missing is reported as such.
+  reader outside DuckDB must do before any check, p_i(x_i) or bound (then, timed apart, the four cheapest checks on
+  those arrays). Alternating reader by reader, `--repeat` times; median and range. pyarrow and polars turn each
+  object's keys into struct fields (20 fixed ones on the same-token file, one per token of the file on the varying
+  one, so they are timed there on its first 200 lines only, to show the width). A reader whose package is missing
+  is reported as such.
 - stages: the fast path's own query cut after each stage (read, trailing-comma screen, decode, split, checks, p and
   q, bounds, stored), cumulative; alternating, `--repeat` times.
 - profile: specmon's whole ingest, statement by statement (staging, publishing, rollups, the file's hash).
@@ -94,7 +95,16 @@ for s in steps:
 # the keys as one text parsed by numpy: the cheapest of the ways tried (int() per key, np.array(keys, int64),
 # .astype(int64) of a string array took 2.2 to 12 times as long on 9M keys)
 arrays = np.array(n, np.int64), np.fromstring(' '.join(keys), np.int64, sep=' '), np.array(values, np.float64)
-info['decode_cpu_seconds'], info['entries'] = decoded, len(values)"""),
+info['decode_cpu_seconds'], info['entries'] = decoded, len(values)
+# After the timed part: the four cheapest checks any path must make on these arrays (parse_step's finite and
+# <= 1e-6, the probabilities, each object's listed mass, its keys distinct), timed on their own.
+check = time.process_time(); counts, tokens, logprobs = arrays
+starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+fine = bool(np.isfinite(logprobs).all() and logprobs.max() <= 1e-6)
+mass = np.add.reduceat(np.exp(logprobs), starts) if len(starts) else np.zeros(0)
+ids = np.sort(np.repeat(np.arange(len(counts)), counts) * 2**32 + tokens)
+distinct = bool((np.diff(ids) != 0).all())
+info['cheapest_checks_cpu_seconds'] = time.process_time() - check"""),
 }
 WIDE = ("pyarrow.json.read_json", "polars.read_ndjson")  # readers that make each token a struct field
 WIDE_LINES = 200
@@ -235,8 +245,8 @@ def readers(path: str, name: str, positions: int, repeat: int, workdir: str) -> 
         out[reader] = {"positions": n, "cpu_s": _spread(cpu), "wall_s": _spread([r["seconds"] for r in rs]),
                        "positions_per_cpu_s": n / statistics.median(cpu),
                        "peak_rss_mb": max(r["peak_rss_mb"] for r in rs),
-                       **{k: v for k, v in rs[0].items() if k not in ("seconds", "cpu_seconds", "peak_rss_mb",
-                                                                        "wall_s")}}
+                       **{k: statistics.median(r[k] for r in rs) if isinstance(v, float) else v
+                          for k, v in rs[0].items() if k not in ("seconds", "cpu_seconds", "peak_rss_mb", "wall_s")}}
     bare = out["duckdb read_json (bare, auto)"]["cpu_s"]["median"]
     for row in out.values():
         if "cpu_s" in row and row["positions"] == positions:
