@@ -258,14 +258,14 @@ _ROLLUP_REQUESTS_SELECT_V8 = _rollup_requests_select("steps st", "st")
 ROLLUP_REQUESTS_SELECT = _rollup_requests_select("steps st LEFT JOIN step_details d USING (step_id)", "d")
 # The per-position rollup of the positions of the steps matching {where}; beta's bounds summed over checked
 # positions, with their counts (a bound is NULL where no distributions were logged). checked, accepted: SQL of
-# whether position p was checked, accepted.
-def _rollup_position_sums(checked: str, accepted: str) -> str:
+# whether position p was checked, accepted; hi: SQL of its beta_hi.
+def _rollup_position_sums(checked: str, accepted: str, hi: str = "p.beta_hi") -> str:
     return f"""
        count(*) FILTER (WHERE {checked}) AS checked, count(*) FILTER (WHERE {accepted}) AS accepted,
        sum(p.beta_lo::{ROLLUP_EXACT}) FILTER (WHERE {checked}) AS beta_lo_sum,
        count(p.beta_lo) FILTER (WHERE {checked}) AS beta_lo_n,
-       sum(p.beta_hi::{ROLLUP_EXACT}) FILTER (WHERE {checked}) AS beta_hi_sum,
-       count(p.beta_hi) FILTER (WHERE {checked}) AS beta_hi_n"""
+       sum(({hi})::{ROLLUP_EXACT}) FILTER (WHERE {checked}) AS beta_hi_sum,
+       count({hi}) FILTER (WHERE {checked}) AS beta_hi_n"""
 
 
 # Migration 8's text, as released (it reads the later positions view as it read the table).
@@ -279,10 +279,13 @@ FROM positions p JOIN steps st USING (step_id) WHERE {{where}} GROUP BY st.inges
 # columns to write: 2.7 against 4.2 CPU s for a 10M-position flat ingest's positions); the positions view joins
 # the rest back.
 _CHECKED, _ACCEPTED = "p.position <= st.checked", "p.position <= st.accepted"
+# A position's beta_hi: its own in position_bounds where it has a row there (migration 14), else its beta_lo.
+_BETA_HI = "CASE WHEN h.position IS NULL THEN p.beta_lo ELSE h.beta_hi END"
 ROLLUP_POSITIONS_SELECT = f"""
-SELECT st.ingest_id, st.segment_id, st.hour, p.position, {_rollup_position_sums(_CHECKED, _ACCEPTED)}
+SELECT st.ingest_id, st.segment_id, st.hour, p.position, {_rollup_position_sums(_CHECKED, _ACCEPTED, _BETA_HI)}
 FROM position_rows p JOIN (SELECT st.step_id, st.ingest_id, st.segment_id, {_HOUR_OF_STEP} AS hour, st.checked,
                                   st.accepted FROM steps st WHERE {{where}}) st USING (step_id)
+     LEFT JOIN position_bounds h USING (step_id, position)
 GROUP BY st.ingest_id, st.segment_id, st.hour, p.position
 """
 MIGRATIONS.append(
@@ -388,6 +391,14 @@ MIGRATIONS.append(
         FROM position_rows p JOIN steps st USING (step_id) LEFT JOIN position_tokens t USING (step_id, position);
     """
 )
+
+
+def bounds_differ(lo: str, hi: str) -> str:
+    """SQL: a position's bounds (SQL lo and hi) differ, so it has a row in position_bounds (migration 14). Compared
+    as DuckDB compares doubles (-0.0 equals 0.0, NaN equals NaN): what a reader sums is the same either way."""
+    return f"{hi} IS DISTINCT FROM {lo}"
+
+
 # A step's optional fields (none of which a flat file gives), apart from k, which the CUSUM reads with every step.
 # Migration 13 moves exactly these: another field needs a migration of its own, not an edit here.
 STEP_DETAILS = ("temperature", "target_ms", "draft_ms", "emitted_tokens", "pit_below", "pit_mass", "extra")
@@ -410,6 +421,28 @@ MIGRATIONS.append(
     );
     INSERT INTO step_details SELECT step_id, {', '.join(STEP_DETAILS)} FROM steps WHERE {STEP_DETAILS_GIVEN};
     {' '.join(f'ALTER TABLE steps DROP COLUMN {c};' for c in STEP_DETAILS)}
+    """
+)
+MIGRATIONS.append(
+    # 14: a position's beta_hi in position_bounds, only where it differs from its beta_lo (a log of top-k
+    # logprobs, or one bound alone): an exact beta, from dense distributions or given, has lo == hi, and the
+    # column cost a 10M-position flat ingest's positions write about 0.25 CPU s. The positions view and the
+    # positions' rollup take beta_lo where a position has no row there.
+    f"""
+    DROP VIEW positions;
+    CREATE TABLE position_bounds (
+        step_id     BIGINT NOT NULL,
+        position    SMALLINT NOT NULL,
+        beta_hi     DOUBLE
+    );
+    INSERT INTO position_bounds SELECT step_id, position, beta_hi FROM position_rows
+        WHERE {bounds_differ("beta_lo", "beta_hi")};
+    ALTER TABLE position_rows DROP COLUMN beta_hi;
+    CREATE VIEW positions AS
+        SELECT p.step_id, st.segment_id, p.position, p.draft_token, {_CHECKED} AS checked, {_ACCEPTED} AS accepted,
+               p.beta_lo, {_BETA_HI} AS beta_hi, t.p_token, t.q_token
+        FROM position_rows p JOIN steps st USING (step_id) LEFT JOIN position_tokens t USING (step_id, position)
+        LEFT JOIN position_bounds h USING (step_id, position);
     """
 )
 SCHEMA_VERSION = len(MIGRATIONS)
