@@ -281,13 +281,22 @@ FROM positions p JOIN steps st USING (step_id) WHERE {{where}} GROUP BY st.inges
 _CHECKED, _ACCEPTED = "p.position <= st.checked", "p.position <= st.accepted"
 # A position's beta_hi: its own in position_bounds where it has a row there (migration 14), else its beta_lo.
 _BETA_HI = "CASE WHEN h.position IS NULL THEN p.beta_lo ELSE h.beta_hi END"
-ROLLUP_POSITIONS_SELECT = f"""
-SELECT st.ingest_id, st.segment_id, st.hour, p.position, {_rollup_position_sums(_CHECKED, _ACCEPTED, _BETA_HI)}
+
+
+def rollup_positions_select(bounds: bool = True) -> str:
+    """The per-position rollup of the positions of the steps matching {where}, from position_rows. bounds=False:
+    for steps none of whose positions has a row in position_bounds (their beta_hi is their beta_lo), which then
+    is neither joined nor summed twice (DuckDB computes a repeated aggregate once)."""
+    hi, join = (_BETA_HI, "LEFT JOIN position_bounds h USING (step_id, position)") if bounds else ("p.beta_lo", "")
+    return f"""
+SELECT st.ingest_id, st.segment_id, st.hour, p.position, {_rollup_position_sums(_CHECKED, _ACCEPTED, hi)}
 FROM position_rows p JOIN (SELECT st.step_id, st.ingest_id, st.segment_id, {_HOUR_OF_STEP} AS hour, st.checked,
-                                  st.accepted FROM steps st WHERE {{where}}) st USING (step_id)
-     LEFT JOIN position_bounds h USING (step_id, position)
+                                  st.accepted FROM steps st WHERE {{where}}) st USING (step_id) {join}
 GROUP BY st.ingest_id, st.segment_id, st.hour, p.position
 """
+
+
+ROLLUP_POSITIONS_SELECT = rollup_positions_select()
 MIGRATIONS.append(
     # 8: the rollups, rebuilt from the steps and positions already stored.
     f"""
@@ -877,11 +886,13 @@ def refresh_rollups(cur: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
                                           "JOIN segments sg2 USING (segment_id) WHERE r2.ingest_id = ?) t "
                                           "ON t.run_id = sg.run_id AND t.request_id = r.request_id"), [ingest_id])
     # The steps' id range as literals: DuckDB plans the join knowing the ids' bounds on both sides.
+    select = rollup_positions_select(bool(cur.execute(
+        "SELECT count(*) FROM position_bounds WHERE step_id BETWEEN ? AND ?", [lo, hi]).fetchall()[0][0]))
     ranges = [(a, min(a + ROLLUP_RANGE_STEPS - 1, int(hi))) for a in range(int(lo), int(hi) + 1, ROLLUP_RANGE_STEPS)]
     for n, (a, b) in enumerate(ranges):
         where = f"st.step_id BETWEEN {a} AND {b} AND st.ingest_id = ?"  # integers read above
         into = ("INSERT INTO rollup_positions BY NAME" if len(ranges) == 1 else
                 "INSERT INTO rollup_positions_parts" if n else "CREATE OR REPLACE TEMP TABLE rollup_positions_parts AS")
-        cur.execute(f"{into} {ROLLUP_POSITIONS_SELECT.format(where=where)}", [ingest_id])
+        cur.execute(f"{into} {select.format(where=where)}", [ingest_id])
     if len(ranges) > 1:
         cur.execute(f"INSERT INTO rollup_positions BY NAME {_ROLLUP_POSITIONS_ADD}; DROP TABLE rollup_positions_parts")
