@@ -258,14 +258,14 @@ _ROLLUP_REQUESTS_SELECT_V8 = _rollup_requests_select("steps st", "st")
 ROLLUP_REQUESTS_SELECT = _rollup_requests_select("steps st LEFT JOIN step_details d USING (step_id)", "d")
 # The per-position rollup of the positions of the steps matching {where}; beta's bounds summed over checked
 # positions, with their counts (a bound is NULL where no distributions were logged). checked, accepted: SQL of
-# whether position p was checked, accepted.
-def _rollup_position_sums(checked: str, accepted: str) -> str:
+# whether position p was checked, accepted; hi: SQL of its beta_hi.
+def _rollup_position_sums(checked: str, accepted: str, hi: str = "p.beta_hi") -> str:
     return f"""
        count(*) FILTER (WHERE {checked}) AS checked, count(*) FILTER (WHERE {accepted}) AS accepted,
        sum(p.beta_lo::{ROLLUP_EXACT}) FILTER (WHERE {checked}) AS beta_lo_sum,
        count(p.beta_lo) FILTER (WHERE {checked}) AS beta_lo_n,
-       sum(p.beta_hi::{ROLLUP_EXACT}) FILTER (WHERE {checked}) AS beta_hi_sum,
-       count(p.beta_hi) FILTER (WHERE {checked}) AS beta_hi_n"""
+       sum(({hi})::{ROLLUP_EXACT}) FILTER (WHERE {checked}) AS beta_hi_sum,
+       count({hi}) FILTER (WHERE {checked}) AS beta_hi_n"""
 
 
 # Migration 8's text, as released (it reads the later positions view as it read the table).
@@ -279,12 +279,24 @@ FROM positions p JOIN steps st USING (step_id) WHERE {{where}} GROUP BY st.inges
 # columns to write: 2.7 against 4.2 CPU s for a 10M-position flat ingest's positions); the positions view joins
 # the rest back.
 _CHECKED, _ACCEPTED = "p.position <= st.checked", "p.position <= st.accepted"
-ROLLUP_POSITIONS_SELECT = f"""
-SELECT st.ingest_id, st.segment_id, st.hour, p.position, {_rollup_position_sums(_CHECKED, _ACCEPTED)}
+# A position's beta_hi: its own in position_bounds where it has a row there (migration 14), else its beta_lo.
+_BETA_HI = "CASE WHEN h.position IS NULL THEN p.beta_lo ELSE h.beta_hi END"
+
+
+def rollup_positions_select(bounds: bool = True) -> str:
+    """The per-position rollup of the positions of the steps matching {where}, from position_rows. bounds=False:
+    for steps none of whose positions has a row in position_bounds (their beta_hi is their beta_lo), which then
+    is neither joined nor summed twice (DuckDB computes a repeated aggregate once)."""
+    hi, join = (_BETA_HI, "LEFT JOIN position_bounds h USING (step_id, position)") if bounds else ("p.beta_lo", "")
+    return f"""
+SELECT st.ingest_id, st.segment_id, st.hour, p.position, {_rollup_position_sums(_CHECKED, _ACCEPTED, hi)}
 FROM position_rows p JOIN (SELECT st.step_id, st.ingest_id, st.segment_id, {_HOUR_OF_STEP} AS hour, st.checked,
-                                  st.accepted FROM steps st WHERE {{where}}) st USING (step_id)
+                                  st.accepted FROM steps st WHERE {{where}}) st USING (step_id) {join}
 GROUP BY st.ingest_id, st.segment_id, st.hour, p.position
 """
+
+
+ROLLUP_POSITIONS_SELECT = rollup_positions_select()
 MIGRATIONS.append(
     # 8: the rollups, rebuilt from the steps and positions already stored.
     f"""
@@ -388,6 +400,14 @@ MIGRATIONS.append(
         FROM position_rows p JOIN steps st USING (step_id) LEFT JOIN position_tokens t USING (step_id, position);
     """
 )
+
+
+def bounds_differ(lo: str, hi: str) -> str:
+    """SQL: a position's bounds (SQL lo and hi) differ, so it has a row in position_bounds (migration 14). Compared
+    as DuckDB compares doubles (-0.0 equals 0.0, NaN equals NaN): what a reader sums is the same either way."""
+    return f"{hi} IS DISTINCT FROM {lo}"
+
+
 # A step's optional fields (none of which a flat file gives), apart from k, which the CUSUM reads with every step.
 # Migration 13 moves exactly these: another field needs a migration of its own, not an edit here.
 STEP_DETAILS = ("temperature", "target_ms", "draft_ms", "emitted_tokens", "pit_below", "pit_mass", "extra")
@@ -410,6 +430,28 @@ MIGRATIONS.append(
     );
     INSERT INTO step_details SELECT step_id, {', '.join(STEP_DETAILS)} FROM steps WHERE {STEP_DETAILS_GIVEN};
     {' '.join(f'ALTER TABLE steps DROP COLUMN {c};' for c in STEP_DETAILS)}
+    """
+)
+MIGRATIONS.append(
+    # 14: a position's beta_hi in position_bounds, only where it differs from its beta_lo (a log of top-k
+    # logprobs, or one bound alone): an exact beta, from dense distributions or given, has lo == hi, and the
+    # column cost a 10M-position flat ingest's positions write about 0.25 CPU s. The positions view and the
+    # positions' rollup take beta_lo where a position has no row there.
+    f"""
+    DROP VIEW positions;
+    CREATE TABLE position_bounds (
+        step_id     BIGINT NOT NULL,
+        position    SMALLINT NOT NULL,
+        beta_hi     DOUBLE
+    );
+    INSERT INTO position_bounds SELECT step_id, position, beta_hi FROM position_rows
+        WHERE {bounds_differ("beta_lo", "beta_hi")};
+    ALTER TABLE position_rows DROP COLUMN beta_hi;
+    CREATE VIEW positions AS
+        SELECT p.step_id, st.segment_id, p.position, p.draft_token, {_CHECKED} AS checked, {_ACCEPTED} AS accepted,
+               p.beta_lo, {_BETA_HI} AS beta_hi, t.p_token, t.q_token
+        FROM position_rows p JOIN steps st USING (step_id) LEFT JOIN position_tokens t USING (step_id, position)
+        LEFT JOIN position_bounds h USING (step_id, position);
     """
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -844,11 +886,13 @@ def refresh_rollups(cur: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
                                           "JOIN segments sg2 USING (segment_id) WHERE r2.ingest_id = ?) t "
                                           "ON t.run_id = sg.run_id AND t.request_id = r.request_id"), [ingest_id])
     # The steps' id range as literals: DuckDB plans the join knowing the ids' bounds on both sides.
+    select = rollup_positions_select(bool(cur.execute(
+        "SELECT count(*) FROM position_bounds WHERE step_id BETWEEN ? AND ?", [lo, hi]).fetchall()[0][0]))
     ranges = [(a, min(a + ROLLUP_RANGE_STEPS - 1, int(hi))) for a in range(int(lo), int(hi) + 1, ROLLUP_RANGE_STEPS)]
     for n, (a, b) in enumerate(ranges):
         where = f"st.step_id BETWEEN {a} AND {b} AND st.ingest_id = ?"  # integers read above
         into = ("INSERT INTO rollup_positions BY NAME" if len(ranges) == 1 else
                 "INSERT INTO rollup_positions_parts" if n else "CREATE OR REPLACE TEMP TABLE rollup_positions_parts AS")
-        cur.execute(f"{into} {ROLLUP_POSITIONS_SELECT.format(where=where)}", [ingest_id])
+        cur.execute(f"{into} {select.format(where=where)}", [ingest_id])
     if len(ranges) > 1:
         cur.execute(f"INSERT INTO rollup_positions BY NAME {_ROLLUP_POSITIONS_ADD}; DROP TABLE rollup_positions_parts")

@@ -222,7 +222,7 @@ def test_the_position_tokens_migration_keeps_p_and_q_where_given(store, tmp_path
         assert s.query("SELECT count(*), count(p_token), count(q_token) FROM position_tokens")[0] == (800, 800, 640)
         assert [c for (c,) in s.query("SELECT column_name FROM information_schema.columns "
                                       "WHERE table_name = 'position_rows' ORDER BY ordinal_position")] == \
-            ["step_id", "position", "draft_token", "beta_lo", "beta_hi"]
+            ["step_id", "position", "draft_token", "beta_lo"]  # beta_hi: position_bounds (migration 14)
 
 
 def test_the_step_details_migration_keeps_every_step_and_what_reads_them(store, tmp_path):
@@ -237,7 +237,8 @@ def test_the_step_details_migration_keeps_every_step_and_what_reads_them(store, 
     old = str(tmp_path / "old.duckdb")
     _old_store_from(store, old, "CREATE TABLE step_details", [
         *(f"INSERT INTO {t} SELECT * FROM cur.{t}" for t in ("runs", "segments", "ingests", "rollup_requests",
-                                                              "rollup_positions", "position_rows", "position_tokens")),
+                                                              "rollup_positions", "position_tokens")),
+        "INSERT INTO position_rows SELECT step_id, position, draft_token, beta_lo, beta_hi FROM cur.positions",
         "INSERT INTO steps BY NAME SELECT * FROM cur.steps LEFT JOIN cur.step_details USING (step_id)"]).close()
     with Store(old) as s:
         assert s.query(full) == steps
@@ -246,6 +247,39 @@ def test_the_step_details_migration_keeps_every_step_and_what_reads_them(store, 
         pit = lossless.pit_check(s, "demo_steplog", "v1")
         assert pit is not None and (pit.u == lossless.pit_check(store, "demo_steplog", "v1").u).all()
         assert "temperature" not in step_columns(s)
+
+
+def test_the_position_bounds_migration_keeps_beta_hi_where_it_differs(store, tmp_path):
+    topk = tmp_path / "topk.jsonl"  # beta's bounds differ at every position
+    with topk.open("wb") as out:
+        sampler.write_step_log(sampler.simulate_fixed_pair(PAPER_P, PAPER_Q, 4, 200, np.random.default_rng(0),
+                                                           distributions="topk", topk=3), out)
+    assert ingest_file(store, str(topk)).status == "stored"
+    df = flat_rows(n_steps=300)  # an exact beta (lo == hi) in half the rows, beta_lo alone (hi missing) in the rest
+    df.assign(beta=np.where(df.index % 2 == 0, df["beta"], np.nan),
+              beta_lo=np.where(df.index % 2 == 1, 0.8, np.nan)).to_parquet(tmp_path / "f.parquet")
+    assert ingest_file(store, str(tmp_path / "f.parquet")).status == "stored"
+    tables = ("runs", "segments", "ingests", "steps", "step_details", "rollup_requests", "rollup_positions",
+              "position_tokens")
+    full = {t: store.query(f"SELECT * FROM {t} ORDER BY ALL") for t in (*tables, "positions")}
+    differ = store.query("SELECT count(*) FILTER (WHERE beta_hi IS DISTINCT FROM beta_lo), "
+                         "count(*) FILTER (WHERE beta_hi IS NULL AND beta_lo IS NOT NULL) FROM positions")[0]
+    assert store.query("SELECT count(*) FROM position_bounds")[0][0] == differ[0] > 600 and differ[1] == 600
+    old = str(tmp_path / "old.duckdb")  # the schema before it: every position's beta_hi in position_rows
+    _old_store_from(store, old, "CREATE TABLE position_bounds", [
+        *(f"INSERT INTO {t} SELECT * FROM cur.{t}" for t in tables),
+        "INSERT INTO position_rows SELECT step_id, position, draft_token, beta_lo, beta_hi FROM cur.positions"]).close()
+    with Store(old) as s:
+        assert {t: s.query(f"SELECT * FROM {t} ORDER BY ALL") for t in full} == full
+        assert s.query("SELECT count(*) FROM position_bounds")[0][0] == differ[0]
+        assert summarize(s) == summarize(store)
+        # the rollups rebuilt from the migrated rows are those stored before
+        with s.transaction() as cur:
+            cur.execute("DELETE FROM rollup_positions")
+            for (ingest_id,) in cur.execute("SELECT ingest_id FROM ingests").fetchall():
+                cur.execute(f"INSERT INTO rollup_positions BY NAME "
+                            f"{store_mod.ROLLUP_POSITIONS_SELECT.format(where='st.ingest_id = ?')}", [ingest_id])
+        assert s.query("SELECT * FROM rollup_positions ORDER BY ALL") == full["rollup_positions"]
 
 
 def test_user_text_is_data_not_sql(store, tmp_path):

@@ -22,7 +22,7 @@ from specmon.faults import Fault
 from specmon.formats import textio
 from specmon.formats.base import Job, Progress, Rejected
 from specmon.limits import MAX_DRAFT_LEN, MAX_TOKEN_ID
-from specmon.store import Store, get_or_create_segment, next_step_id, query_progress
+from specmon.store import Store, bounds_differ, get_or_create_segment, next_step_id, query_progress
 
 FORMATS = ("flat-parquet", "flat-csv")
 SOURCE = "steplog"
@@ -475,13 +475,15 @@ def insert(
     segment_for: Callable[[str], int],
     templates: list[str] | None,
     tokens: bool = False,
+    bounds: bool = False,
     pieces: list[tuple[int, int]] | None = None,
     progress: Progress | None = None,
     size: int = 0,
 ) -> tuple[int, int, int]:
     """Insert the checked rows of `source` (flat_cast or flat_typed; its steps, with their ids, in flat_step_agg) as
     steps and positions, the positions piece by piece (each step's rows lie in one piece). templates: as for
-    _aggregate_steps. tokens: the file has p_token or q_token. progress: as for screen, for the steps' and positions'
+    _aggregate_steps. tokens: the file has p_token or q_token; bounds: beta_hi may differ from beta_lo (the file
+    has beta_lo or beta_hi, as well as or instead of beta). progress: as for screen, for the steps' and positions'
     writes. Returns (steps, positions, inferred_ts)."""
     steps, inferred, positions = cur.execute(
         "SELECT count(*), count(*) FILTER (WHERE ts IS NULL), sum(g) FROM flat_step_agg").fetchall()[0]
@@ -520,12 +522,15 @@ def insert(
     # give a row two steps, so the rows written are counted and, on a mismatch, written again joined on the pair.
     # A piece's steps are those whose first line is in it, their ids one range (given as literals: the join knows
     # its bounds and reads only those rows of flat_step_agg).
-    # p_token and q_token go to position_tokens, only where given (store.py, migration 12).
-    def write(key: str, piece: tuple[int, int] | None, first_id: int, last_id: int, token_rows: bool = False) -> int:
-        into, values, given = (
-            ("position_tokens", "t.p_token, t.q_token", "WHERE t.p_token IS NOT NULL OR t.q_token IS NOT NULL")
-            if token_rows else
-            ("position_rows", "t.draft_token, coalesce(t.beta, t.beta_lo), coalesce(t.beta, t.beta_hi)", ""))
+    # p_token and q_token go to position_tokens, only where given (store.py, migration 12), and beta_hi to
+    # position_bounds, only where it differs from beta_lo (migration 14).
+    lo, hi = (f"coalesce(t.beta, t.beta_{b})" for b in ("lo", "hi"))
+    tables = {"position_rows": (f"t.draft_token, {lo}", ""),
+              "position_tokens": ("t.p_token, t.q_token", "WHERE t.p_token IS NOT NULL OR t.q_token IS NOT NULL"),
+              "position_bounds": (hi, f"WHERE {bounds_differ(lo, hi)}")}
+
+    def write(key: str, piece: tuple[int, int] | None, first_id: int, last_id: int, into: str = "position_rows") -> int:
+        values, given = tables[into]
         return int(cur.execute(
             f"INSERT INTO {into} SELECT s.step_id, t.position - {base} + 1, {values} "
             f"FROM (SELECT {key} AS key, * FROM {_piece(source, piece)}) t "
@@ -547,7 +552,9 @@ def insert(
                     cur.execute("DELETE FROM position_rows WHERE step_id BETWEEN ? AND ?", [first_id, last_id])
                     write(key, piece, first_id, last_id)
                 if tokens:
-                    write(key, piece, first_id, last_id, token_rows=True)
+                    write(key, piece, first_id, last_id, "position_tokens")
+                if bounds:
+                    write(key, piece, first_id, last_id, "position_bounds")
     finally:
         cur.execute("RESET preserve_insertion_order")
     return int(steps), int(positions or 0), int(inferred)
@@ -601,7 +608,8 @@ class Reader:
         job.steps, job.positions, job.no_time = insert(
             cur, source=source, base=base, ingest_id=ingest_id, default_template=job.default_template,
             ingest_time=job.ingest_time.isoformat(), segment_for=lambda t: get_or_create_segment(cur, run_id, t),
-            templates=flat.templates, tokens=bool({"p_token", "q_token"} & set(flat.columns)), pieces=flat.pieces,
+            templates=flat.templates, tokens=bool({"p_token", "q_token"} & set(flat.columns)),
+            bounds=_bound(flat.columns, "lo") != _bound(flat.columns, "hi"), pieces=flat.pieces,
             progress=half(size // 2), size=size)
         if job.progress:
             job.progress(size, size)

@@ -22,7 +22,15 @@ from specmon.faults import Fault, RowFault
 from specmon.formats import steplog_sql, textio
 from specmon.formats.base import Job
 from specmon.limits import MAX_JSON_LINE_BYTES
-from specmon.store import STEP_DETAILS, STEP_DETAILS_GIVEN, Store, get_or_create_segment, next_step_id, query_progress
+from specmon.store import (
+    STEP_DETAILS,
+    STEP_DETAILS_GIVEN,
+    Store,
+    bounds_differ,
+    get_or_create_segment,
+    next_step_id,
+    query_progress,
+)
 
 FORMATS = ("steplog-jsonl",)
 SOURCE = "steplog"
@@ -227,8 +235,10 @@ class Reader:
         cur.execute(  # the optional fields only for the steps that give one (store.STEP_DETAILS)
             f"INSERT INTO step_details SELECT ? + local_step, {', '.join(STEP_DETAILS)} FROM stage.staging_steps "
             f"WHERE {STEP_DETAILS_GIVEN}", [base])
-        cur.execute("INSERT INTO position_rows SELECT ? + local_step, position, draft_token, beta_lo, beta_hi "
+        cur.execute("INSERT INTO position_rows SELECT ? + local_step, position, draft_token, beta_lo "
                     "FROM stage.staging_positions", [base])
+        cur.execute("INSERT INTO position_bounds SELECT ? + local_step, position, beta_hi FROM stage.staging_positions "
+                    f"WHERE {bounds_differ('beta_lo', 'beta_hi')}", [base])
         cur.execute("INSERT INTO position_tokens SELECT ? + local_step, position, p_token, q_token "
                     "FROM stage.staging_positions WHERE p_token IS NOT NULL OR q_token IS NOT NULL", [base])
 
