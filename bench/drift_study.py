@@ -204,7 +204,7 @@ def mixing_tail_cell(rng: np.random.Generator, rho: float, lengths: str, k: int,
         a, c, req = streams.steps(rng, drift.REFERENCE_STEPS, P0, k, rho, lengths, shape)
         _, inverse = np.unique(req, return_inverse=True)
         g = int(inverse.max()) + 1
-        mixing = drift._Mixing.of(a, c, inverse)
+        mixing = drift._Mixing(np.bincount(inverse, weights=a), np.bincount(inverse, weights=c))
         for _ in range(drift.CALIBRATION_GROUPS):
             rates = mixing.fit(np.bincount(rng.integers(0, g, g), minlength=g))
             r = rates.draw(rng, 4000)

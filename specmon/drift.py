@@ -53,7 +53,7 @@ MIXING_GRID = 100  # points of the grid of cluster acceptance (_Mixing)
 MIXING_ITERATIONS = 40  # EM iterations per group, from the whole reference's fit (10 x as many)
 # Raised whenever calibrate gives another threshold for the same input, so thresholds kept in a database
 # (specmon.drift_state) are calibrated again rather than reused.
-CALIBRATION_VERSION = 8
+CALIBRATION_VERSION = 7
 
 
 @dataclass(frozen=True)
@@ -172,7 +172,7 @@ def calibrate(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p
     _, inverse = np.unique(clusters, return_inverse=True)
     n_clusters = int(inverse.max()) + 1
     single = n_clusters == len(a)  # engine windows: every point its own cluster
-    mixing = _Mixing.of(a, n, inverse)
+    mixing = _Mixing(np.bincount(inverse, weights=a), np.bincount(inverse, weights=n))
     points = []
     for _ in range(groups):
         pool = rng.integers(0, n_clusters, n_clusters)
@@ -295,57 +295,20 @@ class _Mixing:
     moments it keeps the shape the data show (a cluster of hard requests one in ten), and where clusters do not
     differ beyond chance it comes out nearly a single point instead of a spread the chance variation leaves."""
 
-    def __init__(self, pa: np.ndarray, pn: np.ndarray, steps: tuple[np.ndarray, np.ndarray, int] | None = None):
-        """pa, pn: each cluster's accepted and checked positions; steps: for a step log, each cluster's steps, the
-        sum of its steps' squared accepted counts and the draft length k (for the moment estimate of the spread,
-        between_variance); None for windows."""
+    def __init__(self, pa: np.ndarray, pn: np.ndarray):
         rate = pa / np.maximum(pn, 1)
         slack = 4 * np.sqrt(0.25 / np.maximum(pn, 1))
         self.grid = np.linspace(max(1e-3, float((rate - slack).min())), min(1 - 1e-3, float((rate + slack).max())),
                                 MIXING_GRID)
-        self.pa, self.pn, self.steps = pa, pn, steps
         loglik = pa[:, None] * np.log(self.grid) + (pn - pa)[:, None] * np.log1p(-self.grid)
         self.lik = np.exp(loglik - loglik.max(axis=1, keepdims=True))  # (clusters, grid)
         self.start = self._em(np.ones(len(pa)), np.full(MIXING_GRID, 1 / MIXING_GRID), MIXING_ITERATIONS * 10)
 
-    @staticmethod
-    def of(accepted: np.ndarray, checked: np.ndarray, inverse: np.ndarray) -> _Mixing:
-        """The estimate from points (steps, or windows where every point is its own cluster) and the cluster of
-        each (inverse: 0 .. clusters - 1)."""
-        pa = np.bincount(inverse, weights=accepted)
-        pn = np.bincount(inverse, weights=checked)
-        if len(pa) == len(accepted):
-            return _Mixing(pa, pn)
-        steps = (np.bincount(inverse).astype(float), np.bincount(inverse, weights=np.square(accepted)),
-                 max(int(np.max(checked)), 1))
-        return _Mixing(pa, pn, steps)
-
     def fit(self, counts: np.ndarray) -> _Rates:
         """The distribution for a group holding each reference cluster counts times (EM from the whole reference's
-        fit), its spread capped at the moment estimate (between_variance), smoothed (_Rates).
-
-        The maximum-likelihood weights are a spread that cannot be negative, and their edges follow the smallest
-        clusters: a request of one step, rejected, is likeliest at acceptance 0, and the weights put a little mass
-        there, which the simulation then gives requests of any length. So where the weights' variance of r exceeds
-        the moment estimate (between_variance: unbiased, and 0 about half the time where clusters do not differ),
-        the grid is shrunk towards the weights' mean of r (kept) until the two agree to first order. For a step log
-        the variance compared is that of a step's expected accepted count, sum_{j<=k} g^j at acceptance g (every
-        position at the request's acceptance), since a step's checked count grows with its acceptance."""
-        c = counts.astype(float)
-        w = self._em(c, self.start, MIXING_ITERATIONS)
-        grid = self.grid
-        if self.steps is None:
-            scale_of, cap = grid, between_variance(self.pa, self.pn, c)
-        else:
-            units, squares, k = self.steps
-            scale_of = sum(grid ** j for j in range(1, k + 1))
-            cap = between_variance(self.pa, units, c, squares)
-        mean_scale = float(w @ scale_of)
-        var_scale = float(w @ (scale_of - mean_scale) ** 2)
-        if var_scale > cap:
-            mean_r = float(w @ grid)
-            grid = np.clip(mean_r + math.sqrt(cap / var_scale) * (grid - mean_r), 1e-3, 1 - 1e-3)
-        logit = np.log(grid / (1 - grid))
+        fit), smoothed (_Rates)."""
+        w = self._em(counts.astype(float), self.start, MIXING_ITERATIONS)
+        logit = np.log(self.grid / (1 - self.grid))
         mean = float(w @ logit)
         cdf = np.cumsum(w)
         iqr = logit[np.searchsorted(cdf, 0.75)] - logit[np.searchsorted(cdf, 0.25)]
@@ -354,7 +317,7 @@ class _Mixing:
         spread = min(sd, iqr / 1.34) if iqr > 0 else sd
         b = 0.9 * spread * len(counts) ** -0.2
         if b <= 0:
-            return _Rates(grid, w, 0.0, mean, 1.0, 0.0)
+            return _Rates(self.grid, w, 0.0, mean, 1.0, 0.0)
         # shrink towards the weights' mean so that the kernel keeps their variance on the log-odds scale (Silverman
         # 1986, 6.4.1): a widening alone would add b^2, simulated requests differing more than the data's
         scale = 1 / math.sqrt(1 + b * b / var)
@@ -362,51 +325,19 @@ class _Mixing:
         # 20 Gauss-Hermite nodes), since the false-alarm rate is steep in the mean acceptance
         nodes, node_w = np.polynomial.hermite_e.hermegauss(20)
         node_w = node_w / node_w.sum()
-        target = w @ grid
+        target = w @ self.grid
         base = mean + scale * (logit[:, None] - mean + b * nodes[None, :])
         shift = 0.0
         for _ in range(8):
             e = 1 / (1 + np.exp(-(base + shift)))
             shift += (target - w @ e @ node_w) / (w @ (e * (1 - e)) @ node_w)
-        return _Rates(grid, w, b, mean, scale, shift)
+        return _Rates(self.grid, w, b, mean, scale, shift)
 
     def _em(self, counts: np.ndarray, w: np.ndarray, iterations: int) -> np.ndarray:
         for _ in range(iterations):
             # (a cluster the group does not hold may have no weight left near it: 0 / 0 must count as 0)
             w = w * (self.lik.T @ (counts / np.maximum(self.lik @ w, 1e-300))) / counts.sum()
         return w / w.sum()
-
-
-def between_variance(total: np.ndarray, units: np.ndarray, counts: np.ndarray,
-                     squares: np.ndarray | None = None) -> float:
-    """The moment estimate (at least 0) of tau^2, the variance between clusters of a unit's mean, each cluster
-    (total of its units' values, units of it) taken counts times as an independent draw. S = sum c_i (t_i - u_i m)^2
-    about the pooled mean m has expectation v A + tau^2 B, v a unit's variance within a cluster (averaged over
-    clusters), A = U - sum c u^2 / U and B = sum c u^2 - 2 sum c u^3 / U + (sum c u^2)^2 / U^2 (U = sum c u); solved
-    for tau^2. squares (each cluster's sum of its units' squared values) gives v as the pooled within-cluster
-    variance: units are steps, valued by their accepted count. Without it units are checked positions, each
-    Bernoulli(r) given the ones before (so v = m (1 - m) - tau^2, for r's variance tau^2): exact for windows.
-    It assumes the number of units independent of the cluster's acceptance (for steps: lengths independent of
-    acceptance, as the calibration does) and is unbiased for tau^2 before the floor at 0."""
-    u_total = float(counts @ units)
-    if u_total <= 0:
-        return 0.0
-    m = float(counts @ total) / u_total
-    s = float(counts @ (total - units * m) ** 2)
-    u2 = float(counts @ units ** 2)
-    a_coef = u_total - u2 / u_total
-    b_coef = u2 - 2 * float(counts @ units ** 3) / u_total + u2 * u2 / u_total ** 2
-    if squares is None:
-        b_coef -= a_coef  # v = m (1 - m) - tau^2
-        v = m * (1 - m)
-    else:
-        spare = float(counts @ (units - 1))  # within-cluster degrees of freedom
-        if spare <= 0:
-            return 0.0  # no cluster of two steps: the spread cannot be told from chance
-        v = float(counts @ (squares - total ** 2 / np.maximum(units, 1))) / spare
-    if b_coef <= 0:
-        return 0.0  # every cluster one unit
-    return max((s - v * a_coef) / b_coef, 0.0)
 
 
 @dataclass(frozen=True)
