@@ -207,7 +207,7 @@ def parse_since(text: str | None, flag: str = "--since") -> datetime | None:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from specmon import alarms, summary
-    from specmon.segments import is_problem
+    from specmon.segments import is_problem, why_unknown
 
     since = parse_since(args.since)
     with _open_store(args) as store:
@@ -253,8 +253,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         for line in problems:
             print(line)
     for r in unknown:
-        _err(f"cannot judge run {r['run']!r}, template {r['template'] or '-'!r}: no draft/target timings "
-             "in the log, so the draft cost c is unknown; pass --c")
+        _err(f"cannot judge run {r['run']!r}, template {r['template'] or '-'!r}: {why_unknown(r)}; pass --c")
     if problems:
         return EXIT_FINDING
     if unknown:

@@ -44,6 +44,15 @@ def is_problem(status: str) -> bool:
     return status in PROBLEM_STATUSES
 
 
+def why_unknown(row: dict) -> str:
+    """Why a segment's status is "unknown", as the CLI and the pages say it: what economics() lacked."""
+    if row.get("c") is None:
+        return "no draft/target timings in the log, so the draft cost c is unknown"
+    if not row.get("k"):
+        return "its draft length k is unknown"
+    return "its per-token acceptance alpha has no interval"
+
+
 def point_beta(lo: float | None, hi: float | None) -> float | None:
     """Predicted beta as a point where its bounds coincide (dense distributions), else None (top-k: an interval)."""
     if lo is None or hi is None or abs(hi - lo) >= _EXACT_BETA_WIDTH:

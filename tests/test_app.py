@@ -13,6 +13,7 @@ from streamlit.testing.v1 import AppTest
 from specmon import lossless, summary, theory
 from specmon.settings import LIVE_DEFAULTS, PROPOSER_LABELS
 from specmon.store import Store
+from specmon.ui.widgets import md_text
 
 APP = Path(__file__).resolve().parent.parent / "app.py"
 PAGES = ["overview", "acceptance", "economics_page", "drift_page", "upload", "live_page", "lossless_page"]
@@ -58,6 +59,7 @@ def test_overview_shows_the_summary(app_db):
     assert list(table["alpha"].round(9)) == [round(r["alpha"], 9) for r in rows]
     assert list(table["break-even alpha*"].round(9)) == [round(r["break_even_alpha"], 9) for r in rows]
     assert any("v2" in e.value and "losing" in e.value for e in at.error)
+    assert not any("cannot be judged" in i.value for i in at.info)  # the demo's c is measured
 
 
 def test_acceptance_shows_the_segment_and_its_positions(app_db):
@@ -128,6 +130,9 @@ def test_every_page_renders_with_engine_data(app_db, tmp_path):
         assert not at.error, (page, [e.value for e in at.error])
         if page == "overview":
             assert list(at.dataframe[0].value["run"]) == ["vllm-prod"]
+            # engine counters carry no timings: the page says why the status is unknown, as `check` does
+            assert any(md_text("vllm-prod") in i.value and "cannot be judged" in i.value and "draft cost c is unknown"
+                       in i.value for i in at.info)
         if page == "acceptance":
             assert any("Engine-reported figures" in i.value for i in at.info)
 

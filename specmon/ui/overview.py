@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from specmon import display
-from specmon.segments import is_problem
+from specmon.segments import is_problem, why_unknown
 from specmon.ui import data
 from specmon.ui.widgets import EMPTY, STATUS_BADGE, STATUS_COLOURS, demo_banner, fmt, guarded, md_text, segment_label
 
@@ -68,6 +68,10 @@ def render() -> None:
         st.error(f"**{md_text(segment_label(r))}** is {r['status']}: alpha = {r['alpha']:.3f} "
                  f"(95% CI {r['alpha_lo']:.3f}–{r['alpha_hi']:.3f}) against break-even alpha* = "
                  f"{fmt(r['break_even_alpha'])} at k = {r['k']}, c = {fmt(r['c'])}.")
+    for r in rows:
+        if r["status"] == "unknown":
+            st.info(f"**{md_text(segment_label(r))}** cannot be judged: {why_unknown(r)}. Give c with `specmon "
+                    "summary --c` or `specmon watch --c`, or try one on the Economics page.")
     st.altair_chart(acceptance_chart(rows), width="stretch")
     st.caption("Point: per-token acceptance alpha (accepted / checked positions); bar: its 95% Wilson interval, "
                "widened for correlation within a request. Black tick: break-even alpha* for the segment's k and c.")
