@@ -40,8 +40,7 @@ def homogeneous_threshold(a: np.ndarray, n: np.ndarray, req: np.ndarray, p0: flo
     for _ in range(groups):
         pool = rng.integers(0, g, g)
         counts = np.bincount(pool, minlength=g)
-        rates = drift._Rates(np.array([counts @ pa / (counts @ pn)]), np.array([1.0]), 0.0, 0.0, 1.0, 0.0,
-                             np.ones((g, 1)))
+        rates = drift._Rates(np.array([counts @ pa / (counts @ pn)]), np.array([1.0]), 0.0, 0.0, 1.0, 0.0)
         points.append(drift._StepProcess(a, n, inverse, pool, rates).draw(rng, 5, 5 * arl0))
     return drift._solve([drift._cumulative(x, y, p0, p1) for x, y in points], arl0)
 
@@ -65,9 +64,8 @@ def drawn_spread(rng: np.random.Generator, a: np.ndarray, c: np.ndarray, req: np
     mixing = drift._Mixing(np.bincount(inverse, weights=a), np.bincount(inverse, weights=c))
     var, below, single = [], [], 0
     for _ in range(drift.CALIBRATION_GROUPS):
-        pool = rng.integers(0, g, g)
-        rates = mixing.fit(np.bincount(pool, minlength=g))
-        r = rates.draw(rng, pool[rng.integers(0, g, 20_000)])  # as calibrate draws them: a request of the group each
+        rates = mixing.fit(np.bincount(rng.integers(0, g, g), minlength=g))
+        r = rates.draw(rng, 20_000)
         var.append(r.var())
         below.append((r < 0.5).mean())
         single += rates.b <= 0

@@ -206,9 +206,8 @@ def mixing_tail_cell(rng: np.random.Generator, rho: float, lengths: str, k: int,
         g = int(inverse.max()) + 1
         mixing = drift._Mixing(np.bincount(inverse, weights=a), np.bincount(inverse, weights=c))
         for _ in range(drift.CALIBRATION_GROUPS):
-            pool = rng.integers(0, g, g)
-            rates = mixing.fit(np.bincount(pool, minlength=g))
-            r = rates.draw(rng, pool[rng.integers(0, g, 4000)])  # as calibrate draws them: a request of the group each
+            rates = mixing.fit(np.bincount(rng.integers(0, g, g), minlength=g))
+            r = rates.draw(rng, 4000)
             drawn[i] += [(r < x).mean() for x in cuts]
             weights[i] += [rates.weights[rates.grid < x].sum() for x in cuts]
     out = {"shape": shape, "rho": rho, "lengths": lengths, "k": k, "references": references,

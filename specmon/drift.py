@@ -5,16 +5,16 @@ A stream is a sequence of points in time order, each a batch of checked position
 a verification step of a step log, or a window of an engine log or of Prometheus counters. Every point belongs to a
 cluster (a request; for engine data, the window itself) whose points share their acceptance.
 
-The CUSUM adds, per point, s*ln(p1/p0) + f*ln((1-p1)/(1-p0)) for s accepted and f rejected checked positions, and alarms
-when the sum reaches h. Acceptance is correlated within a request, so a threshold computed for independent tokens would
-alarm far too often; h is instead calibrated on simulated in-control streams built from the reference window
-(calibrate): its clusters resampled for their sizes, each given an acceptance drawn from its own posterior under the
-distribution of cluster acceptance the reference implies (nonparametric maximum likelihood, smoothed), and points drawn
-to match it (steps from the reference's per-position profile shifted to that acceptance; windows binomial), until the
-simulated number of points per false alarm of the restarted CUSUM (every re-alarm counted) is the one asked for. A
-threshold follows the luck of its reference, and the alarm rate is convex in h, so for a step log the reference then
-grows (watch): p0, p1 and h are calibrated again on the first 2, 4, 8 and 16 x REFERENCE_STEPS points at checkpoints
-taken outside alarm episodes. Pure numpy; no I/O.
+The CUSUM adds, per point, s*ln(p1/p0) + f*ln((1-p1)/(1-p0)) for s accepted and f rejected checked positions, and
+alarms when the sum reaches h. Acceptance is correlated within a request, so a threshold computed for independent
+tokens would alarm far too often; h is instead calibrated on simulated in-control streams built from the
+reference window (calibrate): its clusters resampled for their sizes, a cluster acceptance drawn from the
+distribution of cluster acceptance the reference implies (nonparametric maximum likelihood, smoothed), and points
+drawn to match it (steps from the reference's per-position profile shifted to that acceptance; windows binomial),
+until the simulated number of points per false alarm of the restarted CUSUM (every re-alarm counted) is the one
+asked for. A threshold follows the luck of its reference, and the alarm rate is convex in h, so for a step log the
+reference then grows (watch): p0, p1 and h are calibrated again on the first 2, 4, 8 and 16 x REFERENCE_STEPS points
+at checkpoints taken outside alarm episodes. Pure numpy; no I/O.
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ MIXING_GRID = 100  # points of the grid of cluster acceptance (_Mixing)
 MIXING_ITERATIONS = 40  # EM iterations per group, from the whole reference's fit (10 x as many)
 # Raised whenever calibrate gives another threshold for the same input, so thresholds kept in a database
 # (specmon.drift_state) are calibrated again rather than reused.
-CALIBRATION_VERSION = 8
+CALIBRATION_VERSION = 7
 
 
 @dataclass(frozen=True)
@@ -151,20 +151,20 @@ def calibrate(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p
     in-control points, averaged over the in-control processes the reference window leaves plausible (for engine
     windows each window is its own cluster).
 
-    The in-control process is known only through the reference's G clusters, and the false-alarm rate depends steeply on
-    its acceptance and on how much that varies over a stretch of points. So each group is one plausible process: G
-    clusters drawn with replacement from the reference (the bootstrap's picture of the sampling error). Its
-    streams_per_group streams of 5 x arl0_steps points are clusters drawn from the group, each given an acceptance r
-    from its own posterior under the group's distribution of cluster acceptance (its nonparametric maximum-likelihood
-    estimate, _Mixing; _Rates says why the posterior) and points to match: an engine window keeps its checked count and
-    gets accepted ~ Binomial(checked, r) (_WindowProcess); a request gets a length from the group's lengths, its tail
-    past the longest fifth generalized Pareto with the shape those show (_Lengths), and steps drawn from the group's
-    per-position profile shifted to r (_StepProcess). Resampling the reference's clusters as they are, a hundred of
-    them, would let the rare poor request (or window) that sets off a false alarm once in thousands of points be missing
-    or over-represented by chance, and the threshold follow that luck; drawing r from the estimated distribution instead
-    (a cluster's posterior under it) gives every group the tail its clusters imply. The streams are watched with the
-    reference's own p0 and p1, and h is solved for where the groups' mean rate of the restarted CUSUM (every alarm,
-    re-alarms included, over the points watched: the figure the stated rate promises) is 1 / arl0_steps (_solve).
+    The in-control process is known only through the reference's G clusters, and the false-alarm rate depends
+    steeply on its acceptance and on how much that varies over a stretch of points. So each group is one
+    plausible process: G clusters drawn with replacement from the reference (the bootstrap's picture of the
+    sampling error). Its streams_per_group streams of 5 x arl0_steps points are clusters drawn from the group, each
+    given an acceptance r from the group's distribution of cluster acceptance (its nonparametric maximum-likelihood
+    estimate, _Mixing) and points to match: an engine window keeps its checked count and gets accepted ~
+    Binomial(checked, r) (_WindowProcess); a request gets a length from the group's lengths, its tail past the longest
+    fifth generalized Pareto with the shape those show (_Lengths), and steps drawn from the group's per-position profile
+    shifted to r (_StepProcess). Resampling the reference's clusters as they are, a hundred of them, would let the rare
+    poor request (or window) that sets off a false alarm once in thousands of points be missing or over-represented by
+    chance, and the threshold follow that luck; drawing r from the estimated distribution instead gives every group the
+    tail its clusters imply. The streams are watched with the reference's own p0 and p1, and h is solved for where the
+    groups' mean rate of the restarted CUSUM (every alarm, re-alarms included, over the points watched: the figure the
+    stated rate promises) is 1 / arl0_steps (_solve).
     """
     rng = np.random.default_rng(seed)
     a = np.asarray(accepted, dtype=float)
@@ -316,14 +316,8 @@ class _Mixing:
         sd = math.sqrt(var)
         spread = min(sd, iqr / 1.34) if iqr > 0 else sd
         b = 0.9 * spread * len(counts) ** -0.2
-        # each cluster's posterior on the grid given its own a of n, the weights its prior; where the weights have
-        # no mass near a cluster (one the group does not hold) the weights themselves
-        post = self.lik * w
-        total = post.sum(axis=1, keepdims=True)
-        post = np.where(total > 1e-300, post / np.maximum(total, 1e-300), w)
-        posterior = np.cumsum(post, axis=1)
         if b <= 0:
-            return _Rates(self.grid, w, 0.0, mean, 1.0, 0.0, posterior)
+            return _Rates(self.grid, w, 0.0, mean, 1.0, 0.0)
         # shrink towards the weights' mean so that the kernel keeps their variance on the log-odds scale (Silverman
         # 1986, 6.4.1): a widening alone would add b^2, simulated requests differing more than the data's
         scale = 1 / math.sqrt(1 + b * b / var)
@@ -337,7 +331,7 @@ class _Mixing:
         for _ in range(8):
             e = 1 / (1 + np.exp(-(base + shift)))
             shift += (target - w @ e @ node_w) / (w @ (e * (1 - e)) @ node_w)
-        return _Rates(self.grid, w, b, mean, scale, shift, posterior)
+        return _Rates(self.grid, w, b, mean, scale, shift)
 
     def _em(self, counts: np.ndarray, w: np.ndarray, iterations: int) -> np.ndarray:
         for _ in range(iterations):
@@ -348,21 +342,13 @@ class _Mixing:
 
 @dataclass(frozen=True)
 class _Rates:
-    """Draws of cluster acceptance, a cluster at a time: a grid value g from the cluster's posterior (the weights
-    times its own likelihood, normalised; `posterior` holds each reference cluster's cumulative one), moved on the
-    log-odds scale to center + scale (logit g - center + b z) + shift, z standard normal: a kernel with Silverman's
-    bandwidth b from the weights' own spread on that scale and the number of clusters, shrunk towards the weights'
-    mean `center` by scale = 1 / sqrt(1 + b^2 / s^2) (s^2 the weights' variance there) so that the draws keep that
-    variance, and shift keeping the mean of r. The maximum-likelihood weights sit on a few points inside the range
-    of the clusters' own rates; the kernel fills the gaps between them and beyond, without making the clusters
-    differ more than the weights say, and adds nothing where they do not differ (b = 0).
-
-    Over a group's clusters the posteriors average to the weights (the EM's fixed point), so the draws' distribution
-    is the weights'; what the posterior adds is which cluster gets which acceptance. A long request's data pin its
-    acceptance down, a one-step request's hardly at all, so an acceptance that only short requests leave plausible
-    (a one-step request rejected outright puts a little weight near 0) goes to short requests, not to requests of
-    any length, and where acceptance and length go together in the data (a poor request runs to more steps) the
-    simulated requests keep that too."""
+    """Draws of cluster acceptance: a grid value g with its weight, moved on the log-odds scale to
+    center + scale (logit g - center + b z) + shift, z standard normal: a kernel with Silverman's bandwidth b from the
+    weights' own spread on that scale and the number of clusters, shrunk towards the weights' mean `center` by
+    scale = 1 / sqrt(1 + b^2 / s^2) (s^2 the weights' variance there) so that the draws keep that variance, and
+    shift keeping the mean of r. The maximum-likelihood weights sit on a few points inside the range of the
+    clusters' own rates; the kernel fills the gaps between them and beyond, without making the clusters differ more
+    than the weights say, and adds nothing where they do not differ (b = 0)."""
 
     grid: np.ndarray
     weights: np.ndarray
@@ -370,36 +356,27 @@ class _Rates:
     center: float
     scale: float
     shift: float
-    posterior: np.ndarray  # (reference clusters, grid): each cluster's cumulative posterior
 
-    def draw(self, rng: np.random.Generator, clusters: np.ndarray) -> np.ndarray:
-        """An acceptance for each entry of clusters (reference cluster indices, any shape)."""
-        m = len(self.grid)
-        # every row's cumulative posterior shifted by its row number is one sorted array: one search finds them all
-        rows = (self.posterior + np.arange(len(self.posterior))[:, None]).ravel()
-        u = rng.random(clusters.shape)
-        at = np.searchsorted(rows, clusters + u, side="right") - clusters * m
-        r = self.grid[np.clip(at, 0, m - 1)]
+    def draw(self, rng: np.random.Generator, size: int | tuple) -> np.ndarray:
+        r = rng.choice(self.grid, size=size, p=self.weights)
         if self.b <= 0:
             return r
         logit = np.log(r / (1 - r))
-        z = rng.standard_normal(clusters.shape)
+        z = rng.standard_normal(size)
         return 1 / (1 + np.exp(-(self.center + self.scale * (logit - self.center + self.b * z) + self.shift)))
 
 
 class _WindowProcess:
     """The in-control process of one group of engine windows: a drawn window keeps its checked count n and gets
-    accepted ~ Binomial(n, r), r drawn from the window's posterior under the group's distribution of window
-    acceptance (_Mixing, _Rates)."""
+    accepted ~ Binomial(n, r), r drawn from the group's distribution of window acceptance (_Mixing)."""
 
     def __init__(self, a: np.ndarray, n: np.ndarray, pool: np.ndarray, rates: _Rates):
         self.pool, self.n, self.rates = pool, n, rates
 
     def draw(self, rng: np.random.Generator, n_streams: int, n_points: int) -> tuple[np.ndarray, np.ndarray]:
         """(accepted, checked) of n_streams streams of n_points windows, one a row."""
-        picked = rng.choice(self.pool, (n_streams, n_points))
-        checked = self.n[picked]
-        accepted = rng.binomial(checked.astype(np.int64), self.rates.draw(rng, picked))
+        checked = self.n[rng.choice(self.pool, (n_streams, n_points))]
+        accepted = rng.binomial(checked.astype(np.int64), self.rates.draw(rng, checked.shape))
         return accepted.astype(np.int32), checked.astype(np.int32)
 
 
@@ -410,9 +387,8 @@ class _StepProcess:
     """The in-control process of one group of requests (pool: positions among the reference's requests, inverse
     the request of each reference step), drawn as requests laid end to end.
 
-    A drawn request is one of the group's requests: it gets that request's length in steps, with a generalized Pareto
-    tail past the group's longest fifth (_Lengths), and an acceptance r from that request's posterior under the group's
-    distribution of request acceptance (_Mixing, _Rates). Its steps are
+    A drawn request gets a length in steps from the group's lengths, with a generalized Pareto tail past its longest
+    fifth (_Lengths), and an acceptance r from the group's distribution of request acceptance (_Mixing). Its steps are
     drawn independently from the group's per-position profile shifted to r: position i of a step is checked while all
     before were accepted, and accepted with probability logistic(logit q_i + theta), q_i the group's own rate at
     position i (accepted / checked there), theta the shift whose per-token acceptance is r (interpolated between
@@ -433,8 +409,8 @@ class _StepProcess:
         passed = np.array([times[a >= i].sum() for i in range(1, k + 1)])
         self.profile = np.log((passed + 0.5) / (reached - passed + 0.5))  # log-odds at each position
         self.tilt_rate = self._acceptance(TILT_GRID)[0]  # increasing in theta
-        self.pool = pool
-        self.lengths = _Lengths(np.bincount(inverse, minlength=n_requests)[pool])
+        self.steps = np.bincount(inverse, minlength=n_requests)[pool]
+        self.lengths = _Lengths(self.steps)
 
     def _accept(self, theta: np.ndarray) -> np.ndarray:
         """q_i(theta), the chance of accepting position i when all before were: a row per position, a column per
@@ -463,14 +439,13 @@ class _StepProcess:
 
     def draw(self, rng: np.random.Generator, n_streams: int, n_points: int) -> tuple[np.ndarray, np.ndarray]:
         """(accepted, checked) of n_streams streams of n_points steps, one a row."""
-        draws = int(n_points / self.lengths.lengths.mean() * 1.5) + 16
+        draws = int(n_points / self.steps.mean() * 1.5) + 16
         picked = np.empty((n_streams, n_points), dtype=np.int8)
         for i in range(n_streams):
             filled = 0
             while filled < n_points:
-                members = rng.integers(0, len(self.pool), draws)  # each drawn request's reference request
-                lengths = self.lengths.draw(rng, members, n_points - filled)
-                rates = self.rates.draw(rng, self.pool[members])
+                lengths = self.lengths.draw(rng, draws, n_points - filled)
+                rates = self.rates.draw(rng, draws)
                 used = min(int(np.searchsorted(np.cumsum(lengths), n_points - filled)) + 1, draws)  # those that fit
                 cdf = self._tilt(rates[:used])
                 row = np.repeat(np.arange(used), lengths[:used])[:n_points - filled]
@@ -502,10 +477,9 @@ class _Lengths:
         self.xi, self.sigma = (gpd_fit(over) if len(over) >= TAIL_MIN
                                else (0.0, float(over.mean()) if len(over) else 0.0))
 
-    def draw(self, rng: np.random.Generator, members: np.ndarray, cap: int) -> np.ndarray:
-        """The lengths of the requests at positions members of the group's lengths, those above u replaced by u plus
-        a drawn excess, each at most cap (a longer request fills a stream of cap points all the same)."""
-        out = self.lengths[members].astype(np.int64)
+    def draw(self, rng: np.random.Generator, size: int, cap: int) -> np.ndarray:
+        """size lengths, each at most cap (a longer request fills a stream of cap points all the same)."""
+        out = self.lengths[rng.integers(0, len(self.lengths), size)].astype(np.int64)
         tail = np.flatnonzero(out > self.u)
         if self.sigma > 0 and tail.size:
             v = 1 - rng.random(tail.size)  # in (0, 1]
