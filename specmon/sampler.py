@@ -26,32 +26,54 @@ class StepResult:
     emitted_tokens: list[int]
 
 
-def sample(row: np.ndarray, rng: np.random.Generator) -> int:
-    """One token from a probability row (inverse-CDF, one uniform draw)."""
-    cdf = np.cumsum(row)
-    return min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), len(row) - 1)
+def _draw(cdf: np.ndarray, total: float, rng: np.random.Generator) -> int:
+    """One token from a row's cumulative sums, total their last (inverse-CDF, one uniform draw)."""
+    return min(int(cdf.searchsorted(rng.random() * total, side="right")), len(cdf) - 1)
 
 
-def verify(draft: list[int], p_rows: np.ndarray, q_rows: np.ndarray, rng: np.random.Generator) -> StepResult:
+class _Cdfs:
+    """The cumulative sums of the rows a step draws from (the draft's, the target's and the residuals'), each
+    computed the first time it is needed: a simulation of one fixed pair reuses them for every step, where summing
+    every row again took most of its time (the draws are the same either way)."""
+
+    def __init__(self, p_rows: np.ndarray, q_rows: np.ndarray):
+        self.p_rows, self.q_rows = p_rows, q_rows
+        self._kept: dict[tuple[str, int], tuple[np.ndarray, float]] = {}
+
+    def draw(self, kind: str, i: int, rng: np.random.Generator) -> int:
+        kept = self._kept.get((kind, i))
+        if kept is None:
+            row = (self.q_rows[i] if kind == "draft" else self.p_rows[i] if kind == "target"
+                   else theory.residual(self.p_rows[i], self.q_rows[i]))
+            cdf = np.cumsum(row)
+            kept = self._kept[(kind, i)] = (cdf, float(cdf[-1]))
+        return _draw(*kept, rng)
+
+
+def verify(draft: list[int], p_rows: np.ndarray, q_rows: np.ndarray, rng: np.random.Generator,
+           cdfs: _Cdfs | None = None) -> StepResult:
     """The target's check of g drafted tokens (Algorithm 1, lines after the parallel target pass).
 
     p_rows has g + 1 rows (the last one for the bonus token), q_rows has g rows. Position i is accepted while
-    r_i <= p_i(x_i) / q_i(x_i); the first rejected position is resampled from norm(max(0, p_i - q_i)).
+    r_i <= p_i(x_i) / q_i(x_i); the first rejected position is resampled from norm(max(0, p_i - q_i)). cdfs: the
+    rows' cumulative sums kept from earlier steps on the same rows (the same draws, without summing again).
     """
     g = len(draft)
     if p_rows.shape[0] < g + 1 or q_rows.shape[0] < g:
         raise ValueError(f"need {g + 1} target rows and {g} draft rows, got {p_rows.shape[0]} and {q_rows.shape[0]}")
+    cdfs = cdfs or _Cdfs(p_rows, q_rows)
     for i, tok in enumerate(draft):
         if rng.random() * q_rows[i, tok] > p_rows[i, tok]:
-            fix = sample(theory.residual(p_rows[i], q_rows[i]), rng)
-            return StepResult(list(draft), i, list(draft[:i]) + [fix])
-    return StepResult(list(draft), g, list(draft) + [sample(p_rows[g], rng)])
+            return StepResult(list(draft), i, list(draft[:i]) + [cdfs.draw("residual", i, rng)])
+    return StepResult(list(draft), g, list(draft) + [cdfs.draw("target", g, rng)])
 
 
-def speculative_step(p_rows: np.ndarray, q_rows: np.ndarray, rng: np.random.Generator) -> StepResult:
-    """Draft one token per q row from the draft distribution, then verify them against p."""
-    draft = [sample(row, rng) for row in q_rows]
-    return verify(draft, p_rows, q_rows, rng)
+def speculative_step(p_rows: np.ndarray, q_rows: np.ndarray, rng: np.random.Generator,
+                     cdfs: _Cdfs | None = None) -> StepResult:
+    """Draft one token per q row from the draft distribution, then verify them against p (cdfs: as for verify)."""
+    cdfs = cdfs or _Cdfs(p_rows, q_rows)
+    draft = [cdfs.draw("draft", i, rng) for i in range(len(q_rows))]
+    return verify(draft, p_rows, q_rows, rng, cdfs)
 
 
 def _topk_logprobs(row: np.ndarray, k: int) -> dict[str, float]:
@@ -96,8 +118,9 @@ def simulate_fixed_pair(
         }
     elif distributions == "beta":
         extra = {"beta": [theory.beta(p, q)] * k}
+    cdfs = _Cdfs(p_rows, q_rows)
     for i in range(cycles):
-        step = speculative_step(p_rows, q_rows, rng)
+        step = speculative_step(p_rows, q_rows, rng, cdfs)
         ts = start + timedelta(seconds=i * step_seconds)
         record = {
             "request_id": f"sim-{i // steps_per_request}",

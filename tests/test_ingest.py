@@ -1,6 +1,7 @@
 """Ingest of the step log: every fault names file, line and field, and leaves the database as it was."""
 import glob
 import gzip
+import io
 import json
 import math
 
@@ -182,9 +183,12 @@ def test_killed_ingest_leaves_the_database_as_it_was(tmp_path, specmon_cmd):
     small = write_jsonl(tmp_path / "small.jsonl", [GOOD])
     subprocess.run([*specmon_cmd, "ingest", "--db", db, small], check=True, capture_output=True)
     big = tmp_path / "big.jsonl"
-    with open(big, "wb") as out:
-        sampler.write_step_log(sampler.simulate_fixed_pair(PAPER_P, PAPER_Q, 4, 300_000, np.random.default_rng(5),
-                                                           distributions="beta"), out)
+    block = io.BytesIO()
+    sampler.write_step_log(sampler.simulate_fixed_pair(PAPER_P, PAPER_Q, 4, 30_000, np.random.default_rng(5),
+                                                       distributions="beta"), block)
+    with open(big, "wb") as out:  # 300,000 steps: ten copies of the block, each under request ids of its own
+        for copy in range(10):
+            out.write(block.getvalue().replace(b'"request_id":"sim-', b'"request_id":"c%d-' % copy))
     proc = subprocess.Popen([*specmon_cmd, "ingest", "--db", db, str(big)], stderr=subprocess.PIPE)
     staged = f"{db}.stage-{proc.pid}-*.duckdb"
     deadline = time.monotonic() + 60
