@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from _common import machine
 
-from specmon import live, resources, theory
+from specmon import live, live_inputs, resources, theory
 from specmon.settings import LiveSettings
 
 
@@ -41,7 +41,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     pair = live.load_pair(str(resources.TARGET_MODEL), str(resources.DRAFT_MODEL))
     ngram_pair = live.Pair(pair.target, None, pair.tokenizer, "ngram")
-    prompts = live.read_prompts(args.prompts)
+    prompts = live_inputs.read_prompts(args.prompts)
     n, k = args.max_new_tokens, args.k
     enc = [pair.tokenizer(p, return_tensors="pt") for p in prompts]
     pair.draft.generation_config.num_assistant_tokens = k

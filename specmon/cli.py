@@ -348,11 +348,20 @@ def _live_settings(args: argparse.Namespace) -> LiveSettings:
 def cmd_live(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from specmon import live, summary  # torch and transformers load only for the commands that run models
+    from specmon import live_inputs
 
+    # the arguments are checked before torch and transformers load (seconds), which only the commands that run
+    # models import
     settings = _live_settings(args)
-    pair = live.load_pair(args.target, None if settings.ngram else args.draft)
-    prompts = live.read_prompts(args.prompts)
+    draft = None if settings.ngram else args.draft
+    for path, role in ((args.target, "target"), (draft, "draft")):
+        if path is not None:
+            live_inputs.check_model_path(path, role)
+    prompts = live_inputs.read_prompts(args.prompts)
+
+    from specmon import live, summary
+
+    pair = live.load_pair(args.target, draft)
     template = args.template or Path(args.prompts).stem
     run = args.run or live.run_name(pair, settings)
     bar = tqdm(total=len(prompts), unit="prompt", desc="live run", file=sys.stderr, disable=None)
@@ -374,12 +383,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
     import numpy as np
     from tqdm import tqdm
 
-    from specmon import live, lossless, stats
+    from specmon import live_inputs
 
-    prompts = [p for path in args.prompts for p in live.read_prompts(path)]
+    prompts = [p for path in args.prompts for p in live_inputs.read_prompts(path)]
+    greedy = replace(_live_settings(args), temperature=0.0, top_p=None)
+    for path, role in ((args.target, "target"), (args.draft, "draft")):
+        if path is not None:
+            live_inputs.check_model_path(path, role)
+
+    from specmon import live, lossless, stats  # torch and transformers: after the arguments are checked
+
     target = live.load_pair(args.target, args.draft)
     bar = tqdm(total=3 * len(prompts), unit="decode", desc="verify", file=sys.stderr, disable=None)
-    greedy = replace(_live_settings(args), temperature=0.0, top_p=None)
     proposers = {"draft model": target, "n-gram": live.Pair(target.target, None, target.tokenizer, "ngram")}
     failures = 0
     for name, pair in proposers.items():

@@ -20,7 +20,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
-import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
@@ -29,6 +28,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreT
 from specmon import theory
 from specmon.faults import SpecmonError
 from specmon.ingest import IngestResult, ingest_file
+from specmon.live_inputs import check_model_path
 from specmon.sampler import write_step_log
 from specmon.settings import LIVE_DEFAULTS, THEORY_K_MAX, LiveSettings
 
@@ -44,10 +44,7 @@ class Pair:
 
 
 def _load(path: str, role: str):
-    # A hub name is "org/model"; anything that looks like a file path must exist here.
-    looks_local = path.startswith(("/", ".", "~")) or path.count("/") > 1
-    if looks_local and not Path(path).expanduser().exists():
-        raise SpecmonError(f"--{role} {path}: no such model directory")
+    check_model_path(path, role)
     try:
         model = AutoModelForCausalLM.from_pretrained(path)
         tokenizer = AutoTokenizer.from_pretrained(path)
@@ -302,21 +299,6 @@ def measure_costs(pair: Pair, prompt: str, k_max: int = THEORY_K_MAX, repeats: i
     draft_step = float(np.median(draft_steps)) if draft_steps else 0.0
     return {"draft_step_ms": draft_step, "target_step_ms": target_step,
             "verify_ms": {n: float(np.median(times)) for n, times in verify.items()}, "c": draft_step / target_step}
-
-
-def read_prompts(path: str) -> list[str]:
-    """One prompt per JSON line ({"prompt": ...}) or, for a .txt file, prompts separated by blank lines."""
-    p = Path(path)
-    if not p.is_file():
-        raise SpecmonError(f"{path}: no such prompt file")
-    text = p.read_text(encoding="utf-8")
-    if p.suffix == ".jsonl":
-        prompts = [orjson.loads(line)["prompt"] for line in text.splitlines() if line.strip()]
-    else:
-        prompts = [block.strip("\n") for block in text.split("\n\n") if block.strip()]
-    if not prompts:
-        raise SpecmonError(f"{path}: no prompts in the file")
-    return prompts
 
 
 def run_prompts(pair: Pair, prompts: list[str], settings: LiveSettings = LIVE_DEFAULTS, *,

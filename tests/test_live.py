@@ -17,7 +17,7 @@ except ImportError:
     if os.environ.get("CI"):
         raise RuntimeError("torch is missing: the test command installs .[dev,live]") from None
     pytest.skip("the live-run stack is not installed (pip install -e '.[live]')", allow_module_level=True)
-from specmon import live, resources, stats  # noqa: E402
+from specmon import live, live_inputs, resources, stats  # noqa: E402
 from specmon.faults import SpecmonError  # noqa: E402
 from specmon.settings import LiveSettings  # noqa: E402
 
@@ -64,7 +64,8 @@ def test_train_pair_makes_a_pair_that_loads(tmp_path):
 @pytest.fixture(scope="module")
 def target_alone(pair):
     """Each prompt's 48 greedy tokens from the target alone, decoded once for both proposers."""
-    return {prompt: live.target_decode(pair, prompt, 48) for path in PROMPTS for prompt in live.read_prompts(path)}
+    return {prompt: live.target_decode(pair, prompt, 48)
+            for path in PROMPTS for prompt in live_inputs.read_prompts(path)}
 
 
 @pytest.mark.parametrize("proposer", ["draft", "ngram"])
@@ -77,7 +78,7 @@ def test_greedy_speculative_decoding_equals_the_target_alone(pair, target_alone,
 
 def test_sampled_tokens_follow_the_target(pair):
     pit = []
-    for i, prompt in enumerate(live.read_prompts(PROMPTS[0]) + live.read_prompts(PROMPTS[1])):
+    for i, prompt in enumerate(live_inputs.read_prompts(PROMPTS[0]) + live_inputs.read_prompts(PROMPTS[1])):
         for step in live.generate(pair, prompt, replace(GREEDY, temperature=1.0, seed=i)):
             pit += step.pit
     below, mass = np.array(pit).T
@@ -107,14 +108,19 @@ def test_bad_inputs_get_clear_errors(tmp_path, specmon_cmd, pair):
     def run(*args):
         return subprocess.run([*specmon_cmd, "live", "--db", str(tmp_path / "e.duckdb"), *args],
                               capture_output=True, text=True, timeout=300)
-    r = run("--target", str(tmp_path / "nowhere"))
-    assert r.returncode == 2 and "no such model directory" in r.stderr
-    r = run("--k", "0")
-    assert r.returncode == 2 and "--k must be at least 1" in r.stderr
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")
-    r = run("--prompts", str(empty))
-    assert r.returncode == 2 and "no prompts in the file" in r.stderr
+    # each is refused before torch and transformers load (seconds a mistyped argument would otherwise wait)
+    for args, message in ((["--target", str(tmp_path / "nowhere")], "no such model directory"),
+                          (["--k", "0"], "--k must be at least 1"),
+                          (["--prompts", str(empty)], "no prompts in the file"),
+                          (["--prompts", str(tmp_path / "none.jsonl")], "no such prompt file")):
+        r = run(*args)
+        assert r.returncode == 2 and message in r.stderr, (args, r.stderr)
+        r = subprocess.run([sys.executable, "-c", "import sys; from specmon import cli; rc = cli.main(sys.argv[1:]); "
+                            "assert 'torch' not in sys.modules; sys.exit(rc)", "live", "--db",
+                            str(tmp_path / "e.duckdb"), *args], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 2 and message in r.stderr, (args, r.stderr)
     other = tmp_path / "other-draft"
     pair.draft.save_pretrained(other)
     tok = pair.tokenizer
@@ -127,7 +133,7 @@ def test_bad_inputs_get_clear_errors(tmp_path, specmon_cmd, pair):
 def test_replay_predicts_acceptance_from_transcripts(tmp_path, specmon_cmd, pair):
     transcripts = tmp_path / "traffic.jsonl"
     lines = []
-    prompts = live.read_prompts(PROMPTS[0])
+    prompts = live_inputs.read_prompts(PROMPTS[0])
     for i, prompt in enumerate(prompts):
         completion = pair.tokenizer.decode(live.target_decode(pair, prompt, 24, temperature=1.0, seed=i))
         lines.append(json.dumps({"prompt": prompt, "completion": completion, "template": "copy"}))

@@ -60,10 +60,10 @@ def _pair(target: str, draft: str | None):
 def _work(job: _Job, store: Store) -> None:
     settings = job.settings
     try:
-        from specmon import live
+        from specmon import live, live_inputs
 
         pair = _pair(job.target, None if settings.ngram else job.draft)
-        prompts = live.read_prompts(str(PROMPTS / job.prompt_set))
+        prompts = live_inputs.read_prompts(str(PROMPTS / job.prompt_set))
         job.template = Path(job.prompt_set).stem
         job.run = job.run or live.run_name(pair, settings)
         job.stage, job.total = "running", len(prompts)
