@@ -31,7 +31,7 @@ def _draw(cdf: np.ndarray, total: float, rng: np.random.Generator) -> int:
     return min(int(cdf.searchsorted(rng.random() * total, side="right")), len(cdf) - 1)
 
 
-class _Cdfs:
+class StepCdfs:
     """The cumulative sums of the rows a step draws from (the draft's, the target's and the residuals'), each
     computed the first time it is needed: a simulation of one fixed pair reuses them for every step, where summing
     every row again took most of its time (the draws are the same either way)."""
@@ -51,7 +51,7 @@ class _Cdfs:
 
 
 def verify(draft: list[int], p_rows: np.ndarray, q_rows: np.ndarray, rng: np.random.Generator,
-           cdfs: _Cdfs | None = None) -> StepResult:
+           cdfs: StepCdfs | None = None) -> StepResult:
     """The target's check of g drafted tokens (Algorithm 1, lines after the parallel target pass).
 
     p_rows has g + 1 rows (the last one for the bonus token), q_rows has g rows. Position i is accepted while
@@ -61,7 +61,7 @@ def verify(draft: list[int], p_rows: np.ndarray, q_rows: np.ndarray, rng: np.ran
     g = len(draft)
     if p_rows.shape[0] < g + 1 or q_rows.shape[0] < g:
         raise ValueError(f"need {g + 1} target rows and {g} draft rows, got {p_rows.shape[0]} and {q_rows.shape[0]}")
-    cdfs = cdfs or _Cdfs(p_rows, q_rows)
+    cdfs = cdfs or StepCdfs(p_rows, q_rows)
     for i, tok in enumerate(draft):
         if rng.random() * q_rows[i, tok] > p_rows[i, tok]:
             return StepResult(list(draft), i, list(draft[:i]) + [cdfs.draw("residual", i, rng)])
@@ -69,9 +69,9 @@ def verify(draft: list[int], p_rows: np.ndarray, q_rows: np.ndarray, rng: np.ran
 
 
 def speculative_step(p_rows: np.ndarray, q_rows: np.ndarray, rng: np.random.Generator,
-                     cdfs: _Cdfs | None = None) -> StepResult:
+                     cdfs: StepCdfs | None = None) -> StepResult:
     """Draft one token per q row from the draft distribution, then verify them against p (cdfs: as for verify)."""
-    cdfs = cdfs or _Cdfs(p_rows, q_rows)
+    cdfs = cdfs or StepCdfs(p_rows, q_rows)
     draft = [cdfs.draw("draft", i, rng) for i in range(len(q_rows))]
     return verify(draft, p_rows, q_rows, rng, cdfs)
 
@@ -118,7 +118,7 @@ def simulate_fixed_pair(
         }
     elif distributions == "beta":
         extra = {"beta": [theory.beta(p, q)] * k}
-    cdfs = _Cdfs(p_rows, q_rows)
+    cdfs = StepCdfs(p_rows, q_rows)
     for i in range(cycles):
         step = speculative_step(p_rows, q_rows, rng, cdfs)
         ts = start + timedelta(seconds=i * step_seconds)
