@@ -40,7 +40,7 @@ def homogeneous_threshold(a: np.ndarray, n: np.ndarray, req: np.ndarray, p0: flo
     for _ in range(groups):
         pool = rng.integers(0, g, g)
         counts = np.bincount(pool, minlength=g)
-        rates = drift._Rates(np.array([counts @ pa / (counts @ pn)]), np.array([1.0]), 0.0, 0.0, 1.0, 0.0)
+        rates = drift._Rates.single(float(counts @ pa) / float(counts @ pn))
         points.append(drift._StepProcess(a, n, inverse, pool, rates).draw(rng, 5, 5 * arl0))
     return drift._solve([drift._cumulative(x, y, p0, p1) for x, y in points], arl0)
 

@@ -51,9 +51,16 @@ TAIL_SHARE = 0.2  # the longest fifth of a group's requests fit the tail of requ
 TAIL_MIN = 10  # with fewer requests above the threshold, an exponential tail (xi = 0) is fitted
 MIXING_GRID = 100  # points of the grid of cluster acceptance (_Mixing)
 MIXING_ITERATIONS = 40  # EM iterations per group, from the whole reference's fit (10 x as many)
+# Requests are simulated alike (no spread between them) where the reference's score test for a spread between
+# requests (spread_z) is below SPREAD_Z, once the reference holds at least SPREAD_TEST_STEPS steps: on the first
+# 2,000 the test misses a one-in-ten kind of hard request at correlation 0.05 in 4% of references, on 4,000 and more
+# in none of 160, its least z there 5.1 (docs/drift.md, "Where requests do not differ"), and a spread missed costs
+# more false alarms than one simulated where there is none.
+SPREAD_Z = 2.0
+SPREAD_TEST_STEPS = 2 * REFERENCE_STEPS
 # Raised whenever calibrate gives another threshold for the same input, so thresholds kept in a database
 # (specmon.drift_state) are calibrated again rather than reused.
-CALIBRATION_VERSION = 7
+CALIBRATION_VERSION = 8
 
 
 @dataclass(frozen=True)
@@ -164,7 +171,10 @@ def calibrate(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p
     chance, and the threshold follow that luck; drawing r from the estimated distribution instead gives every group the
     tail its clusters imply. The streams are watched with the reference's own p0 and p1, and h is solved for where the
     groups' mean rate of the restarted CUSUM (every alarm, re-alarms included, over the points watched: the figure the
-    stated rate promises) is 1 / arl0_steps (_solve).
+    stated rate promises) is 1 / arl0_steps (_solve). A step log's reference of at least SPREAD_TEST_STEPS steps whose
+    spread test (spread_z) is below SPREAD_Z has its requests simulated alike instead, each group's at the group's
+    pooled acceptance: the fitted distribution never comes out a single point, and the spread it keeps where requests
+    do not differ made h too high.
     """
     rng = np.random.default_rng(seed)
     a = np.asarray(accepted, dtype=float)
@@ -172,14 +182,36 @@ def calibrate(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p
     _, inverse = np.unique(clusters, return_inverse=True)
     n_clusters = int(inverse.max()) + 1
     single = n_clusters == len(a)  # engine windows: every point its own cluster
-    mixing = _Mixing(np.bincount(inverse, weights=a), np.bincount(inverse, weights=n))
+    per_a, per_n = np.bincount(inverse, weights=a), np.bincount(inverse, weights=n)
+    mixing = _Mixing(per_a, per_n)
+    alike = not single and len(a) >= SPREAD_TEST_STEPS and spread_z(per_a, per_n, np.bincount(inverse)) < SPREAD_Z
     points = []
     for _ in range(groups):
         pool = rng.integers(0, n_clusters, n_clusters)
-        rates = mixing.fit(np.bincount(pool, minlength=n_clusters))
+        counts = np.bincount(pool, minlength=n_clusters)
+        rates = _Rates.single(float(counts @ per_a) / float(counts @ per_n)) if alike else mixing.fit(counts)
         process = _WindowProcess(a, n, pool, rates) if single else _StepProcess(a, n, inverse, pool, rates)
         points.append(process.draw(rng, streams_per_group, 5 * arl0_steps))
     return _solve([_cumulative(pa, pn, p0, p1) for pa, pn in points], arl0_steps)
+
+
+def spread_z(accepted: np.ndarray, checked: np.ndarray, steps: np.ndarray) -> float:
+    """A score test of a spread of acceptance between requests (a request's accepted of checked positions over its
+    steps): z = sum_j t_j / sqrt(2 sum_j (p (1 - p) n_j / s_j)^2), t_j = ((a_j - p n_j)^2 - p (1 - p) n_j) / s_j, p
+    the pooled acceptance (Tarone's statistic for extra-binomial variation, each request's term divided by its s_j
+    steps). Where every request shares one acceptance, a_j - p n_j is a sum of mean-zero terms over the checked
+    positions whether or not drafting stopped at a rejection (the stopping rule depends only on outcomes already
+    seen), so E (a_j - p n_j)^2 = p (1 - p) E n_j and z is about standard normal; a spread makes it large. Dividing
+    by s_j gives every request a term of about the same variance: unweighted, a single long request (lognormal
+    lengths) could make up most of the denominator and hide a spread (z 0.2 at correlation 0.2 in one reference).
+    Measured (docs/drift.md, "Where requests do not differ"): without a spread 96-100% of references below 2 at
+    every size from 2,000 to 32,000 steps (80 each), median -0.2 to 0.3; one-in-ten hard requests at correlation
+    0.05 below 2 in 4% of 2,000-step references, and at least 5.1 from 4,000 steps on."""
+    p = accepted.sum() / max(checked.sum(), 1.0)
+    v = p * (1 - p)
+    s = np.maximum(steps, 1)
+    scale = math.sqrt(2 * float(((v * checked / s) ** 2).sum()))
+    return float(((((accepted - p * checked) ** 2 - v * checked) / s).sum()) / scale) if scale > 0 else 0.0
 
 
 def _cumulative(accepted: np.ndarray, checked: np.ndarray, p0: float, p1: float) -> np.ndarray:
@@ -356,6 +388,11 @@ class _Rates:
     center: float
     scale: float
     shift: float
+
+    @classmethod
+    def single(cls, rate: float) -> _Rates:
+        """Every cluster at one acceptance."""
+        return cls(np.array([rate]), np.array([1.0]), 0.0, 0.0, 1.0, 0.0)
 
     def draw(self, rng: np.random.Generator, size: int | tuple) -> np.ndarray:
         r = rng.choice(self.grid, size=size, p=self.weights)
