@@ -203,7 +203,7 @@ def spread_z(accepted: np.ndarray, checked: np.ndarray, steps: np.ndarray) -> fl
     positions whether or not drafting stopped at a rejection (the stopping rule depends only on outcomes already
     seen), so E (a_j - p n_j)^2 = p (1 - p) E n_j and z is about standard normal; a spread makes it large. Dividing
     by s_j gives every request a term of about the same variance: unweighted, a single long request (lognormal
-    lengths) could make up most of the denominator and hide a spread (z 0.2 at correlation 0.2 in one reference).
+    lengths) could make up most of the denominator and hide a spread (z 0.5 at correlation 0.2 in one study reference).
     Measured (docs/drift.md, "Where requests do not differ"): without a spread 96-100% of references below 2 at
     every size from 2,000 to 32,000 steps (80 each), median -0.2 to 0.3; one-in-ten hard requests at correlation
     0.05 below 2 in 4% of 2,000-step references, and at least 5.1 from 4,000 steps on."""
