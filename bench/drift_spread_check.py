@@ -17,12 +17,8 @@ from specmon import drift
 
 def least_z(a: np.ndarray, c: np.ndarray, req: np.ndarray, top: int, step: int = 1000) -> float:
     """The least spread test over the stream's first SPREAD_TEST_STEPS, + step, ... steps, up to top."""
-    out = []
-    for size in range(drift.SPREAD_TEST_STEPS, min(top, len(a)) + 1, step):
-        _, inv = np.unique(req[:size], return_inverse=True)
-        out.append(drift.spread_z(np.bincount(inv, weights=a[:size].astype(float)),
-                                  np.bincount(inv, weights=c[:size].astype(float)), np.bincount(inv)))
-    return min(out)
+    return min(drift.spread_z(a[:size], c[:size], req[:size])
+               for size in range(drift.SPREAD_TEST_STEPS, min(top, len(a)) + 1, step))
 
 
 def main() -> None:

@@ -354,9 +354,7 @@ def cmd_live(args: argparse.Namespace) -> int:
     # models import
     settings = _live_settings(args)
     draft = None if settings.ngram else args.draft
-    for path, role in ((args.target, "target"), (draft, "draft")):
-        if path is not None:
-            live_inputs.check_model_path(path, role)
+    live_inputs.check_pair(args.target, draft)
     prompts = live_inputs.read_prompts(args.prompts)
 
     from specmon import live, summary
@@ -387,9 +385,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     prompts = [p for path in args.prompts for p in live_inputs.read_prompts(path)]
     greedy = replace(_live_settings(args), temperature=0.0, top_p=None)
-    for path, role in ((args.target, "target"), (args.draft, "draft")):
-        if path is not None:
-            live_inputs.check_model_path(path, role)
+    live_inputs.check_pair(args.target, args.draft)
 
     from specmon import live, lossless, stats  # torch and transformers: after the arguments are checked
 

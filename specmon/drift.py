@@ -183,19 +183,27 @@ def calibrate(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p
     n_clusters = int(inverse.max()) + 1
     single = n_clusters == len(a)  # engine windows: every point its own cluster
     per_a, per_n = np.bincount(inverse, weights=a), np.bincount(inverse, weights=n)
-    mixing = _Mixing(per_a, per_n)
-    alike = not single and len(a) >= SPREAD_TEST_STEPS and spread_z(per_a, per_n, np.bincount(inverse)) < SPREAD_Z
+    alike = not single and len(a) >= SPREAD_TEST_STEPS and _spread_z(per_a, per_n, np.bincount(inverse)) < SPREAD_Z
+    mixing = None if alike else _Mixing(per_a, per_n)  # its EM is the costly part of the set-up: only where used
     points = []
     for _ in range(groups):
         pool = rng.integers(0, n_clusters, n_clusters)
         counts = np.bincount(pool, minlength=n_clusters)
-        rates = _Rates.single(float(counts @ per_a) / float(counts @ per_n)) if alike else mixing.fit(counts)
+        rates = _Rates.single(float(counts @ per_a) / float(counts @ per_n)) if mixing is None else mixing.fit(counts)
         process = _WindowProcess(a, n, pool, rates) if single else _StepProcess(a, n, inverse, pool, rates)
         points.append(process.draw(rng, streams_per_group, 5 * arl0_steps))
     return _solve([_cumulative(pa, pn, p0, p1) for pa, pn in points], arl0_steps)
 
 
-def spread_z(accepted: np.ndarray, checked: np.ndarray, steps: np.ndarray) -> float:
+def spread_z(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray) -> float:
+    """The spread test of a stream of steps (accepted and checked per step, clusters its request): _spread_z of the
+    requests' sums."""
+    _, inverse = np.unique(clusters, return_inverse=True)
+    return _spread_z(np.bincount(inverse, weights=np.asarray(accepted, dtype=float)),
+                     np.bincount(inverse, weights=np.asarray(checked, dtype=float)), np.bincount(inverse))
+
+
+def _spread_z(accepted: np.ndarray, checked: np.ndarray, steps: np.ndarray) -> float:
     """A score test of a spread of acceptance between requests (a request's accepted of checked positions over its
     steps): z = sum_j t_j / sqrt(2 sum_j (p (1 - p) n_j / s_j)^2), t_j = ((a_j - p n_j)^2 - p (1 - p) n_j) / s_j, p
     the pooled acceptance (Tarone's statistic for extra-binomial variation, each request's term divided by its s_j

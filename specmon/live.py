@@ -28,7 +28,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreT
 from specmon import theory
 from specmon.faults import SpecmonError
 from specmon.ingest import IngestResult, ingest_file
-from specmon.live_inputs import check_model_path
+from specmon.live_inputs import check_pair
 from specmon.sampler import write_step_log
 from specmon.settings import LIVE_DEFAULTS, THEORY_K_MAX, LiveSettings
 
@@ -44,7 +44,6 @@ class Pair:
 
 
 def _load(path: str, role: str):
-    check_model_path(path, role)
     try:
         model = AutoModelForCausalLM.from_pretrained(path)
         tokenizer = AutoTokenizer.from_pretrained(path)
@@ -57,6 +56,7 @@ def _load(path: str, role: str):
 
 def load_pair(target: str, draft: str | None) -> Pair:
     """Load target and draft; refuse a pair whose tokenizers differ, saying how."""
+    check_pair(target, draft)
     target_model, tokenizer = _load(target, "target")
     draft_model = None
     if draft is not None:

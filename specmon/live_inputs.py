@@ -25,9 +25,12 @@ def read_prompts(path: str) -> list[str]:
     return prompts
 
 
-def check_model_path(path: str, role: str) -> None:
-    """Refuse a local path that does not exist. A hub name is "org/model"; anything that looks like a file path must
-    exist here."""
-    looks_local = path.startswith(("/", ".", "~")) or path.count("/") > 1
-    if looks_local and not Path(path).expanduser().exists():
-        raise SpecmonError(f"--{role} {path}: no such model directory")
+def check_pair(target: str, draft: str | None) -> None:
+    """Refuse a target or draft (None: the n-gram proposer) given as a local path that does not exist. A hub name is
+    "org/model"; anything that looks like a file path must exist here."""
+    for path, role in ((target, "target"), (draft, "draft")):
+        if path is None:
+            continue
+        looks_local = path.startswith(("/", ".", "~")) or path.count("/") > 1
+        if looks_local and not Path(path).expanduser().exists():
+            raise SpecmonError(f"--{role} {path}: no such model directory")
