@@ -875,8 +875,10 @@ FROM rollup_positions_parts GROUP BY ingest_id, segment_id, hour, position
 
 def refresh_rollups(cur: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
     """Add the rollup rows of the steps and positions one ingest published, inside its transaction. An ingest's
-    steps have consecutive ids, so its positions are found by step id range (the table's zone maps skip the rest)."""
-    lo, hi = cur.execute("SELECT min(step_id), max(step_id) FROM steps WHERE ingest_id = ?", [ingest_id]).fetchall()[0]
+    steps hold the ids from its least to its greatest (with gaps, for a flat file), so its positions are found by
+    step id range (the table's zone maps skip the rest)."""
+    lo, hi, steps = cur.execute("SELECT min(step_id), max(step_id), count(*) FROM steps WHERE ingest_id = ?",
+                                [ingest_id]).fetchall()[0]
     if lo is None:  # engine windows, Prometheus samples: no steps
         return
     cur.execute(f"INSERT INTO rollup_requests BY NAME {ROLLUP_REQUESTS_SELECT.format(where='st.ingest_id = ?')}",
@@ -888,7 +890,9 @@ def refresh_rollups(cur: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
     # The steps' id range as literals: DuckDB plans the join knowing the ids' bounds on both sides.
     select = rollup_positions_select(bool(cur.execute(
         "SELECT count(*) FROM position_bounds WHERE step_id BETWEEN ? AND ?", [lo, hi]).fetchall()[0][0]))
-    ranges = [(a, min(a + ROLLUP_RANGE_STEPS - 1, int(hi))) for a in range(int(lo), int(hi) + 1, ROLLUP_RANGE_STEPS)]
+    parts = -(-int(steps) // ROLLUP_RANGE_STEPS)
+    width = -(-(int(hi) - int(lo) + 1) // parts)  # ids that hold about ROLLUP_RANGE_STEPS steps
+    ranges = [(a, min(a + width - 1, int(hi))) for a in range(int(lo), int(hi) + 1, width)]
     for n, (a, b) in enumerate(ranges):
         where = f"st.step_id BETWEEN {a} AND {b} AND st.ingest_id = ?"  # integers read above
         into = ("INSERT INTO rollup_positions BY NAME" if len(ranges) == 1 else

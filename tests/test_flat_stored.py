@@ -1,7 +1,8 @@
 """What the flat form stores, column by column, against a plain-Python reading of the same random file.
 
 The oracle below is the flat form's definition written out row by row: a step is the rows of one
-(request_id, step); steps get ids in the order of their first line; checked positions are 1..accepted + 1 (at most g);
+(request_id, step); a step's id is the ingest's first id (one past every earlier step's) less one plus the number
+of its first line (CSV's header is line 1); checked positions are 1..accepted + 1 (at most g);
 beta's bounds are beta where given, else beta_lo / beta_hi, summed over the checked positions exactly and rounded
 once (math.fsum; NULL when any is missing), so the order of the rows does not matter; a file numbered from 0 is
 shifted to 1..g; a step without ts gets the ingest time.
@@ -64,15 +65,22 @@ def epoch_to_datetime(ts: float) -> datetime:
     return datetime(1970, 1, 1) + timedelta(microseconds=round(ts * 1e6))
 
 
-def expected(df: pd.DataFrame, first_step_id: int, segments: dict[str, int], ingested_at: datetime):
+def first_id(store, ingest_id: int) -> int:
+    """The ingest's first step id: one past every earlier ingest's."""
+    return store.query("SELECT coalesce(max(step_id), 0) + 1 FROM steps WHERE ingest_id < ?", [ingest_id])[0][0]
+
+
+def expected(df: pd.DataFrame, first_step_id: int, segments: dict[str, int], ingested_at: datetime,
+             first_line: int = 1):
+    """The steps and positions the definition gives; first_line: the number of df's first row in its file."""
     base = 0 if df["position"].min() == 0 else 1
     order: dict[tuple, list[int]] = {}
     for i, key in enumerate(zip(df["request_id"], df["step"], strict=True)):
         order.setdefault(key, []).append(i)
     steps, positions = [], []
-    for n, ((req, step), idx) in enumerate(order.items()):  # dicts keep first-seen order: the steps' first lines
+    for (req, step), idx in order.items():
         rows = df.iloc[idx].sort_values("position")
-        step_id = first_step_id + n
+        step_id = first_step_id - 1 + first_line + idx[0]
         g = len(rows)
         a = int(rows["accepted"].sum())
         templates = [t for t in rows["template"] if value(t) is not None]
@@ -124,8 +132,8 @@ def test_every_stored_column_matches_the_definition(store, tmp_path, fmt, zero_b
     ingest_id, ingested_at = store.query("SELECT max(ingest_id), max(ingested_at) FROM ingests")[0]
     segments = dict(store.query("SELECT template, segment_id FROM segments WHERE run_id = "
                                 "(SELECT run_id FROM ingests WHERE ingest_id = ?)", [ingest_id]))
-    first_step_id = store.query("SELECT min(step_id) FROM steps WHERE ingest_id = ?", [ingest_id])[0][0]
-    want_steps, want_positions = expected(df, first_step_id, segments, ingested_at)
+    want_steps, want_positions = expected(df, first_id(store, ingest_id), segments, ingested_at,
+                                          2 if fmt == "csv" else 1)
     got_steps = store.query(f"SELECT {', '.join(STEP_COLUMNS)} FROM {STEPS} WHERE ingest_id = ? ORDER BY step_id",
                             [ingest_id])
     assert got_steps == want_steps
@@ -167,27 +175,68 @@ def test_positions_rollup_equals_a_rebuild_whether_hours_interleave_or_not(store
     assert_rollups_equal_a_rebuild(store, ingest_id)
 
 
+def _joins_taken(monkeypatch) -> list:
+    """Record each flat insert that joined its positions with their steps (flat._write_joined)."""
+    taken: list = []
+    write_joined = flat._write_joined
+
+    def spy(*args, **kwargs):
+        taken.append(True)
+        return write_joined(*args, **kwargs)
+
+    monkeypatch.setattr(flat, "_write_joined", spy)
+    return taken
+
+
+@pytest.mark.parametrize("swapped", [False, True])
+def test_positions_find_their_step_by_line_unless_a_step_is_out_of_order(store, tmp_path, monkeypatch, swapped):
+    """A file whose every step is adjacent lines in position order gives each position its step's id from its own
+    line, without a join; one step whose two rows are swapped sends the whole file through the join. Both store
+    the definition's rows."""
+    joins = _joins_taken(monkeypatch)
+    rng = np.random.default_rng(5)
+    ingest_file(store, _written(random_flat(rng, 50, False), tmp_path / "a.parquet", "parquet"))
+    df = random_flat(rng, 300, False)
+    if swapped:
+        i = int(np.flatnonzero((df["position"] == 1).to_numpy()[:-1] & (df["position"] == 2).to_numpy()[1:])[0])
+        df.iloc[[i, i + 1]] = df.iloc[[i + 1, i]].to_numpy()
+    res = ingest_file(store, _written(df, tmp_path / "b.parquet", "parquet"))
+    assert (res.status, res.positions) == ("stored", len(df)), res.faults
+    assert joins == ([True] if swapped else [])
+    ingest_id, ingested_at = store.query("SELECT max(ingest_id), max(ingested_at) FROM ingests")[0]
+    segments = dict(store.query("SELECT template, segment_id FROM segments"))
+    want_steps, want_positions = expected(df, first_id(store, ingest_id), segments, ingested_at)
+    assert store.query(f"SELECT {', '.join(STEP_COLUMNS)} FROM {STEPS} WHERE ingest_id = ? ORDER BY step_id",
+                       [ingest_id]) == want_steps
+    assert store.query(f"SELECT {', '.join('p.' + c for c in POSITION_COLUMNS)} FROM positions p JOIN steps "
+                       "USING (step_id) WHERE ingest_id = ? ORDER BY step_id, position", [ingest_id]) \
+        == sorted(want_positions)
+    assert_rollups_equal_a_rebuild(store, ingest_id)
+
+
 def test_steps_whose_join_keys_collide_store_the_same_rows(store, tmp_path, monkeypatch):
-    """Rows meet their step by a hash of (request_id, step); where two steps share a key (here every step of a
-    request, by hashing request_id alone) the rows are written again, joined on the pair: the same rows."""
+    """Rows that are joined with their step (here a file whose rows are shuffled) meet it by a hash of
+    (request_id, step); where two steps share a key (here every step of a request, by hashing request_id alone)
+    the rows are written again, joined on the pair: the same rows."""
     monkeypatch.setattr(flat, "STEP_KEY", "hash(request_id)")
+    joins = _joins_taken(monkeypatch)
     rng = np.random.default_rng(8)
     first = random_flat(rng, 200, False)
     ingest_file(store, _written(first, tmp_path / "a.parquet", "parquet"))
-    df = random_flat(rng, 900, False)
+    df = random_flat(rng, 900, False).sample(frac=1, random_state=3).reset_index(drop=True)
     assert df.groupby("request_id")["step"].nunique().max() > 1  # keys do collide
     res = ingest_file(store, _written(df, tmp_path / "b.parquet", "parquet"))
     assert (res.status, res.positions) == ("stored", len(df)), res.faults
     ingest_id, ingested_at = store.query("SELECT max(ingest_id), max(ingested_at) FROM ingests")[0]
     segments = dict(store.query("SELECT template, segment_id FROM segments"))
-    first_step_id = store.query("SELECT min(step_id) FROM steps WHERE ingest_id = ?", [ingest_id])[0][0]
-    want_steps, want_positions = expected(df, first_step_id, segments, ingested_at)
+    want_steps, want_positions = expected(df, first_id(store, ingest_id), segments, ingested_at)
     got_positions = store.query(f"SELECT {', '.join('p.' + c for c in POSITION_COLUMNS)} FROM positions p JOIN steps "
                                 "USING (step_id) WHERE ingest_id = ? ORDER BY step_id, position", [ingest_id])
     assert got_positions == sorted(want_positions)
     assert store.query(f"SELECT {', '.join(STEP_COLUMNS)} FROM {STEPS} WHERE ingest_id = ? ORDER BY step_id",
                        [ingest_id]) == want_steps
     assert store.query("SELECT count(*) FROM positions")[0][0] == len(first) + len(df)
+    assert joins == [True]
     assert_rollups_equal_a_rebuild(store, ingest_id)
 
 
@@ -274,8 +323,7 @@ def test_a_file_in_pieces_stores_what_it_stores_whole(store, tmp_path, monkeypat
         assert any((a - 1) % 997 for a, _ in pieces[1:])  # a cut moved off its row group's end
     ingest_id, ingested_at = store.query("SELECT max(ingest_id), max(ingested_at) FROM ingests")[0]
     segments = dict(store.query("SELECT template, segment_id FROM segments"))
-    first_step_id = store.query("SELECT min(step_id) FROM steps WHERE ingest_id = ?", [ingest_id])[0][0]
-    want_steps, want_positions = expected(df, first_step_id, segments, ingested_at)
+    want_steps, want_positions = expected(df, first_id(store, ingest_id), segments, ingested_at)
     assert store.query(f"SELECT {', '.join(STEP_COLUMNS)} FROM {STEPS} WHERE ingest_id = ? ORDER BY step_id",
                        [ingest_id]) == want_steps
     assert store.query(f"SELECT {', '.join('p.' + c for c in POSITION_COLUMNS)} FROM positions p JOIN steps "

@@ -2,8 +2,9 @@
 Parquet.
 
 The whole file is read, typed, checked and inserted by DuckDB inside the caller's transaction, so a large
-Parquet file never passes through Python row by row; one of more than PIECE_ROWS rows is aggregated and written in
-pieces of whole row groups, in the same transaction, so that its per-step aggregate and joins fit the memory cap.
+Parquet file never passes through Python row by row; one of more than PIECE_ROWS rows is aggregated (and, where
+its steps' rows are not in order, its positions joined with their steps) in pieces of whole row groups, in the same
+transaction, so that its per-step aggregate and joins fit the memory cap.
 SQL here is built only from the fixed column names below and integers, never from the file's own text; file paths
 and values are bound as parameters.
 """
@@ -253,18 +254,24 @@ def _first_bits(n: str, base: int) -> str:
 RANKED_TEMPLATES = 32
 
 
+# A step's id is the ingest's first id (next_step_id) less one plus its first line's number. Ids so follow the
+# file's order, as every format's do, with gaps (a step of g rows leaves g - 1 unused): a row of a step whose rows
+# are adjacent lines in position order then finds its step's id from its own line and position, and the positions
+# are written in one pass over the file, without joining them with their steps (insert). Nothing reads meaning
+# into the gaps: step ids order steps and tie positions to them.
 def _aggregate_steps(cur: duckdb.DuckDBPyConnection, source: str, cols: list[str], base: int,
                      rules: list[tuple[str, str, str]], first_step_id: int, templates: list[str] | None,
-                     append: bool = False) -> int:
+                     append: bool = False) -> None:
     """Temp table flat_step_agg (append: rows added to it): one row per (request_id, step) of `source`, its step_id
-    given from first_step_id on in the order of first lines, with what a step stores and what screens it.
+    first_step_id - 1 + its first line (see above), with what a step stores and what screens it.
     `broken`: a row breaks a rule; `suspect`: the step may break a per-step rule (positions that are not base..g
     once each, the accepted positions not base..base+a-1, both by bitmasks; an accepted value missing);
     `two_templates`. Only such steps are looked at row by row (check),
     so a clean file pays for one aggregate. beta_lo_sum and beta_hi_sum: beta's bounds summed over the checked
     positions (the accepted prefix and the first rejected position), NULL where one is missing. templates: the
-    file's templates in order (FlatFile.templates), or None to compare them as text. Returns the number of steps
-    it added."""
+    file's templates in order (FlatFile.templates), or None to compare them as text. `in_order`: the step's rows
+    are adjacent lines in position order (every row's line less its position the same), so each row finds its step
+    id from its own line and position (insert)."""
     broken = " OR ".join(f"({where})" for _, where, _ in rules) or "false"
     # A bit per position in base..63: the step's positions are base..g once each exactly when their bits are the
     # first n from base (n positions given), and its accepted ones a prefix when theirs are the first a.
@@ -294,15 +301,14 @@ def _aggregate_steps(cur: duckdb.DuckDBPyConnection, source: str, cols: list[str
     least, greatest, template, template_rank = (
         ("min(template)", "max(template)", "least_template", "NULL::INTEGER") if templates is None else
         (f"min({rank})", f"max({rank})", "NULL::VARCHAR", "coalesce(least_template, len($2::VARCHAR[]) + 1)"))
-    return int(cur.execute(
-        # Numbered by a window over the sorted rows as they come: a window that sorts by first_line itself carries
-        # every column through its sort, several times slower.
+    cur.execute(
+        # Sorted by first line, so that the steps are stored in the order of their ids.
         f"{'INSERT INTO flat_step_agg' if append else 'CREATE OR REPLACE TEMP TABLE flat_step_agg AS'} "
-        "SELECT $1 + row_number() OVER () - 1 AS step_id, * FROM ("
-        f"SELECT request_id, step, first_line, g, accepted, ts, {template} AS template, "
-        f"{template_rank} AS template_rank, "
-        f"two_templates, suspect, broken, {', '.join(outer)} FROM ("
+        "SELECT $1 - 1 + first_line AS step_id, request_id, step, first_line, g, accepted, ts, "
+        f"{template} AS template, {template_rank} AS template_rank, "
+        f"two_templates, suspect, broken, in_order, {', '.join(outer)} FROM ("
         "SELECT request_id, step, min(line) AS first_line, count(*)::INTEGER AS g, "
+        "min(line - position) IS NOT DISTINCT FROM max(line - position) AS in_order, "
         "(count(*) FILTER (WHERE accepted))::INTEGER AS accepted, "
         f"min(ts) AS ts, {least} AS least_template, {''.join(sums)}"
         f"{least} IS DISTINCT FROM {greatest} AS two_templates, "
@@ -312,15 +318,15 @@ def _aggregate_steps(cur: duckdb.DuckDBPyConnection, source: str, cols: list[str
         f"  AND coalesce(bit_or({bit}) FILTER (WHERE accepted), 0) "
         f"      = {_first_bits('count(*) FILTER (WHERE accepted)', base)}, "
         f"false) AS suspect, coalesce(bool_or({broken}), false) AS broken "
-        f"FROM {source} GROUP BY request_id, step) ORDER BY first_line)",
+        f"FROM {source} GROUP BY request_id, step) ORDER BY first_line",
         [first_step_id] if templates is None else [first_step_id, templates],
-    ).fetchall()[0][0])
+    )
 
 
-# A Parquet file of more rows than this is screened and its positions written in pieces of whole row groups of at
-# least this many rows, so that no per-step aggregate or join outgrows the memory cap and spills, and each works on
-# a table that fits the caches (docs/benchmarks.md, "Ingest", sixth round). Two of pyarrow's row groups (2^20 rows
-# each) make a piece, which DuckDB reads on two threads.
+# A Parquet file of more rows than this is screened (and its positions joined with their steps, where they must be)
+# in pieces of whole row groups of at least this many rows, so that no per-step aggregate or join outgrows the memory
+# cap and spills, and each works on a table that fits the caches (docs/benchmarks.md, "Ingest", sixth round). Two of
+# pyarrow's row groups (2^20 rows each) make a piece, which DuckDB reads on two threads.
 PIECE_ROWS = 2_000_000
 # A step that passes the screen has at most 64 rows (positions base..63, once each), so a step that a cut would split
 # ends within this many lines after it, or the screen flags it.
@@ -375,20 +381,18 @@ def screen(cur: duckdb.DuckDBPyConnection, flat: FlatFile, first_step_id: int,
                                        f"ORDER BY template LIMIT {RANKED_TEMPLATES + 1}").fetchall()]
     flat.templates = named if len(named) <= RANKED_TEMPLATES else None
     flat.pieces = pieces(cur, flat)
-    next_id = first_step_id
     whole: list[tuple[int, int] | None] = [None]  # one pass over the whole file
     ranges = flat.pieces or whole
     for n, piece in enumerate(ranges):
         with query_progress(cur, _piece_progress(progress, n, len(ranges)), size):
-            added = _aggregate_steps(cur, _piece("flat_cast", piece), flat.columns, base, rules, next_id,
-                                     flat.templates, append=n > 0)
-        if flat.pieces:  # each request's least and greatest step in the piece, and whether a key is missing
+            _aggregate_steps(cur, _piece("flat_cast", piece), flat.columns, base, rules, first_step_id,
+                             flat.templates, append=n > 0)
+        if piece is not None:  # each request's least and greatest step in the piece, and whether a key is missing
             cur.execute(
                 f"{'INSERT INTO flat_piece_requests' if n else 'CREATE OR REPLACE TEMP TABLE flat_piece_requests AS'} "
                 f"SELECT {n} AS piece, request_id, min(step) AS lo, max(step) AS hi, "
                 "bool_or(request_id IS NULL OR step IS NULL) AS no_key FROM flat_step_agg "
-                f"WHERE step_id BETWEEN {next_id} AND {next_id + added - 1} GROUP BY request_id")
-        next_id += added
+                f"WHERE first_line BETWEEN {piece[0]} AND {piece[1]} GROUP BY request_id")
     # No step in two pieces: no request's steps in one piece overlap its steps in another (a step without its key
     # is not compared so: the whole file is aggregated at once then, as it is where steps do overlap).
     if flat.pieces and cur.execute(
@@ -474,6 +478,7 @@ def insert(
     ingest_time: str,
     segment_for: Callable[[str], int],
     templates: list[str] | None,
+    first_step_id: int,
     tokens: bool = False,
     bounds: bool = False,
     pieces: list[tuple[int, int]] | None = None,
@@ -481,12 +486,15 @@ def insert(
     size: int = 0,
 ) -> tuple[int, int, int]:
     """Insert the checked rows of `source` (flat_cast or flat_typed; its steps, with their ids, in flat_step_agg) as
-    steps and positions, the positions piece by piece (each step's rows lie in one piece). templates: as for
-    _aggregate_steps. tokens: the file has p_token or q_token; bounds: beta_hi may differ from beta_lo (the file
-    has beta_lo or beta_hi, as well as or instead of beta). progress: as for screen, for the steps' and positions'
+    steps and positions. Where every step's rows are adjacent lines in position order (`in_order`, the way every
+    logger writes them), each position's step id follows from its line; else the positions are joined with their
+    steps piece by piece (each step's rows lie in one piece). templates, first_step_id: as for _aggregate_steps.
+    tokens: the file has p_token or q_token; bounds: beta_hi may differ from beta_lo (the file has beta_lo or
+    beta_hi, as well as or instead of beta). progress: as for screen, for the steps' and positions'
     writes. Returns (steps, positions, inferred_ts)."""
-    steps, inferred, positions = cur.execute(
-        "SELECT count(*), count(*) FILTER (WHERE ts IS NULL), sum(g) FROM flat_step_agg").fetchall()[0]
+    steps, inferred, positions, in_order = cur.execute(
+        "SELECT count(*), count(*) FILTER (WHERE ts IS NULL), sum(g), coalesce(bool_and(in_order), true) "
+        "FROM flat_step_agg").fetchall()[0]
     # The segment of each template the steps name (the default for none), created in the templates' order, found by
     # the steps' template rank where they have one (an integer join: 0.01 CPU s less for each insert at 1M than
     # joining on the text), else by text.
@@ -504,8 +512,8 @@ def insert(
     for t, r in named:
         cur.execute("INSERT INTO flat_segments VALUES (?, ?, ?)", [t, r, segment_for(t)])
     whole: list[tuple[int, int] | None] = [None]  # one pass over the whole file
-    ranges = pieces or whole
-    # The steps' insert is told as one more share, before the pieces' (the bar moves while it runs).
+    ranges = whole if in_order else pieces or whole  # a file in order is written in one pass, without a join
+    # The steps' insert is told as one more share, before the positions' (the bar moves while it runs).
     with query_progress(cur, _piece_progress(progress, 0, len(ranges) + 1), size):
         cur.execute(
             "INSERT INTO steps (step_id, ingest_id, segment_id, request_id, step_index, ts, ts_inferred, g, accepted, "
@@ -517,19 +525,39 @@ def insert(
         )
     # Positions are found by their step's id, never by where they lie: DuckDB may write them in any order, which a
     # large insert needs less memory for. Their segment, checked and accepted are their step's (store.py,
-    # position_rows); an exact beta column wins over its bounds. Rows meet their step by a 64-bit hash of
-    # (request_id, step) (STEP_KEY), a cheaper join than on the pair; two steps of the piece with one hash would
-    # give a row two steps, so the rows written are counted and, on a mismatch, written again joined on the pair.
-    # A piece's steps are those whose first line is in it, their ids one range (given as literals: the join knows
-    # its bounds and reads only those rows of flat_step_agg).
+    # position_rows); an exact beta column wins over its bounds.
     # p_token and q_token go to position_tokens, only where given (store.py, migration 12), and beta_hi to
     # position_bounds, only where it differs from beta_lo (migration 14).
     lo, hi = (f"coalesce(t.beta, t.beta_{b})" for b in ("lo", "hi"))
     tables = {"position_rows": (f"t.draft_token, {lo}", ""),
               "position_tokens": ("t.p_token, t.q_token", "WHERE t.p_token IS NOT NULL OR t.q_token IS NOT NULL"),
               "position_bounds": (hi, f"WHERE {bounds_differ(lo, hi)}")}
+    into_tables = ["position_rows", *(["position_tokens"] if tokens else []), *(["position_bounds"] if bounds else [])]
+    cur.execute("SET preserve_insertion_order = false")
+    try:
+        if in_order:  # a row's step starts at its line less its position's offset
+            with query_progress(cur, _piece_progress(progress, 1, 2), size):
+                for into in into_tables:
+                    values, given = tables[into]
+                    cur.execute(f"INSERT INTO {into} SELECT {first_step_id} - 1 + t.line - (t.position - {base}), "
+                                f"t.position - {base} + 1, {values} FROM {source} t {given}")
+        else:
+            _write_joined(cur, source, base, tables, into_tables, ranges, progress, size)
+    finally:
+        cur.execute("RESET preserve_insertion_order")
+    return int(steps), int(positions or 0), int(inferred)
 
-    def write(key: str, piece: tuple[int, int] | None, first_id: int, last_id: int, into: str = "position_rows") -> int:
+
+def _write_joined(cur: duckdb.DuckDBPyConnection, source: str, base: int, tables: dict[str, tuple[str, str]],
+                  into_tables: list[str], ranges: list[tuple[int, int] | None], progress: Progress | None,
+                  size: int) -> None:
+    """Write the positions of a file whose steps' rows are not all adjacent lines in position order, piece by
+    piece: rows meet their step by a 64-bit hash of (request_id, step) (STEP_KEY), a cheaper join than on the
+    pair; two steps of the piece with one hash would give a row two steps, so the rows written are counted and, on
+    a mismatch, written again joined on the pair. A piece's steps are those whose first line is in it, their ids
+    one range (given as literals: the join knows its bounds and reads only those rows of flat_step_agg)."""
+
+    def write(key: str, piece: tuple[int, int] | None, first_id: int, last_id: int, into: str) -> int:
         values, given = tables[into]
         return int(cur.execute(
             f"INSERT INTO {into} SELECT s.step_id, t.position - {base} + 1, {values} "
@@ -537,27 +565,20 @@ def insert(
             f"JOIN (SELECT {key} AS key, step_id FROM flat_step_agg "
             f"WHERE step_id BETWEEN {first_id} AND {last_id}) s USING (key) {given}").fetchall()[0][0])
 
-    cur.execute("SET preserve_insertion_order = false")
-    try:
-        for n, piece in enumerate(ranges):
-            where = "" if piece is None else f"WHERE first_line BETWEEN {piece[0]} AND {piece[1]}"
-            first_id, last_id, rows = cur.execute(
-                f"SELECT min(step_id), max(step_id), sum(g) FROM flat_step_agg {where}").fetchall()[0]
-            if first_id is None:  # every step of the piece was rejected
-                continue
-            with query_progress(cur, _piece_progress(progress, n + 1, len(ranges) + 1), size):
-                key = STEP_KEY
-                if write(key, piece, first_id, last_id) != rows:
-                    key = "(request_id, step)"
-                    cur.execute("DELETE FROM position_rows WHERE step_id BETWEEN ? AND ?", [first_id, last_id])
-                    write(key, piece, first_id, last_id)
-                if tokens:
-                    write(key, piece, first_id, last_id, "position_tokens")
-                if bounds:
-                    write(key, piece, first_id, last_id, "position_bounds")
-    finally:
-        cur.execute("RESET preserve_insertion_order")
-    return int(steps), int(positions or 0), int(inferred)
+    for n, piece in enumerate(ranges):
+        where = "" if piece is None else f"WHERE first_line BETWEEN {piece[0]} AND {piece[1]}"
+        first_id, last_id, rows = cur.execute(
+            f"SELECT min(step_id), max(step_id), sum(g) FROM flat_step_agg {where}").fetchall()[0]
+        if first_id is None:  # every step of the piece was rejected
+            continue
+        with query_progress(cur, _piece_progress(progress, n + 1, len(ranges) + 1), size):
+            key = STEP_KEY
+            if write(key, piece, first_id, last_id, "position_rows") != rows:
+                key = "(request_id, step)"
+                cur.execute("DELETE FROM position_rows WHERE step_id BETWEEN ? AND ?", [first_id, last_id])
+                write(key, piece, first_id, last_id, "position_rows")
+            for into in into_tables[1:]:
+                write(key, piece, first_id, last_id, into)
 
 
 class Reader:
@@ -608,7 +629,8 @@ class Reader:
         job.steps, job.positions, job.no_time = insert(
             cur, source=source, base=base, ingest_id=ingest_id, default_template=job.default_template,
             ingest_time=job.ingest_time.isoformat(), segment_for=lambda t: get_or_create_segment(cur, run_id, t),
-            templates=flat.templates, tokens=bool({"p_token", "q_token"} & set(flat.columns)),
+            templates=flat.templates, first_step_id=first_step_id,
+            tokens=bool({"p_token", "q_token"} & set(flat.columns)),
             bounds=_bound(flat.columns, "lo") != _bound(flat.columns, "hi"), pieces=flat.pieces,
             progress=half(size // 2), size=size)
         if job.progress:
