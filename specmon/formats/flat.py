@@ -387,18 +387,16 @@ def screen(cur: duckdb.DuckDBPyConnection, flat: FlatFile, first_step_id: int,
         with query_progress(cur, _piece_progress(progress, n, len(ranges)), size):
             _aggregate_steps(cur, _piece("flat_cast", piece), flat.columns, base, rules, first_step_id,
                              flat.templates, append=n > 0)
-        if piece is not None:  # each request's least and greatest step in the piece, and whether a key is missing
-            cur.execute(
-                f"{'INSERT INTO flat_piece_requests' if n else 'CREATE OR REPLACE TEMP TABLE flat_piece_requests AS'} "
-                f"SELECT {n} AS piece, request_id, min(step) AS lo, max(step) AS hi, "
-                "bool_or(request_id IS NULL OR step IS NULL) AS no_key FROM flat_step_agg "
-                f"WHERE first_line BETWEEN {piece[0]} AND {piece[1]} GROUP BY request_id")
-    # No step in two pieces: no request's steps in one piece overlap its steps in another (a step without its key
-    # is not compared so: the whole file is aggregated at once then, as it is where steps do overlap).
+    # No step in two pieces: no request's steps in one piece (the piece of their first lines) overlap its steps in
+    # another (a step without its key is not compared so: the whole file is aggregated at once then, as it is where
+    # steps do overlap).
     if flat.pieces and cur.execute(
-            "SELECT (SELECT bool_or(no_key) FROM flat_piece_requests) OR EXISTS (SELECT 1 FROM flat_piece_requests a "
-            "JOIN flat_piece_requests b ON a.request_id = b.request_id AND a.piece < b.piece AND a.lo <= b.hi "
-            "AND b.lo <= a.hi)").fetchall()[0][0]:
+            "WITH r AS (SELECT piece, request_id, min(step) AS lo, max(step) AS hi, "
+            "bool_or(request_id IS NULL OR step IS NULL) AS no_key FROM (SELECT CASE "
+            + " ".join(f"WHEN first_line <= {last} THEN {n}" for n, (_, last) in enumerate(flat.pieces))
+            + " END AS piece, request_id, step FROM flat_step_agg) GROUP BY piece, request_id) "
+            "SELECT (SELECT bool_or(no_key) FROM r) OR EXISTS (SELECT 1 FROM r a JOIN r b "
+            "ON a.request_id = b.request_id AND a.piece < b.piece AND a.lo <= b.hi AND b.lo <= a.hi)").fetchall()[0][0]:
         flat.pieces = None
         with query_progress(cur, progress, size):
             _aggregate_steps(cur, "flat_cast", flat.columns, base, rules, first_step_id, flat.templates)
