@@ -521,8 +521,8 @@ def insert(
             f"FROM flat_step_agg s JOIN flat_segments sg ON {on}",
             [ingest_id, ingest_time, *on_params],
         )
-    # Positions are found by their step's id, never by where they lie: DuckDB may write them in any order, which a
-    # large insert needs less memory for. Their segment, checked and accepted are their step's (store.py,
+    # Positions are read back by their step's id, never by where they lie: DuckDB may write them in any order, which
+    # a large insert needs less memory for. Their segment, checked and accepted are their step's (store.py,
     # position_rows); an exact beta column wins over its bounds.
     # p_token and q_token go to position_tokens, only where given (store.py, migration 12), and beta_hi to
     # position_bounds, only where it differs from beta_lo (migration 14).
