@@ -509,8 +509,8 @@ def insert(
         on, on_params = "sg.template_rank = s.template_rank", []
     for t, r in named:
         cur.execute("INSERT INTO flat_segments VALUES (?, ?, ?)", [t, r, segment_for(t)])
-    whole: list[tuple[int, int] | None] = [None]  # one pass over the whole file
-    ranges = whole if in_order else pieces or whole  # a file in order is written in one pass, without a join
+    # A file in order is written in one pass, without a join; else piece by piece (None: the whole file at once).
+    ranges: list[tuple[int, int] | None] = [None] if in_order or not pieces else list(pieces)
     # The steps' insert is told as one more share, before the positions' (the bar moves while it runs).
     with query_progress(cur, _piece_progress(progress, 0, len(ranges) + 1), size):
         cur.execute(
