@@ -307,6 +307,8 @@ def test_demo_is_shown_only_until_the_user_stores_data(store, tmp_path):
 HOSTILE_ROWS = [
     ("token id >= 2^31", {"draft_token": 2 ** 31}, "draft_token", "outside 0..2147483647"),
     ("position beyond 32767", {"position": 40000}, "position", "32767"),
+    ("position at BIGINT's least", {"position": -2 ** 63}, "position", "is below 1"),
+    ("position at BIGINT's greatest", {"position": 2 ** 63 - 1}, "position", "32767"),
     ("step beyond BIGINT", {"step": str(2 ** 70)}, "step", "expected an integer"),
     ("year 9999 shifted out of the calendar", {"ts": "9999-12-31T23:59:59-05:00"}, "ts", "years 1 to 9999"),
     ("year 1 shifted out of the calendar", {"ts": "0001-01-01T00:00:00+05:00"}, "ts", "years 1 to 9999"),

@@ -200,7 +200,7 @@ def _row_rules(flat: FlatFile, base: int) -> list[tuple[str, str, str]]:
                                            "or from 0 throughout a file)'"),
         ("draft_token", f"draft_token < 0 OR draft_token > {MAX_TOKEN_ID}",
          f"'token id ' || draft_token || ' is outside 0..{MAX_TOKEN_ID}'"),
-        ("position", f"position - {base} + 1 > {MAX_DRAFT_LEN}",
+        ("position", f"position > {MAX_DRAFT_LEN + base - 1}",  # not position - base + 1: it may overflow
          f"'position ' || position || ' is beyond the {MAX_DRAFT_LEN} draft positions specmon reads'"),
         ("step", "step < 0", "'step ' || step || ' is negative'"),
     ]
@@ -273,6 +273,9 @@ def _aggregate_steps(cur: duckdb.DuckDBPyConnection, source: str, cols: list[str
     are adjacent lines in position order (every row's line less its position the same), so each row finds its step
     id from its own line and position (insert)."""
     broken = " OR ".join(f"({where})" for _, where, _ in rules) or "false"
+    # A row's line less its position, for positions a step may hold (any other breaks a row rule, and cannot
+    # overflow the subtraction here).
+    offset = f"CASE WHEN position BETWEEN {base} AND {MAX_DRAFT_LEN} THEN line - position END"
     # A bit per position in base..63: the step's positions are base..g once each exactly when their bits are the
     # first n from base (n positions given), and its accepted ones a prefix when theirs are the first a.
     bit = f"CASE WHEN position BETWEEN {base} AND 63 THEN 1::UBIGINT << position::UBIGINT END"
@@ -308,7 +311,7 @@ def _aggregate_steps(cur: duckdb.DuckDBPyConnection, source: str, cols: list[str
         f"{template} AS template, {template_rank} AS template_rank, "
         f"two_templates, suspect, broken, in_order, {', '.join(outer)} FROM ("
         "SELECT request_id, step, min(line) AS first_line, count(*)::INTEGER AS g, "
-        "min(line - position) IS NOT DISTINCT FROM max(line - position) AS in_order, "
+        f"min({offset}) IS NOT DISTINCT FROM max({offset}) AS in_order, "
         "(count(*) FILTER (WHERE accepted))::INTEGER AS accepted, "
         f"min(ts) AS ts, {least} AS least_template, {''.join(sums)}"
         f"{least} IS DISTINCT FROM {greatest} AS two_templates, "
@@ -424,7 +427,7 @@ def check(cur: duckdb.DuckDBPyConnection, flat: FlatFile, base: int, rules: list
         "|| request_id FROM flat_order WHERE position = prev_position",
         f"SELECT min(line), 'position', 'positions of step ' || step || ' of request ' || request_id || ' are not "
         f"{base}..g without gaps' FROM flat_order GROUP BY request_id, step "
-        f"HAVING max(position) - {base} + 1 <> count(DISTINCT position)",
+        f"HAVING max(position) <> count(DISTINCT position) + {base - 1}",
         "SELECT line, 'accepted', 'accepted at position ' || position || ' after a rejected position in step ' "
         "|| step || ' (the accepted positions must be a prefix)' FROM flat_order WHERE accepted AND NOT before_ok",
     ]
