@@ -337,6 +337,19 @@ def test_hostile_flat_values_are_named_faults_and_skip_bad_keeps_the_good_steps(
     summarize(store)
 
 
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_a_position_at_bigints_greatest_in_a_file_numbered_from_0_is_a_named_fault(store, tmp_path, fmt):
+    """Numbered from 0, a position is shifted up by one: at 2^63 - 1 that shift would overflow, so the rules compare
+    without it."""
+    df = pd.DataFrame({"request_id": ["r", "r"], "step": [0, 0], "position": [0, 2 ** 63 - 1],
+                       "draft_token": [1, 2], "accepted": [True, False]})
+    path = tmp_path / f"z.{fmt}"
+    df.to_csv(path, index=False) if fmt == "csv" else df.to_parquet(path)
+    res = ingest_file(store, str(path))
+    assert res.status == "rejected" and counts(store) == (0, 0, 0)
+    assert any(f.field == "position" and "beyond the 32767 draft positions" in f.reason for f in res.faults)
+
+
 def test_every_connection_gets_the_memory_cap_of_settings_or_of_the_environment(tmp_path, monkeypatch):
     def cap(limit: str) -> str:
         con = duckdb.connect()
