@@ -129,17 +129,20 @@ def test_every_stored_column_matches_the_definition(store, tmp_path, fmt, zero_b
     df = random_flat(rng, 1500, zero_based)
     res = ingest_file(store, _written(df, tmp_path / f"b.{suffix}", fmt), template="")
     assert (res.status, res.positions) == ("stored", len(df)), res.faults
+    assert_stored_as_defined(store, df, 2 if fmt == "csv" else 1)
+
+
+def assert_stored_as_defined(store, df: pd.DataFrame, first_line: int = 1) -> None:
+    """The last ingest stored the definition's steps, positions and rollups of df (first_line: as for expected)."""
     ingest_id, ingested_at = store.query("SELECT max(ingest_id), max(ingested_at) FROM ingests")[0]
     segments = dict(store.query("SELECT template, segment_id FROM segments WHERE run_id = "
                                 "(SELECT run_id FROM ingests WHERE ingest_id = ?)", [ingest_id]))
-    want_steps, want_positions = expected(df, first_id(store, ingest_id), segments, ingested_at,
-                                          2 if fmt == "csv" else 1)
-    got_steps = store.query(f"SELECT {', '.join(STEP_COLUMNS)} FROM {STEPS} WHERE ingest_id = ? ORDER BY step_id",
-                            [ingest_id])
-    assert got_steps == want_steps
-    got_positions = store.query(f"SELECT {', '.join('p.' + c for c in POSITION_COLUMNS)} FROM positions p JOIN steps "
-                                "USING (step_id) WHERE ingest_id = ? ORDER BY step_id, position", [ingest_id])
-    assert got_positions == sorted(want_positions)
+    want_steps, want_positions = expected(df, first_id(store, ingest_id), segments, ingested_at, first_line)
+    assert store.query(f"SELECT {', '.join(STEP_COLUMNS)} FROM {STEPS} WHERE ingest_id = ? ORDER BY step_id",
+                       [ingest_id]) == want_steps
+    assert store.query(f"SELECT {', '.join('p.' + c for c in POSITION_COLUMNS)} FROM positions p JOIN steps "
+                       "USING (step_id) WHERE ingest_id = ? ORDER BY step_id, position", [ingest_id]) \
+        == sorted(want_positions)
     assert_rollups_equal_a_rebuild(store, ingest_id)
 
 
@@ -203,15 +206,7 @@ def test_positions_find_their_step_by_line_unless_a_step_is_out_of_order(store, 
     res = ingest_file(store, _written(df, tmp_path / "b.parquet", "parquet"))
     assert (res.status, res.positions) == ("stored", len(df)), res.faults
     assert joins == ([True] if swapped else [])
-    ingest_id, ingested_at = store.query("SELECT max(ingest_id), max(ingested_at) FROM ingests")[0]
-    segments = dict(store.query("SELECT template, segment_id FROM segments"))
-    want_steps, want_positions = expected(df, first_id(store, ingest_id), segments, ingested_at)
-    assert store.query(f"SELECT {', '.join(STEP_COLUMNS)} FROM {STEPS} WHERE ingest_id = ? ORDER BY step_id",
-                       [ingest_id]) == want_steps
-    assert store.query(f"SELECT {', '.join('p.' + c for c in POSITION_COLUMNS)} FROM positions p JOIN steps "
-                       "USING (step_id) WHERE ingest_id = ? ORDER BY step_id, position", [ingest_id]) \
-        == sorted(want_positions)
-    assert_rollups_equal_a_rebuild(store, ingest_id)
+    assert_stored_as_defined(store, df)
 
 
 def test_steps_whose_join_keys_collide_store_the_same_rows(store, tmp_path, monkeypatch):
@@ -227,17 +222,9 @@ def test_steps_whose_join_keys_collide_store_the_same_rows(store, tmp_path, monk
     assert df.groupby("request_id")["step"].nunique().max() > 1  # keys do collide
     res = ingest_file(store, _written(df, tmp_path / "b.parquet", "parquet"))
     assert (res.status, res.positions) == ("stored", len(df)), res.faults
-    ingest_id, ingested_at = store.query("SELECT max(ingest_id), max(ingested_at) FROM ingests")[0]
-    segments = dict(store.query("SELECT template, segment_id FROM segments"))
-    want_steps, want_positions = expected(df, first_id(store, ingest_id), segments, ingested_at)
-    got_positions = store.query(f"SELECT {', '.join('p.' + c for c in POSITION_COLUMNS)} FROM positions p JOIN steps "
-                                "USING (step_id) WHERE ingest_id = ? ORDER BY step_id, position", [ingest_id])
-    assert got_positions == sorted(want_positions)
-    assert store.query(f"SELECT {', '.join(STEP_COLUMNS)} FROM {STEPS} WHERE ingest_id = ? ORDER BY step_id",
-                       [ingest_id]) == want_steps
+    assert_stored_as_defined(store, df)
     assert store.query("SELECT count(*) FROM positions")[0][0] == len(first) + len(df)
     assert joins == [True]
-    assert_rollups_equal_a_rebuild(store, ingest_id)
 
 
 def _written(df: pd.DataFrame, path, fmt: str) -> str:
@@ -321,15 +308,7 @@ def test_a_file_in_pieces_stores_what_it_stores_whole(store, tmp_path, monkeypat
         assert len(pieces) >= 3 and pieces[0][0] == 1 and pieces[-1][1] == len(df)
         assert all(a == b + 1 for (_, b), (a, _) in zip(pieces, pieces[1:], strict=False))
         assert any((a - 1) % 997 for a, _ in pieces[1:])  # a cut moved off its row group's end
-    ingest_id, ingested_at = store.query("SELECT max(ingest_id), max(ingested_at) FROM ingests")[0]
-    segments = dict(store.query("SELECT template, segment_id FROM segments"))
-    want_steps, want_positions = expected(df, first_id(store, ingest_id), segments, ingested_at)
-    assert store.query(f"SELECT {', '.join(STEP_COLUMNS)} FROM {STEPS} WHERE ingest_id = ? ORDER BY step_id",
-                       [ingest_id]) == want_steps
-    assert store.query(f"SELECT {', '.join('p.' + c for c in POSITION_COLUMNS)} FROM positions p JOIN steps "
-                       "USING (step_id) WHERE ingest_id = ? ORDER BY step_id, position", [ingest_id]) \
-        == sorted(want_positions)
-    assert_rollups_equal_a_rebuild(store, ingest_id)
+    assert_stored_as_defined(store, df)
 
 
 def test_faults_found_in_pieces_are_those_found_whole(tmp_path, monkeypatch):
