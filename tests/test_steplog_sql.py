@@ -132,6 +132,37 @@ def test_the_fast_path_handles_the_benchmark_shapes(tmp_path, monkeypatch):
     _assert_same(results)
 
 
+
+def test_the_fast_path_keeps_the_file_order_across_read_buffers(tmp_path, monkeypatch):
+    """A file of several of DuckDB's JSON read buffers (16 MB), which the fast path's query reads and checks on
+    every thread: steps are numbered by where the query stored them, so the stored steps must still follow the
+    file's lines, each with its own positions (lines of many lengths, so buffer ends fall mid-line)."""
+    rng = np.random.default_rng(11)
+    lines = []
+    for i in range(170_000):
+        g = i % 5
+        obj: dict = {"request_id": f"r{i}", "draft_tokens": [(i + j) % VOCAB for j in range(g)],
+                     "accepted": i % (g + 1), "ts": 1.7e9 + i, "template": "x" * int(rng.integers(0, 200))}
+        if i % 3 == 0:
+            obj["target_logprobs"] = [_topk(rng, 3) for _ in range(g)]
+        lines.append(orjson.dumps(obj))
+    path = _write(tmp_path / "big.jsonl", lines)
+    assert (tmp_path / "big.jsonl").stat().st_size > 2 * 16 * 2**20
+    staged: list = []
+    fast_stage = steplog_sql.stage
+    monkeypatch.setattr(steplog_sql, "stage", lambda *a, **k: staged.append(fast_stage(*a, **k)) or staged[-1])
+    db = str(tmp_path / "big.duckdb")
+    with Store(db) as s:
+        assert ingest_file(s, path).status == "stored"
+        steps = s.query("SELECT request_id, g FROM steps ORDER BY step_id")
+        wrong = s.query("SELECT count(*) FROM positions p JOIN steps st USING (step_id) "
+                        "WHERE p.draft_token <> (CAST(st.request_id[2:] AS BIGINT) + p.position - 1) % ?",
+                        [VOCAB])[0][0]
+    assert staged[0] is not None  # the fast path took the file
+    assert steps == [(f"r{i}", i % 5) for i in range(len(lines))]
+    assert wrong == 0
+
+
 # Lines the fast path must not vouch for: each differs from a good line by one thing that the Python path
 # refuses or reads in its own way (the file then goes the Python path, which names the fault or stores it).
 GOOD = {"request_id": "x", "draft_tokens": [1, 2], "accepted": 1, "target_logprobs": [{"1": -0.1}, {"2": -0.2}],

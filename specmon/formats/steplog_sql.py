@@ -80,11 +80,11 @@ def _steps_sql(gzip: bool) -> str:
     values = "TRY_CAST(CAST(json_extract(x, '$.*') AS VARCHAR[]) AS DOUBLE[])"
     return f"""
 WITH raw AS (
-    SELECT ordinality - 1 AS n, json_keys(json) AS keys, json_transform(json, '{_STRUCTURE}') AS o,
+    SELECT json_keys(json) AS keys, json_transform(json, '{_STRUCTURE}') AS o,
            regexp_matches(json, ',[ \\t\\r\\n]*[\\]}}]') AS trailing_comma
-    FROM read_ndjson_objects($path, compression = '{"gzip" if gzip else "none"}') WITH ORDINALITY
+    FROM read_ndjson_objects($path, compression = '{"gzip" if gzip else "none"}')
 ), fields AS (
-    SELECT n, keys, trailing_comma, o.*, len(o.draft_tokens) AS g,
+    SELECT keys, trailing_comma, o.*, len(o.draft_tokens) AS g,
            list_transform(o.draft_tokens, lambda t: sm_int(t)) AS d, sm_int(o.accepted) AS acc,
            list_transform(o.target_logprobs, lambda x: json_keys(x)) AS tk,
            list_transform(o.target_logprobs, lambda x: {values}) AS tv,
@@ -141,7 +141,7 @@ WITH raw AS (
            list_transform(qsum, lambda x: greatest(1 - x, 0)) AS uq
     FROM crossed
 )
-SELECT n, g, acc, chk, rid, tpl, kk,
+SELECT g, acc, chk, rid, tpl, kk,
        coalesce(ts_iso, CASE WHEN ts_num IS NOT NULL
            THEN make_timestamp(CAST(trunc(ts_num) AS BIGINT) * 1000000
                                + CAST(round_even((ts_num - trunc(ts_num)) * 1e6, 0) AS BIGINT)) END) AS ts,
@@ -183,30 +183,37 @@ def stage(conn: duckdb.DuckDBPyConnection, path: str, *, sum_tol: float, default
     # DuckDB takes the UDF type by name; its stubs list only an enum that the package does not export
     conn.create_function("sm_iso", _iso, ["VARCHAR"], "TIMESTAMP", type="arrow",  # type: ignore[call-overload]
                          side_effects=False)
-    conn.execute("BEGIN TRANSACTION")
+    # A step's number is its row's rowid in fast_steps (a committed table of its own, so rowids count from 0):
+    # DuckDB keeps a scan's order in the table a query of single-table steps creates (preserve_insertion_order),
+    # while numbering the lines in the query (WITH ORDINALITY, row_number) would run all of it on one thread
+    # (docs/benchmarks.md, "Ingest", eleventh round).
+    conn.execute("SET preserve_insertion_order = true")
+    counts = None
+    in_transaction = False
     try:
         conn.execute(f"CREATE TABLE fast_steps AS {_steps_sql(textio.is_gzip(path))}",
                      {"path": path, "known": list(_FIELDS), "mass_limit": 1.0 + sum_tol - 1e-9})
         (bad,) = conn.execute("SELECT count(*) FILTER (NOT ok) FROM fast_steps").fetchone() or (0,)
-        if bad:
-            conn.execute("ROLLBACK")
-            return None
-        conn.execute("""
-            INSERT INTO staging_steps SELECT n, coalesce(tpl, $template), rid, coalesce(ts, $now), ts IS NULL,
-                kk, g, acc, chk, temperature, target_ms, draft_ms,
-                CASE WHEN blo IS NOT NULL THEN coalesce(list_sum(blo[1:chk]), 0) END,
-                CASE WHEN bhi IS NOT NULL THEN coalesce(list_sum(bhi[1:chk]), 0) END,
-                em, NULL, NULL, NULL
-            FROM fast_steps""", {"template": default_template, "now": ingest_time})
-        conn.execute("""
-            INSERT INTO staging_positions
-            SELECT n, i, d[i], blo[i], bhi[i], pt[i], qt[i]
-            FROM (SELECT *, unnest(range(1, g + 1)) AS i FROM fast_steps)""")
-        counts = conn.execute("SELECT count(*), coalesce(sum(g), 0), count(*) FILTER (ts IS NULL) "
-                              "FROM fast_steps").fetchone()
-        conn.execute("DROP TABLE fast_steps")
-        conn.execute("COMMIT")
-        return counts
+        if not bad:
+            conn.execute("BEGIN TRANSACTION")
+            in_transaction = True
+            conn.execute("""
+                INSERT INTO staging_steps SELECT rowid, coalesce(tpl, $template), rid, coalesce(ts, $now),
+                    ts IS NULL, kk, g, acc, chk, temperature, target_ms, draft_ms,
+                    CASE WHEN blo IS NOT NULL THEN coalesce(list_sum(blo[1:chk]), 0) END,
+                    CASE WHEN bhi IS NOT NULL THEN coalesce(list_sum(bhi[1:chk]), 0) END,
+                    em, NULL, NULL, NULL
+                FROM fast_steps""", {"template": default_template, "now": ingest_time})
+            conn.execute("""
+                INSERT INTO staging_positions
+                SELECT n, i, d[i], blo[i], bhi[i], pt[i], qt[i]
+                FROM (SELECT rowid AS n, *, unnest(range(1, g + 1)) AS i FROM fast_steps)""")
+            counts = conn.execute("SELECT count(*), coalesce(sum(g), 0), count(*) FILTER (ts IS NULL) "
+                                  "FROM fast_steps").fetchone()
+            conn.execute("COMMIT")
     except duckdb.Error:
-        conn.execute("ROLLBACK")
-        return None
+        if in_transaction:
+            conn.execute("ROLLBACK")
+        counts = None
+    conn.execute("DROP TABLE IF EXISTS fast_steps")  # the Python path, if it runs, stages into the same file
+    return counts
