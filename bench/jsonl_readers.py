@@ -161,7 +161,7 @@ from specmon.formats import steplog_sql
 c = store.connect(':memory:'); c.execute(steplog_sql._MACROS)
 c.create_function('sm_iso', steplog_sql._iso, ['VARCHAR'], 'TIMESTAMP', type='arrow', side_effects=False)
 sql = steplog_sql._steps_sql(False)
-ctes, final = sql[:sql.rindex('SELECT n, g, acc')], sql[sql.rindex('SELECT n, g, acc'):]
+ctes, final = sql[:sql.rindex('SELECT g, acc')], sql[sql.rindex('SELECT g, acc'):]
 query = {query!r}
 text = query.replace('WHOLE', sql) if 'WHOLE' in query else ctes + query.replace('FINAL', '(' + final + ')')
 params = {{'path': {path!r}, 'known': list(steplog_sql._FIELDS),
@@ -171,9 +171,9 @@ c.execute(text, {{k: v for k, v in params.items() if '$' + k in text}})  # DuckD
 print(json.dumps({{'seconds': time.perf_counter() - t, 'cpu_seconds': time.process_time() - cpu}}))
 """
 QUERY_STAGES = {  # name -> the query after the fast path's CTEs (FINAL: its last SELECT; WHOLE: all of it)
-    "read the lines (read_ndjson_objects, numbered)": "SELECT max(n) FROM raw",
-    "+ trailing-comma screen": "SELECT max(n), count(*) FILTER (trailing_comma) FROM raw",
-    "+ decode the fields, list the keys": "SELECT max(n), count(*) FILTER (trailing_comma), sum(len(keys)), "
+    "read the lines (read_ndjson_objects)": "SELECT count(*) FROM raw",
+    "+ trailing-comma screen": "SELECT count(*), count(*) FILTER (trailing_comma) FROM raw",
+    "+ decode the fields, list the keys": "SELECT count(*), count(*) FILTER (trailing_comma), sum(len(keys)), "
                                           "count(o.request_id) FROM raw",
     "+ split the top-k objects": "SELECT count(*) FILTER (trailing_comma), sum(len(keys)), sum(len(flatten(tk)) "
                                  "+ len(flatten(qk)) + list_sum(flatten(tv)) + list_sum(flatten(qv))), "
