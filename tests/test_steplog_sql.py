@@ -62,18 +62,23 @@ def _write(path, lines: list[bytes], *, crlf: bool = False, bom: bool = False, g
     return str(path)
 
 
-def _ingest_both(tmp_path, monkeypatch, path: str, **options) -> tuple[dict, list]:
-    """The file ingested by the fast path where it vouches for it and by the Python path alone; for each, the
-    result, the --skip-bad report and the stored rows. Also returns what the fast path's stage() returned."""
-    staged: list = []
+def _recording(staged: list):
+    """The fast path's stage(), noting in `staged` what each call returned (None: it handed the file over)."""
     fast_stage = steplog_sql.stage
 
     def recording(*args, **kwargs):
         staged.append(fast_stage(*args, **kwargs))
         return staged[-1]
 
+    return recording
+
+
+def _ingest_both(tmp_path, monkeypatch, path: str, **options) -> tuple[dict, list]:
+    """The file ingested by the fast path where it vouches for it and by the Python path alone; for each, the
+    result, the --skip-bad report and the stored rows. Also returns what the fast path's stage() returned."""
+    staged: list = []
     results = {}
-    for how, stage in (("fast", recording), ("python", lambda *a, **k: None)):
+    for how, stage in (("fast", _recording(staged)), ("python", lambda *a, **k: None)):
         monkeypatch.setattr(steplog_sql, "stage", stage)
         db = str(tmp_path / f"{how}.duckdb")
         report = tmp_path / f"{how}.rejected.jsonl"
@@ -148,8 +153,7 @@ def test_the_fast_path_keeps_the_file_order_across_read_buffers(tmp_path, monkey
     path = _write(tmp_path / "big.jsonl", lines)
     assert (tmp_path / "big.jsonl").stat().st_size > 2 * 16 * 2**20
     staged: list = []
-    fast_stage = steplog_sql.stage
-    monkeypatch.setattr(steplog_sql, "stage", lambda *a, **k: staged.append(fast_stage(*a, **k)) or staged[-1])
+    monkeypatch.setattr(steplog_sql, "stage", _recording(staged))
     db = str(tmp_path / "big.duckdb")
     with Store(db) as s:
         assert ingest_file(s, path).status == "stored"

@@ -534,34 +534,36 @@ def insert(
               "position_tokens": ("t.p_token, t.q_token", "WHERE t.p_token IS NOT NULL OR t.q_token IS NOT NULL"),
               "position_bounds": (hi, f"WHERE {bounds_differ(lo, hi)}")}
     into_tables = ["position_rows", *(["position_tokens"] if tokens else []), *(["position_bounds"] if bounds else [])]
+    position = f"t.position - {base} + 1"  # as stored: 1..g
     cur.execute("SET preserve_insertion_order = false")
     try:
-        if in_order:  # a row's step starts at its line less its position's offset
+        if in_order:  # the step's first line is the row's line less its stored position plus one
             with query_progress(cur, _piece_progress(progress, 1, 2), size):
                 for into in into_tables:
                     values, given = tables[into]
-                    cur.execute(f"INSERT INTO {into} SELECT {first_step_id} - 1 + t.line - (t.position - {base}), "
-                                f"t.position - {base} + 1, {values} FROM {source} t {given}")
+                    cur.execute(f"INSERT INTO {into} SELECT {first_step_id} + t.line - ({position}), {position}, "
+                                f"{values} FROM {source} t {given}")
         else:
-            _write_joined(cur, source, base, tables, into_tables, ranges, progress, size)
+            _write_joined(cur, source, position, tables, into_tables, ranges, progress, size)
     finally:
         cur.execute("RESET preserve_insertion_order")
     return int(steps), int(positions or 0), int(inferred)
 
 
-def _write_joined(cur: duckdb.DuckDBPyConnection, source: str, base: int, tables: dict[str, tuple[str, str]],
+def _write_joined(cur: duckdb.DuckDBPyConnection, source: str, position: str, tables: dict[str, tuple[str, str]],
                   into_tables: list[str], ranges: list[tuple[int, int] | None], progress: Progress | None,
                   size: int) -> None:
     """Write the positions of a file whose steps' rows are not all adjacent lines in position order, piece by
     piece: rows meet their step by a 64-bit hash of (request_id, step) (STEP_KEY), a cheaper join than on the
     pair; two steps of the piece with one hash would give a row two steps, so the rows written are counted and, on
     a mismatch, written again joined on the pair. A piece's steps are those whose first line is in it, their ids
-    one range (given as literals: the join knows its bounds and reads only those rows of flat_step_agg)."""
+    one range (given as literals: the join knows its bounds and reads only those rows of flat_step_agg).
+    position: SQL of a row's stored position."""
 
     def write(key: str, piece: tuple[int, int] | None, first_id: int, last_id: int, into: str) -> int:
         values, given = tables[into]
         return int(cur.execute(
-            f"INSERT INTO {into} SELECT s.step_id, t.position - {base} + 1, {values} "
+            f"INSERT INTO {into} SELECT s.step_id, {position}, {values} "
             f"FROM (SELECT {key} AS key, * FROM {_piece(source, piece)}) t "
             f"JOIN (SELECT {key} AS key, step_id FROM flat_step_agg "
             f"WHERE step_id BETWEEN {first_id} AND {last_id}) s USING (key) {given}").fetchall()[0][0])
