@@ -524,7 +524,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return EXIT_OK
     with _open_store(args) as store:
         result = demo.load_demo(store)
-    print(f"{store.path}: demo data {result.status} (run {demo.DEMO_RUN!r}, {result.steps} steps)")
+    if result.status == "already ingested":
+        print(f"{store.path}: the demo data is already there (run {demo.DEMO_RUN!r}); nothing changed")
+    else:
+        print(f"{store.path}: demo data {result.status} (run {demo.DEMO_RUN!r}, {result.steps} steps)")
     return EXIT_OK
 
 

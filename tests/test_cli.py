@@ -85,6 +85,15 @@ def test_check_on_the_demo_template_change(tmp_path, specmon_cmd):
     assert b"LOSING: run 'prod', template 'v2'" in r.stdout and b"template 'v1': alpha" not in r.stdout
 
 
+
+def test_demo_twice_says_the_second_time_changed_nothing(tmp_path, specmon_cmd):
+    db = str(tmp_path / "d.duckdb")
+    first = run(specmon_cmd, "demo", "--db", db)
+    assert first.returncode == 0 and b"demo data stored" in first.stdout and b" 0 steps" not in first.stdout
+    again = run(specmon_cmd, "demo", "--db", db)
+    assert again.returncode == 0 and b"already there" in again.stdout and b"nothing changed" in again.stdout
+    assert b"steps" not in again.stdout
+
 def test_summary_loads_the_demo_into_an_empty_database(tmp_path, specmon_cmd):
     db = str(tmp_path / "new.duckdb")
     r = run(specmon_cmd, "summary", "--db", db)
