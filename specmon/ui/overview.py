@@ -37,7 +37,9 @@ def acceptance_chart(rows: list[dict]) -> alt.Chart:
     df = pd.DataFrame([{
         "segment": segment_label(r), "alpha": r["alpha"], "lo": r["alpha_lo"],
         "hi": r["alpha_hi"], "break_even": r["break_even_alpha"], "status": r["status"]} for r in rows])
-    colour = alt.Color("status:N", scale=alt.Scale(domain=list(STATUS_COLOURS), range=list(STATUS_COLOURS.values())))
+    # The legend above the chart: beside it, a chart of one or two segments (40 px a row) clipped its last entries.
+    colour = alt.Color("status:N", scale=alt.Scale(domain=list(STATUS_COLOURS), range=list(STATUS_COLOURS.values())),
+                       legend=alt.Legend(orient="top"))
     y = alt.Y("segment:N", title=None, axis=alt.Axis(labelLimit=400))
     bars = alt.Chart(df).mark_rule(strokeWidth=3).encode(
         x=alt.X("lo:Q", title="per-token acceptance alpha (95% CI)", scale=alt.Scale(domain=[0, 1])), x2="hi:Q",
