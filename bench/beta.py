@@ -1,4 +1,4 @@
-"""beta = sum min(p, q) over dense rows (4,096 x 32,000 float32): specmon.theory.beta against the one-liner.
+"""beta = sum min(p, q) over dense rows (4,096 x 32,000 float32): specmon.core.theory.beta against the one-liner.
 
     python bench/beta.py [--repeats 5]
 """
@@ -11,7 +11,7 @@ import time
 import numpy as np
 from _common import machine
 
-from specmon import theory
+from specmon.core import theory
 
 
 def best_of(fn, repeats: int) -> float:

@@ -1,4 +1,4 @@
-"""Wall time of one drift calibration (specmon.drift.design_for on the first 2,000 steps, and at each checkpoint of
+"""Wall time of one drift calibration (specmon.drift.detector.design_for on the first 2,000 steps, and at each checkpoint of
 the self-starting design on the first 4,000 ... 32,000), the cost the watcher and the Drift page pay once per
 reference (the threshold is kept in the database):
 
@@ -6,7 +6,7 @@ reference (the threshold is kept in the database):
 
 Streams from bench/streams.py: correlation 0.2 between requests, lognormal lengths, k = 4, at a stated 2,000 and
 20,000 steps per false alarm (the time grows with the stated figure: the simulated streams are 5 x as long).
---checkpoints also times the references of the checkpoints (drift.checkpoints).
+--checkpoints also times the references of the checkpoints (detector.checkpoints).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import numpy as np
 import streams
 from _common import machine
 
-from specmon import drift
+from specmon.drift import detector
 
 
 def main() -> None:
@@ -27,18 +27,18 @@ def main() -> None:
     ap.add_argument("--checkpoints", action="store_true", help="also time the checkpoints' longer references")
     args = ap.parse_args()
     # (version 1, before the constant existed, so the script also times an older checkout on PYTHONPATH)
-    out: dict = {"machine": machine(), "calibration_version": getattr(drift, "CALIBRATION_VERSION", 1), "seconds": {}}
-    sizes = [drift.REFERENCE_STEPS] + (drift.checkpoints(drift.REFERENCE_STEPS) if args.checkpoints else [])
+    out: dict = {"machine": machine(), "calibration_version": getattr(detector, "CALIBRATION_VERSION", 1), "seconds": {}}
+    sizes = [detector.REFERENCE_STEPS] + (detector.checkpoints(detector.REFERENCE_STEPS) if args.checkpoints else [])
     for arl0 in (2000, 20_000):
         for size in sizes:
             times = []
             for seed in range(args.repeats):
                 a, c, r = streams.steps(np.random.default_rng(seed), size, 0.8, 4, 0.2, "lognormal")
-                drift._CALIBRATIONS.clear()  # time the calibration, not the cache
+                detector._CALIBRATIONS.clear()  # time the calibration, not the cache
                 t0 = time.perf_counter()
-                drift.design_for(a, c, r, 4, 0.45, arl0, size)
+                detector.design_for(a, c, r, 4, 0.45, arl0, size)
                 times.append(round(time.perf_counter() - t0, 2))
-            out["seconds"][str(arl0) if size == drift.REFERENCE_STEPS else f"{arl0} on {size:,} steps"] = times
+            out["seconds"][str(arl0) if size == detector.REFERENCE_STEPS else f"{arl0} on {size:,} steps"] = times
     print(json.dumps(out, indent=1))
 
 

@@ -36,8 +36,9 @@ import scipy.stats
 import streams
 from _common import machine
 
-from specmon import drift, stats, theory
-from specmon.segments import segment_status
+from specmon.core import stats, theory
+from specmon.core.segments import segment_status
+from specmon.drift import detector
 
 RHOS = (0.0, 0.05, 0.2, 0.3)
 LENGTHS = ("geometric", "lognormal")
@@ -102,20 +103,20 @@ def false_alarm_cell(rng: np.random.Generator, rho: float, lengths: str, k: int,
                      shape: str = "beta") -> dict:
     """Each window: a fresh stream, the detector calibrated on its first REFERENCE_STEPS steps, then 10 x ARL0
     in-control steps watched (restarting after every alarm, as in use) by the self-starting detector (its reference
-    growing at the checkpoints, drift.watch) and, on the same steps, by the plain one (the first design throughout:
+    growing at the checkpoints, detector.watch) and, on the same steps, by the plain one (the first design throughout:
     issue 11's sixth pass's detector), so the two are paired."""
     watched = 10 * arl0
     counts: dict[str, list[int]] = {"self_starting": [], "plain": []}
     episodes, hs, grown = 0, [], []
     for _ in range(windows):
-        a, c, req = streams.steps(rng, drift.REFERENCE_STEPS + watched, P0, k, rho, lengths, shape)
-        d = drift.design_for(a, c, req, k, BREAK_EVEN, arl0)
-        grow = drift.redesigner(lambda _, held=(a, c, req): held, k, BREAK_EVEN, arl0)
-        _, raw, _, taken = drift.watch(a[drift.REFERENCE_STEPS:], c[drift.REFERENCE_STEPS:], drift.REFERENCE_STEPS,
-                                       drift.Watch.start(d), grow)
+        a, c, req = streams.steps(rng, detector.REFERENCE_STEPS + watched, P0, k, rho, lengths, shape)
+        d = detector.design_for(a, c, req, k, BREAK_EVEN, arl0)
+        grow = detector.redesigner(lambda _, held=(a, c, req): held, k, BREAK_EVEN, arl0)
+        _, raw, _, taken = detector.watch(a[detector.REFERENCE_STEPS:], c[detector.REFERENCE_STEPS:], detector.REFERENCE_STEPS,
+                                       detector.Watch.start(d), grow)
         counts["self_starting"].append(len(raw))
-        counts["plain"].append(len(drift.cusum(a[drift.REFERENCE_STEPS:], c[drift.REFERENCE_STEPS:], d)[1]))
-        episodes += sum(1 for i, t in enumerate(raw) if i == 0 or t - raw[i - 1] > drift.EPISODE_GAP)
+        counts["plain"].append(len(detector.cusum(a[detector.REFERENCE_STEPS:], c[detector.REFERENCE_STEPS:], d)[1]))
+        episodes += sum(1 for i, t in enumerate(raw) if i == 0 or t - raw[i - 1] > detector.EPISODE_GAP)
         hs.append([d.h] + [x.h for _, x in taken])
         grown.append([x.reference for _, x in taken])
     boot = rng.integers(0, windows, (2000, windows))
@@ -133,8 +134,8 @@ def false_alarm_cell(rng: np.random.Generator, rho: float, lengths: str, k: int,
             out["plain"] = figures
     # the threshold at the reference and at each checkpoint taken, over the windows (a checkpoint that a window's
     # alarms deferred past the next one is skipped there)
-    sizes = drift.checkpoints(drift.REFERENCE_STEPS)
-    by_size: dict[int, list[float]] = {drift.REFERENCE_STEPS: [h[0] for h in hs]}
+    sizes = detector.checkpoints(detector.REFERENCE_STEPS)
+    by_size: dict[int, list[float]] = {detector.REFERENCE_STEPS: [h[0] for h in hs]}
     for h, refs in zip(hs, grown, strict=True):
         for x, size in zip(h[1:], refs, strict=True):
             by_size.setdefault(size, []).append(x)
@@ -142,7 +143,7 @@ def false_alarm_cell(rng: np.random.Generator, rho: float, lengths: str, k: int,
                 "median_h": float(np.median([h[-1] for h in hs])),
                 "h_by_reference": {str(size): {"windows": len(v), "median": float(np.median(v)),
                                                "sd": float(np.std(v, ddof=1)) if len(v) > 1 else 0.0}
-                                   for size, v in sorted(by_size.items()) if size in (drift.REFERENCE_STEPS, *sizes)}})
+                                   for size, v in sorted(by_size.items()) if size in (detector.REFERENCE_STEPS, *sizes)}})
     return out
 
 
@@ -153,14 +154,14 @@ def delay_cell(rng: np.random.Generator, rho: float, lengths: str, k: int, strea
     after = 3000
     delays, errors, in_range, early, missed = [], [], 0, 0, 0
     for _ in range(streams_n):
-        a0, c0, r0 = streams.steps(rng, drift.REFERENCE_STEPS + before, P0, k, rho, lengths)
+        a0, c0, r0 = streams.steps(rng, detector.REFERENCE_STEPS + before, P0, k, rho, lengths)
         a1, c1, r1 = streams.steps(rng, after, P_DROP, k, rho, lengths)
         a, c = np.concatenate([a0, a1]), np.concatenate([c0, c1])
         change = len(a0)
         req = np.concatenate([r0, r1 + r0.max() + 1])
-        d = drift.design_for(a, c, req, k, BREAK_EVEN, arl0)
-        grow = drift.redesigner(lambda _, held=(a, c, req): held, k, BREAK_EVEN, arl0)
-        _, found, _ = drift.detect(a, c, d, drift.REFERENCE_STEPS, grow)
+        d = detector.design_for(a, c, req, k, BREAK_EVEN, arl0)
+        grow = detector.redesigner(lambda _, held=(a, c, req): held, k, BREAK_EVEN, arl0)
+        _, found, _ = detector.detect(a, c, d, detector.REFERENCE_STEPS, grow)
         if any(e.alarm_index < change for e in found):
             early += 1
             continue
@@ -188,7 +189,7 @@ def mixing_tail_cell(rng: np.random.Generator, rho: float, lengths: str, k: int,
     """How the threshold's calibration pictures request acceptance where false alarms come from: the share of
     requests below the true 1%, 5% and 10% quantiles of request acceptance (two-point: below the midpoint of the two
     kinds, truly one in ten) among the acceptances each group of a reference draws (its smoothed NPMLE, as
-    drift.calibrate draws them) and in the group's NPMLE weights before smoothing, over the true share: averaged
+    detector.calibrate draws them) and in the group's NPMLE weights before smoothing, over the true share: averaged
     over the groups of each reference, then over references (with the standard error over references)."""
     mean = streams.mean_for_alpha(P0, rho, k, shape)
     if shape == "beta":
@@ -201,11 +202,11 @@ def mixing_tail_cell(rng: np.random.Generator, rho: float, lengths: str, k: int,
     drawn = np.zeros((references, len(cuts)))
     weights = np.zeros((references, len(cuts)))
     for i in range(references):
-        a, c, req = streams.steps(rng, drift.REFERENCE_STEPS, P0, k, rho, lengths, shape)
+        a, c, req = streams.steps(rng, detector.REFERENCE_STEPS, P0, k, rho, lengths, shape)
         _, inverse = np.unique(req, return_inverse=True)
         g = int(inverse.max()) + 1
-        mixing = drift._Mixing(np.bincount(inverse, weights=a), np.bincount(inverse, weights=c))
-        for _ in range(drift.CALIBRATION_GROUPS):
+        mixing = detector._Mixing(np.bincount(inverse, weights=a), np.bincount(inverse, weights=c))
+        for _ in range(detector.CALIBRATION_GROUPS):
             rates = mixing.fit(np.bincount(rng.integers(0, g, g), minlength=g))
             r = rates.draw(rng, 4000)
             drawn[i] += [(r < x).mean() for x in cuts]
@@ -213,7 +214,7 @@ def mixing_tail_cell(rng: np.random.Generator, rho: float, lengths: str, k: int,
     out = {"shape": shape, "rho": rho, "lengths": lengths, "k": k, "references": references,
            "true_share": list(levels), "acceptance_below": cuts}
     for name, v in (("drawn", drawn), ("npmle", weights)):
-        ratio = v / drift.CALIBRATION_GROUPS / np.array(levels)
+        ratio = v / detector.CALIBRATION_GROUPS / np.array(levels)
         out[f"{name}_over_true"] = ratio.mean(axis=0).tolist()
         out[f"{name}_over_true_se"] = (ratio.std(axis=0, ddof=1) / math.sqrt(references)).tolist()
     return out
@@ -227,7 +228,7 @@ def river_cell(rng: np.random.Generator, arl0: int, target_rate: float) -> dict:
 
     null = [streams.steps(rng, 40_000, P0, 4, 0.2, "geometric")[:2] for _ in range(5)]
     changed = []
-    start, change = drift.REFERENCE_STEPS, drift.REFERENCE_STEPS + RIVER_BEFORE
+    start, change = detector.REFERENCE_STEPS, detector.REFERENCE_STEPS + RIVER_BEFORE
     for _ in range(60):
         a0, c0, _ = streams.steps(rng, change, P0, 4, 0.2, "geometric")
         a1, c1, _ = streams.steps(rng, 3000, P_DROP, 4, 0.2, "geometric")
@@ -298,8 +299,8 @@ def main() -> None:  # noqa: C901 (one branch per option and part: a flat list r
     reps = args.reps or reps
     windows = args.windows or windows
     fa_rhos = tuple(float(x) for x in args.rhos.split(",")) if args.rhos else RHOS
-    results: dict = {"machine": machine(), "full": args.full, "reference_steps": drift.REFERENCE_STEPS,
-                     "calibration_version": drift.CALIBRATION_VERSION, "windows": windows,
+    results: dict = {"machine": machine(), "full": args.full, "reference_steps": detector.REFERENCE_STEPS,
+                     "calibration_version": detector.CALIBRATION_VERSION, "windows": windows,
                      "sections": sections, "intervals": [], "false_alarms": [], "delays": []}
     if "intervals" in sections:
         rng = np.random.default_rng(2026)

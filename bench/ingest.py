@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from _common import machine, run_child
 
-from specmon import sampler
+from specmon.core import sampler
 
 K = 4
 VOCAB = 32000
@@ -99,9 +99,9 @@ def write_parquet(path: str, positions: int) -> None:
 
 INGEST = """
 import json, time
-from specmon.store import Store
-from specmon.ingest import ingest_file
-from specmon.formats import steplog_sql
+from specmon.store.database import Store
+from specmon.ingest.pipeline import ingest_file
+from specmon.ingest.formats import steplog_sql
 if {python_path!r}:
     steplog_sql.stage = lambda *args, **kwargs: None  # as if the fast path refused the file: the Python path
 s = Store({db!r}); t = time.perf_counter(); c = time.process_time(); r = ingest_file(s, {path!r})

@@ -1,5 +1,5 @@
 """What reading top-k step logs costs, by reader and by stage of the step log's fast path
-(specmon/formats/steplog_sql.py): where its time goes, and what rate any reader installable from PyPI allows.
+(specmon/ingest/formats/steplog_sql.py): where its time goes, and what rate any reader installable from PyPI allows.
 
     nice python bench/jsonl_readers.py [--positions 100000] [--workdir DIR] [--reuse] [--repeat 3]
                                        [--parts readers stages profile duckdb_types python_path]
@@ -111,8 +111,9 @@ WIDE_LINES = 200
 
 PROFILE = """
 import json, time
-from specmon import ingest, store
-from specmon.formats import steplog_jsonl, steplog_sql
+from specmon.ingest import pipeline
+from specmon.store import database as store
+from specmon.ingest.formats import steplog_jsonl, steplog_sql
 spent = {{}}
 
 class Timed:  # the cursor a stage is given, each statement's CPU seconds (all threads) added to `spent`
@@ -143,11 +144,11 @@ def clocked(fn, key):
 
 steplog_sql.stage = timed(steplog_sql.stage, 'stage', 0)
 steplog_jsonl.Reader.publish = timed(steplog_jsonl.Reader.publish, 'publish', 1)
-ingest.refresh_rollups = timed(ingest.refresh_rollups, 'rollups', 0)
-ingest.file_sha256 = clocked(ingest.file_sha256, 'sha256 of the file')
-ingest._publish = clocked(ingest._publish, 'publishing transaction, in all')
+pipeline.refresh_rollups = timed(pipeline.refresh_rollups, 'rollups', 0)
+pipeline.file_sha256 = clocked(pipeline.file_sha256, 'sha256 of the file')
+pipeline._publish = clocked(pipeline._publish, 'publishing transaction, in all')
 steplog_jsonl.Reader.prepare = clocked(steplog_jsonl.Reader.prepare, 'staging (fast path), in all')
-s = store.Store({db!r}); t = time.perf_counter(); c = time.process_time(); r = ingest.ingest_file(s, {path!r})
+s = store.Store({db!r}); t = time.perf_counter(); c = time.process_time(); r = pipeline.ingest_file(s, {path!r})
 spent['ingest, in all (wall s)'], spent['ingest, in all'] = time.perf_counter() - t, time.process_time() - c
 assert r.status == 'stored', r.faults
 print(json.dumps(spent))
@@ -156,8 +157,9 @@ print(json.dumps(spent))
 # to one row, so DuckDB computes what the stage and those before it need, and nothing after it.
 QUERY_STAGE = """
 import json, time
-from specmon import steplog, store
-from specmon.formats import steplog_sql
+from specmon.ingest import steplog
+from specmon.store import database as store
+from specmon.ingest.formats import steplog_sql
 c = store.connect(':memory:'); c.execute(steplog_sql._MACROS)
 c.create_function('sm_iso', steplog_sql._iso, ['VARCHAR'], 'TIMESTAMP', type='arrow', side_effects=False)
 sql = steplog_sql._steps_sql(False)
@@ -211,7 +213,7 @@ TOUCH = {
 }
 PYTHON = """
 import json, time, orjson
-from specmon import steplog
+from specmon.ingest import steplog
 with open({path!r}, 'rb') as fh:
     lines = fh.readlines()
 t = time.process_time(); objs = [orjson.loads(line) for line in lines]; loads = time.process_time() - t

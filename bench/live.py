@@ -18,8 +18,9 @@ import numpy as np
 import torch
 from _common import machine
 
-from specmon import live, live_inputs, resources, theory
-from specmon.settings import LiveSettings
+from specmon.core import resources, theory
+from specmon.core.settings import LiveSettings
+from specmon.pair import live, live_inputs
 
 
 def timed(fn) -> tuple[float, int]:

@@ -22,8 +22,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 PAGE_QUERIES = """
 import json, sys, time
-from specmon import alarms, ingest, lossless, summary
-from specmon.store import Store
+from specmon.drift import alarms
+from specmon.ingest import pipeline
+from specmon.analysis import lossless, summary
+from specmon.store.database import Store
 s = Store(sys.argv[1])
 run = summary.run_names(s)[0]
 pages = {
@@ -33,7 +35,7 @@ pages = {
     "economics": lambda: summary.summarize(s),
     "drift": lambda: (summary.run_names(s), summary.summarize(s, run=run, bucket="6 hours", per_position=False),
                       summary.template_changes(s, run), alarms.analyse_run(s, run)),
-    "ingest": lambda: ingest.ingest_history(s),
+    "ingest": lambda: pipeline.ingest_history(s),
     "losslessness": lambda: lossless.segments_with_distributions(s),
 }
 out = {}

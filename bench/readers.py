@@ -4,7 +4,7 @@
 
 The log repeats real vLLM V1 lines (one metrics line every ten lines, between throughput and HTTP access lines, as a
 busy server prints them), with their times moving on by ten seconds each. Measured in a fresh process each: the
-whole file through specmon.formats.engine_log.read, and the same lines fed to an EngineLogReader that is
+whole file through specmon.ingest.formats.engine_log.read, and the same lines fed to an EngineLogReader that is
 recreated from its state every 1,000 lines (what the watcher does between polls).
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ def write_log(path: str, lines: int) -> None:
 WHOLE = """
 import json, time
 from datetime import datetime
-from specmon.formats import engine_log
+from specmon.ingest.formats import engine_log
 t0 = time.perf_counter()
 windows, faults = engine_log.read({path!r}, "bench.log", datetime(2026, 11, 30))
 print(json.dumps({{"seconds": time.perf_counter() - t0, "windows": len(windows), "faults": len(faults)}}))
@@ -51,7 +51,7 @@ print(json.dumps({{"seconds": time.perf_counter() - t0, "windows": len(windows),
 RESUMED = """
 import json, time
 from datetime import datetime
-from specmon.formats.engine_log import EngineLogReader
+from specmon.ingest.formats.engine_log import EngineLogReader
 now = datetime(2026, 11, 30)
 t0 = time.perf_counter()
 reader, windows, state = EngineLogReader("bench.log", now), 0, None

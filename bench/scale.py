@@ -36,8 +36,8 @@ VOCAB = 32000
 
 SUMMARY_WARM = """
 import json, sys, time
-from specmon.store import Store
-from specmon.summary import summarize
+from specmon.store.database import Store
+from specmon.analysis.summary import summarize
 s = Store(sys.argv[1])
 out = {}
 for by in ("template", "day"):
@@ -86,7 +86,7 @@ def run_measured(cmd: list[str]) -> tuple[float, float, str]:
 
 
 def specmon(*args: str) -> list[str]:
-    return [sys.executable, "-m", "specmon.cli", *args]
+    return [sys.executable, "-m", "specmon.cli.main", *args]
 
 
 def build(db: str, positions: int, work: str) -> list[dict]:

@@ -2,7 +2,7 @@
 
     python bench/serve.py --starts 6 CHECKOUT=DB [CHECKOUT=DB ...] [--out FILE]
 
-Each start is a fresh server (`python -m specmon.cli serve`, the checkout first on the path) and a fresh browser;
+Each start is a fresh server (`python -m specmon.cli.main serve`, the checkout first on the path) and a fresh browser;
 the checkouts take turns, in reverse order every other round, so that a machine getting busier or quieter weighs
 on each alike. Two times per start, from launching the server: until its health endpoint answers, and until the
 Overview's first metric is drawn (bench/pages.py's first_page_seconds is the latter, for this checkout). Each
@@ -36,7 +36,7 @@ def start_times(checkout: str, db: str, browser) -> tuple[float, float]:
         port = s.getsockname()[1]
     page = browser.new_page()
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "specmon.cli", "serve", "--db", db, "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "specmon.cli.main", "serve", "--db", db, "--port", str(port)],
                             cwd=checkout, env=dict(os.environ, PYTHONPATH=checkout),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -16,9 +16,9 @@ import time
 from _common import machine
 from ingest import write_parquet
 
-from specmon.ingest import ingest_file
-from specmon.store import Store
-from specmon.summary import summarize
+from specmon.analysis.summary import summarize
+from specmon.ingest.pipeline import ingest_file
+from specmon.store.database import Store
 
 
 def main() -> None:

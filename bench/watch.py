@@ -107,12 +107,12 @@ def latency_and_cpu(seconds: float, steps_per_s: float, engine_per_s: float) -> 
     steps.touch()
     log.touch()
     env = {**os.environ, "SPECMON_DB": str(db)}
-    subprocess.run([sys.executable, "-m", "specmon.cli", "demo", "--db", str(db)], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "specmon.cli.main", "demo", "--db", str(db)], check=True, capture_output=True)
     port = _port()
     dashboard = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
                                   "--server.headless", "true", "--server.fileWatcherType", "none"],
                                  cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    watcher = subprocess.Popen([sys.executable, "-m", "specmon.cli", "watch", "--db", str(db), "--steplog",
+    watcher = subprocess.Popen([sys.executable, "-m", "specmon.cli.main", "watch", "--db", str(db), "--steplog",
                                 str(steps), "--log", str(log), "--run", "bench"],
                                stdout=open(work / "watch.log", "w"), stderr=subprocess.STDOUT)
     seen: list[tuple[float, int]] = []
@@ -184,8 +184,9 @@ def latency_and_cpu(seconds: float, steps_per_s: float, engine_per_s: float) -> 
 
 REFRESH = r"""
 import json, sys, time
-from specmon import summary, watch
-from specmon.store import Store
+from specmon.analysis import summary
+from specmon.follow import watcher as watch
+from specmon.store.database import Store
 s = Store(sys.argv[1])
 def best(fn, n=7):
     out = []
@@ -209,7 +210,7 @@ def refresh_by_size(sizes: list[int]) -> list[dict]:
         work = tempfile.mkdtemp(prefix="specmon-bench-size-")
         db, parquet = os.path.join(work, "s.duckdb"), os.path.join(work, "flat.parquet")
         write_parquet(parquet, n)
-        subprocess.run([sys.executable, "-m", "specmon.cli", "ingest", "--db", db, parquet], check=True,
+        subprocess.run([sys.executable, "-m", "specmon.cli.main", "ingest", "--db", db, parquet], check=True,
                        capture_output=True)
         os.unlink(parquet)
         out.append(json.loads(subprocess.run([sys.executable, "-c", REFRESH, db], check=True, capture_output=True,

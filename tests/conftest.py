@@ -4,7 +4,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specmon.store import Store
+from specmon.store.database import Store
 
 PAPER_P = np.array([0.38, 0.22, 0.16, 0.12, 0.08, 0.04])
 PAPER_Q = np.array([0.30, 0.20, 0.20, 0.10, 0.14, 0.06])
@@ -19,7 +19,7 @@ def store(tmp_path: Path):
 @pytest.fixture
 def specmon_cmd():
     """The CLI as a user runs it: a separate process."""
-    return [sys.executable, "-m", "specmon.cli"]
+    return [sys.executable, "-m", "specmon.cli.main"]
 
 
 @pytest.fixture(autouse=True)

@@ -1,7 +1,7 @@
 """Comparing what two ingest paths stored: every column of steps and positions, floats to 1e-12."""
 import math
 
-from specmon.store import Store
+from specmon.store.database import Store
 
 
 def stored(db: str) -> tuple[list, list]:

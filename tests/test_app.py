@@ -10,9 +10,10 @@ import pyarrow as pa
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from specmon import lossless, summary, theory
-from specmon.settings import LIVE_DEFAULTS, PROPOSER_LABELS
-from specmon.store import Store
+from specmon.analysis import lossless, summary
+from specmon.core import theory
+from specmon.core.settings import LIVE_DEFAULTS, PROPOSER_LABELS
+from specmon.store.database import Store
 from specmon.ui.widgets import md_text
 
 APP = Path(__file__).resolve().parent.parent / "app.py"
@@ -41,7 +42,7 @@ def expected(db: str, **kw) -> list[dict]:
 
 @pytest.mark.parametrize("page", PAGES)
 def test_every_page_renders_on_an_empty_database(app_db, monkeypatch, page):
-    monkeypatch.setattr("specmon.demo.ensure_demo", lambda store: None)
+    monkeypatch.setattr("specmon.ingest.demo.ensure_demo", lambda store: None)
     at = open_page(page)
     assert not at.error, [e.value for e in at.error]
     if page in ("overview", "acceptance", "drift_page"):
@@ -120,7 +121,7 @@ def test_losslessness_shows_the_pit_test(app_db):
 def test_every_page_renders_with_engine_data(app_db, tmp_path):
     from test_engines import v1_line
 
-    from specmon.ingest import ingest_file
+    from specmon.ingest.pipeline import ingest_file
     log = tmp_path / "vllm.log"
     log.write_text("\n".join(v1_line(m, 0, 100 + m, [80, 60, 40]) for m in range(30)) + "\n")
     with Store(app_db) as store:
@@ -195,7 +196,7 @@ def test_live_page_renders_without_loading_torch(tmp_path):
     """torch loads when a run starts, not when the page is drawn (a fresh process: the tests' own has torch)."""
     code = ("import sys; from streamlit.testing.v1 import AppTest; "
             f"at = AppTest.from_file({str(APP)!r}, default_timeout=90).run(); "
-            "at.switch_page('specmon/ui/live_page.py').run(); "
+            "at.switch_page('specmon/ui/pages/live.py').run(); "
             "assert not at.exception, at.exception; assert at.title[0].value == 'Live run'; "
             "print('torch loaded' if 'torch' in sys.modules else 'torch not loaded')")
     r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "SPECMON_DB": str(tmp_path / "t.duckdb")},

@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 from conftest import PAPER_P, PAPER_Q
 
-from specmon import demo, sampler
-from specmon.ingest import ingest_file
-from specmon.store import Store
+from specmon.core import sampler
+from specmon.ingest import demo
+from specmon.ingest.pipeline import ingest_file
+from specmon.store.database import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -50,7 +51,7 @@ def start_app(tmp_path):
     def start(db: str) -> str:
         port = free_port()
         log = open(tmp_path / "streamlit.log", "wb")
-        proc = subprocess.Popen([sys.executable, "-m", "specmon.cli", "serve", "--db", db, "--port", str(port)],
+        proc = subprocess.Popen([sys.executable, "-m", "specmon.cli.main", "serve", "--db", db, "--port", str(port)],
                                 cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         running.append((proc, log))
         url = f"http://127.0.0.1:{port}"

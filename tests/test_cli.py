@@ -8,8 +8,10 @@ import jsonschema
 import orjson
 import pytest
 
-from specmon import cli, demo, resources
-from specmon.settings import LIVE_DEFAULTS
+from specmon.cli import main as cli
+from specmon.core import resources
+from specmon.core.settings import LIVE_DEFAULTS
+from specmon.ingest import demo
 
 SUMMARY_KEYS = {"run", "template", "k", "steps", "drafted", "checked", "accepted", "alpha", "alpha_lo", "alpha_hi",
                 "beta", "beta_lo", "beta_hi", "tokens_per_step", "c", "break_even_alpha", "break_even_tokens",
@@ -228,9 +230,9 @@ def test_live_defaults_are_the_shared_settings():
 def test_serve_starts_without_loading_numpy_duckdb_or_the_readers():
     """`specmon serve` only starts Streamlit: the CLI imports what the other commands need when they run, which
     keeps the time from `specmon serve` to the first page short (docs/benchmarks.md)."""
-    code = "import sys, specmon.cli; specmon.cli.build_parser().parse_args(['serve']); print(sorted(sys.modules))"
+    code = "import sys, specmon.cli.main; specmon.cli.main.build_parser().parse_args(['serve']); print(sorted(sys.modules))"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    for heavy in ("numpy", "duckdb", "pandas", "scipy.special", "specmon.summary", "specmon.ingest", "specmon.alarms",
+    for heavy in ("numpy", "duckdb", "pandas", "scipy.special", "specmon.analysis.summary", "specmon.ingest.pipeline", "specmon.drift.alarms",
                   "torch"):
         assert f"'{heavy}'" not in loaded, heavy
 
@@ -238,8 +240,8 @@ def test_serve_starts_without_loading_numpy_duckdb_or_the_readers():
 def test_summary_of_step_logs_loads_neither_pandas_nor_the_readers(tmp_path):
     """`specmon summary` in a cron job: on a database of step logs it imports only what the step-log summary needs
     (engine and replay summaries, which use pandas, load only where such data is stored)."""
-    from specmon.ingest import ingest_file
-    from specmon.store import Store
+    from specmon.ingest.pipeline import ingest_file
+    from specmon.store.database import Store
 
     db = str(tmp_path / "s.duckdb")
     with Store(db) as store:
@@ -250,5 +252,5 @@ def test_summary_of_step_logs_loads_neither_pandas_nor_the_readers(tmp_path):
             "print(code, len(out.getvalue()) > 0, sorted(sys.modules))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert loaded.startswith("0 True"), loaded[:200]
-    for heavy in ("pandas", "specmon.ingest", "specmon.engine_summary", "specmon.predicted", "torch"):
+    for heavy in ("pandas", "specmon.ingest.pipeline", "specmon.analysis.engine_segments", "specmon.analysis.replay_segments", "torch"):
         assert f"'{heavy}'" not in loaded, heavy

@@ -2,8 +2,8 @@
 import subprocess
 import sys
 
-from specmon.ingest import ingest_file
-from specmon.store import Store
+from specmon.ingest.pipeline import ingest_file
+from specmon.store.database import Store
 
 GOOD = '{"request_id": "a", "draft_tokens": [1, 2], "accepted": 1}\n'
 
@@ -11,7 +11,7 @@ GOOD = '{"request_id": "a", "draft_tokens": [1, 2], "accepted": 1}\n'
 # for a given time.
 _HOLD = """
 import select, sys, time
-from specmon.store import Store
+from specmon.store.database import Store
 s = Store(sys.argv[1])
 with s.transaction() as cur:
     cur.execute("SELECT count(*) FROM runs").fetchall()

@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specmon import alarms, demo, drift
-from specmon.ingest import ingest_file
+from specmon.drift import alarms, detector
+from specmon.ingest import demo
+from specmon.ingest.pipeline import ingest_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import streams  # noqa: E402  (the study's request models, which are not the detector's own)
@@ -24,23 +25,23 @@ def test_false_alarm_rate_on_streams_from_another_model():
     rng = np.random.default_rng(12345)
     steps = alarms_seen = 0
     for _ in range(12):
-        a, c, req = streams.steps(rng, drift.REFERENCE_STEPS + 10 * ARL0, P0, K, 0.2, "lognormal")
-        d = drift.design_for(a, c, req, K, P1, ARL0)
-        _, raw = drift.cusum(a[drift.REFERENCE_STEPS:], c[drift.REFERENCE_STEPS:], d)
-        steps += len(a) - drift.REFERENCE_STEPS
+        a, c, req = streams.steps(rng, detector.REFERENCE_STEPS + 10 * ARL0, P0, K, 0.2, "lognormal")
+        d = detector.design_for(a, c, req, K, P1, ARL0)
+        _, raw = detector.cusum(a[detector.REFERENCE_STEPS:], c[detector.REFERENCE_STEPS:], d)
+        steps += len(a) - detector.REFERENCE_STEPS
         alarms_seen += len(raw)
     assert steps / max(alarms_seen, 1) > 0.3 * ARL0, (steps, alarms_seen)
 
 
 def test_a_threshold_that_ignores_clustering_cries_wolf():
     rng = np.random.default_rng(777)
-    a, c, req = streams.steps(rng, drift.REFERENCE_STEPS + 100_000, P0, K, 0.2, "geometric")
-    ref = slice(0, drift.REFERENCE_STEPS)
+    a, c, req = streams.steps(rng, detector.REFERENCE_STEPS + 100_000, P0, K, 0.2, "geometric")
+    ref = slice(0, detector.REFERENCE_STEPS)
     p0 = a[ref].sum() / c[ref].sum()
-    clustered = drift.calibrate(a[ref], c[ref], req[ref], p0, P1, ARL0)
-    naive = drift.calibrate(a[ref], c[ref], np.arange(drift.REFERENCE_STEPS), p0, P1, ARL0)  # steps independent
+    clustered = detector.calibrate(a[ref], c[ref], req[ref], p0, P1, ARL0)
+    naive = detector.calibrate(a[ref], c[ref], np.arange(detector.REFERENCE_STEPS), p0, P1, ARL0)  # steps independent
     assert naive < clustered / 2
-    _, raw = drift.cusum(a[ref.stop:], c[ref.stop:], drift.Design(p0, P1, naive, ARL0, 1.0, K))
+    _, raw = detector.cusum(a[ref.stop:], c[ref.stop:], detector.Design(p0, P1, naive, ARL0, 1.0, K))
     assert len(raw) > 3 * 100_000 / ARL0  # at least three times the stated false-alarm rate
 
 
@@ -50,8 +51,8 @@ def test_a_drop_below_break_even_is_found_and_dated_by_maximum_likelihood():
     after_a, after_c, after_r = streams.steps(rng, 3000, 0.35, K, 0.1, "geometric")
     a, c = np.concatenate([before_a, after_a]), np.concatenate([before_c, after_c])
     req = np.concatenate([before_r, after_r + before_r.max() + 1])
-    design = drift.design_for(a, c, req, K, P1, 20_000)
-    _, found, _ = drift.detect(a, c, design)
+    design = detector.design_for(a, c, req, K, P1, 20_000)
+    _, found, _ = detector.detect(a, c, design)
     after = [e for e in found if e.last_alarm_index >= 5000]
     assert len(after) == 1 and len(found) <= 2  # (a false alarm before the change is possible, not likely)
     episode = after[0]
@@ -65,7 +66,7 @@ def test_change_point_is_the_likelihood_maximum():
     rng = np.random.default_rng(4)
     a = np.concatenate([rng.binomial(4, 0.8, 300), rng.binomial(4, 0.4, 200)]).astype(float)
     n = np.full(500, 4.0)
-    best, lo, hi = drift.change_point(a, n, 0.8, 0, 500)
+    best, lo, hi = detector.change_point(a, n, 0.8, 0, 500)
     brute = []
     for tau in range(500):
         s, m = a[tau:].sum(), n[tau:].sum()
@@ -77,7 +78,7 @@ def test_change_point_is_the_likelihood_maximum():
 def test_design_from_data():
     rng = np.random.default_rng(5)
     a, c, req = streams.steps(rng, 4000, P0, K, 0.1, "geometric")
-    d = drift.design_for(a, c, req, K, break_even=0.45, arl0_steps=ARL0)
+    d = detector.design_for(a, c, req, K, break_even=0.45, arl0_steps=ARL0)
     assert abs(d.p0 - P0) < 0.05 and d.p1 == pytest.approx(0.45)
     assert d.h > 0 and d.design_effect > 1 and d.clusters > 20
 

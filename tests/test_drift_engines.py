@@ -6,9 +6,9 @@ from datetime import datetime, timedelta
 import numpy as np
 import pytest
 
-from specmon import alarms, drift
-from specmon.faults import SpecmonError
-from specmon.ingest import ingest_file
+from specmon.core.faults import SpecmonError
+from specmon.drift import alarms, detector
+from specmon.ingest.pipeline import ingest_file
 
 # vLLM V1's own format string (vllm/v1/spec_decode/metrics.py), as in tests/test_engines.py
 VLLM_V1 = ("SpecDecoding metrics: Mean acceptance length: %.2f, Accepted throughput: %.2f tokens/s, Drafted "
@@ -53,7 +53,7 @@ def engine_store(store, tmp_path):
 def test_engine_windows_get_a_calibrated_detector_and_a_dated_alarm(engine_store):
     result = alarms.analyse_run(engine_store, "vllm-prod", c=0.3)
     assert result.unit == "windows" and result.design is not None and result.design.unit == "windows"
-    assert 0.75 < result.design.p0 < 0.85 and result.design.clusters == drift.REFERENCE_WINDOWS
+    assert 0.75 < result.design.p0 < 0.85 and result.design.clusters == detector.REFERENCE_WINDOWS
     assert len(result.alarms) == 1, [a.describe() for a in result.alarms]
     alarm = result.alarms[0]
     drop = START + timedelta(seconds=5 * DROP_AT)
@@ -107,8 +107,8 @@ def test_prometheus_counter_samples_are_watched_as_windows(store):
     # vLLM's spec_decode counters as Prometheus keeps them (cumulative, one sample per scrape), 15 s apart
     from datetime import timezone
 
-    from specmon.ingest import ingest_samples
-    from specmon.prometheus import Sample
+    from specmon.follow.prometheus_api import Sample
+    from specmon.ingest.pipeline import ingest_samples
 
     rng = np.random.default_rng(3)
     labels = {"engine": "0", "model_name": "llama"}

@@ -1,7 +1,7 @@
-"""The kept drift state (specmon.drift_state) gives what a from-scratch analysis of the whole stream gives.
+"""The kept drift state (specmon.drift.state) gives what a from-scratch analysis of the whole stream gives.
 
 The oracle reads every step of the run in (ts, step_id) order and runs alarms.whole_stream_drift on it (the
-analysis held whole in memory: drift.detect, the template events and comparisons over per-step arrays), as
+analysis held whole in memory: detector.detect, the template events and comparisons over per-step arrays), as
 analyse_run did before the state existed. The data: random step logs whose acceptance drops, recovers and drops
 again (several alarm episodes, one dated from steps taken in by an earlier analysis), whose requests interleave
 and span hours, with two templates side by side and a third rolled out later, steps sharing a time, and an
@@ -23,9 +23,12 @@ import pandas as pd
 import pytest
 from test_drift_engines import vllm_log
 
-from specmon import alarms, drift, drift_state, summary, watch
-from specmon.ingest import ingest_file
-from specmon.store import Store
+from specmon.analysis import summary
+from specmon.drift import alarms, detector
+from specmon.drift import state as drift_state
+from specmon.follow import watcher as watch
+from specmon.ingest.pipeline import ingest_file
+from specmon.store.database import Store
 
 T0 = datetime(2026, 3, 1, 22, 17, 3)
 _STREAM_SQL = """
@@ -41,7 +44,7 @@ def scratch(store: Store, run: str, c: float | None = None) -> alarms.RunDrift:
     stream = alarms.Stream(s["accepted"].to_numpy(float), s["checked"].to_numpy(float), s["ts_us"].to_numpy(np.int64),
                            s["cluster"].to_numpy(), s["template"].to_numpy(object), int(s["k"].max()), "steps")
     notes = alarms.run_annotations(store, run)
-    return alarms.whole_stream_drift(store, run, stream, c, drift.DEFAULT_ARL0_STEPS, notes)
+    return alarms.whole_stream_drift(store, run, stream, c, detector.DEFAULT_ARL0_STEPS, notes)
 
 
 def assert_same(got, want, where: str) -> None:
@@ -114,11 +117,11 @@ def test_pieces_in_order_advance_the_kept_state_and_match_the_whole_stream(store
         result = compare(store, "prod")
         # saved, and advanced rather than duplicated
         assert kept_points(store, "prod") == ([total] if i < 3 else [cuts[4], total] if i > 3 else [total, total])
-    assert total > 2 * drift.REFERENCE_STEPS and len(result.alarms) >= 2, [a.describe() for a in result.alarms]
+    assert total > 2 * detector.REFERENCE_STEPS and len(result.alarms) >= 2, [a.describe() for a in result.alarms]
     # the reference grew at the 4,000-step checkpoint (taken at step 4,708, once the first episode was over, inside
     # the piece 4,100-5,000): the second drop alarms under that design; the 8,000-step one waits behind its alarms
-    assert [a.design.reference for a in result.alarms] == [drift.REFERENCE_STEPS, 2 * drift.REFERENCE_STEPS]
-    assert result.design.reference == 2 * drift.REFERENCE_STEPS
+    assert [a.design.reference for a in result.alarms] == [detector.REFERENCE_STEPS, 2 * detector.REFERENCE_STEPS]
+    assert result.design.reference == 2 * detector.REFERENCE_STEPS
     assert any(ch.template == "c" for ch in result.changes)
     compare(store, "prod", c=0.2)  # the second design advances over three pieces at once
 
@@ -196,11 +199,11 @@ def test_engine_windows_beside_a_step_log(store, tmp_path, lines):
 
 FRESH_PROCESS = """
 import sys
-from specmon import alarms, drift
-from specmon.store import Store
+from specmon.drift import alarms, detector
+from specmon.store.database import Store
 calls = []
-calibrate = drift.calibrate
-drift.calibrate = lambda *a, **k: calls.append(1) or calibrate(*a, **k)
+calibrate = detector.calibrate
+detector.calibrate = lambda *a, **k: calls.append(1) or calibrate(*a, **k)
 result = alarms.analyse_run(Store(sys.argv[1]), "prod")
 print(len(calls), len(result.alarms), result.design.h, repr(result.changes).replace(" ", ""))
 """
@@ -297,7 +300,7 @@ def test_saving_a_state_gives_way_to_another_process_holding_the_database(tmp_pa
         assert ingest_file(s, str(tmp_path / "log.jsonl"), run="prod").status == "stored"
         with s.reading():
             kept = alarms._Kept()
-            alarms._analyse(s, "prod", None, drift.DEFAULT_ARL0_STEPS, kept)  # the analysis, before its save
+            alarms._analyse(s, "prod", None, detector.DEFAULT_ARL0_STEPS, kept)  # the analysis, before its save
         holder = _hold(db, 60)
         try:
             assert drift_state.save(s, "prod", kept.state, kept.calibrations) is False
@@ -314,7 +317,7 @@ def test_saving_a_state_gives_way_to_another_process_holding_the_database(tmp_pa
 def test_a_state_kept_by_another_state_version_is_passed_over_unread(store):
     # a state stored by an older specmon may hold fields this one does not (STATE_VERSION 2 kept the design in force
     # beside the list of designs): its design key names its version, so it is skipped before it is parsed
-    old_key = json.dumps([drift_state.STATE_VERSION - 1, drift.CALIBRATION_VERSION, 20_000, 0.45])
+    old_key = json.dumps([drift_state.STATE_VERSION - 1, detector.CALIBRATION_VERSION, 20_000, 0.45])
     with store.transaction() as cur:
         cur.execute("INSERT INTO drift_states VALUES ('prod', ?, 'ref', 5000, ?, now()::TIMESTAMP)",
                     [old_key, json.dumps({"design_key": old_key, "design": {}, "a field of its own": 1})])

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from specmon.ingest import ingest_file
-from specmon.store import Store
+from specmon.ingest.pipeline import ingest_file
+from specmon.store.database import Store
 
 CORPUS = Path(__file__).parent / "data" / "engines"
 INDEX = json.loads((CORPUS / "index.json").read_text(encoding="utf-8"))

@@ -7,10 +7,10 @@ from datetime import datetime
 
 import pytest
 
+from specmon.analysis.summary import summarize
 from specmon.engines import EngineLogReader
-from specmon.formats import engine_log
-from specmon.ingest import detect_format, ingest_file
-from specmon.summary import summarize
+from specmon.ingest.formats import engine_log
+from specmon.ingest.pipeline import detect_format, ingest_file
 
 VLLM_V1 = ("SpecDecoding metrics: Mean acceptance length: %.2f, Accepted throughput: %.2f tokens/s, Drafted "
            "throughput: %.2f tokens/s, Accepted: %d tokens, Drafted: %d tokens, Per-position acceptance rate: %s, "

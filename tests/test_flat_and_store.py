@@ -5,13 +5,14 @@ import pandas as pd
 import pytest
 from conftest import PAPER_P, PAPER_Q
 
-from specmon import lossless, sampler, settings
-from specmon import store as store_mod
-from specmon.faults import SpecmonError
-from specmon.ingest import ingest_file
-from specmon.resources import DEMO_LOG
-from specmon.store import Store
-from specmon.summary import summarize
+from specmon.analysis import lossless
+from specmon.analysis.summary import summarize
+from specmon.core import sampler, settings
+from specmon.core.faults import SpecmonError
+from specmon.core.resources import DEMO_LOG
+from specmon.ingest.pipeline import ingest_file
+from specmon.store import database as store_mod
+from specmon.store.database import Store
 
 
 def flat_rows(n_steps=2000, seed=0):
@@ -294,7 +295,7 @@ def test_user_text_is_data_not_sql(store, tmp_path):
 
 
 def test_demo_is_shown_only_until_the_user_stores_data(store, tmp_path):
-    from specmon import demo
+    from specmon.ingest import demo
     demo.ensure_demo(store)
     assert all(s["demo"] for s in summarize(store))
     assert demo.ensure_demo(store) is None  # not loaded twice

@@ -14,10 +14,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specmon import store as store_module
-from specmon.formats import flat
-from specmon.ingest import ingest_file
-from specmon.store import ROLLUP_POSITIONS_SELECT, ROLLUP_REQUESTS_SELECT
+from specmon.ingest.formats import flat
+from specmon.ingest.pipeline import ingest_file
+from specmon.store import database as store_module
+from specmon.store.rollups import ROLLUP_POSITIONS_SELECT, ROLLUP_REQUESTS_SELECT
 
 STEP_COLUMNS = ("step_id", "segment_id", "request_id", "step_index", "ts", "ts_inferred", "k", "g", "accepted",
                 "checked", "temperature", "target_ms", "draft_ms", "beta_lo_sum", "beta_hi_sum", "emitted_tokens",
@@ -315,7 +315,7 @@ def test_faults_found_in_pieces_are_those_found_whole(tmp_path, monkeypatch):
     """A faulty file gives the same messages, and with --skip-bad the same report and stored rows, in pieces as
     whole: a repeated position or a gap, an accepted position after a rejected one, a beta out of range, two
     templates in one step, a position beyond the others of its step."""
-    from specmon.store import Store
+    from specmon.store.database import Store
 
     rng = np.random.default_rng(44)
     df = random_flat(rng, 600, False)

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_engines import REAL_LLAMA_SERVER_3, REAL_SGLANG_NEW, REAL_V0, REAL_V1_010, REAL_V1_DEPTH_AFTER_MEAN
 
-from specmon.ingest import ingest_file
+from specmon.ingest.pipeline import ingest_file
 
 FUZZ = settings(max_examples=40, deadline=10_000, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                          HealthCheck.too_slow])

@@ -11,11 +11,11 @@ import orjson
 import pytest
 from conftest import PAPER_P, PAPER_Q
 
-from specmon import sampler
-from specmon.faults import SpecmonError
-from specmon.ingest import ingest_file
-from specmon.store import Store
-from specmon.summary import summarize
+from specmon.analysis.summary import summarize
+from specmon.core import sampler
+from specmon.core.faults import SpecmonError
+from specmon.ingest.pipeline import ingest_file
+from specmon.store.database import Store
 
 GOOD = {"request_id": "r-17", "ts": "2026-11-29T10:00:03Z", "template": "v7", "draft_tokens": [0, 4], "accepted": 1,
         "target_probs": [[0.38, 0.22, 0.16, 0.12, 0.08, 0.04]] * 3,
@@ -93,8 +93,8 @@ def test_each_fault_names_file_line_field_and_stores_nothing(store, tmp_path, la
 
 
 def test_nan_as_a_number_is_caught_by_validation(store, tmp_path):
-    from specmon.faults import RowFault
-    from specmon.steplog import parse_step
+    from specmon.core.faults import RowFault
+    from specmon.ingest.steplog import parse_step
     with pytest.raises(RowFault, match="NaN"):
         parse_step({**GOOD, "draft_probs": [[math.nan, 1.0], [0.5, 0.5]]})
 
@@ -305,7 +305,7 @@ def test_an_empty_file_is_nothing_to_ingest_and_a_directory_is_named(store, tmp_
 def test_one_long_query_reports_its_progress_while_it_runs():
     """store.query_progress polls DuckDB's own estimate from a thread while the block's query runs: the fast step
     log and flat loads are one query each, and would otherwise show nothing until the end."""
-    from specmon.store import connect, query_progress
+    from specmon.store.database import connect, query_progress
 
     conn, seen = connect(":memory:"), []
     with query_progress(conn, lambda done, total: seen.append((done, total)), total=1000, every_s=0.02):

@@ -17,9 +17,10 @@ except ImportError:
     if os.environ.get("CI"):
         raise RuntimeError("torch is missing: the test command installs .[dev,live]") from None
     pytest.skip("the live-run stack is not installed (pip install -e '.[live]')", allow_module_level=True)
-from specmon import live, live_inputs, resources, stats  # noqa: E402
-from specmon.faults import SpecmonError  # noqa: E402
-from specmon.settings import LiveSettings  # noqa: E402
+from specmon.core import resources, stats  # noqa: E402
+from specmon.core.faults import SpecmonError  # noqa: E402
+from specmon.core.settings import LiveSettings  # noqa: E402
+from specmon.pair import live, live_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET, DRAFT = str(resources.TARGET_MODEL), str(resources.DRAFT_MODEL)
@@ -47,7 +48,7 @@ def test_train_pair_makes_a_pair_that_loads(tmp_path):
     for name in ("textwrap.py", "json/encoder.py", "json/decoder.py", "test/test_json/__init__.py"):
         (lib / name).parent.mkdir(parents=True, exist_ok=True)
         (lib / name).write_text((stdlib / name).read_text(encoding="utf-8"), encoding="utf-8")
-    r = subprocess.run([sys.executable, "-m", "specmon.train_pair", "--stdlib", str(lib), "--out", str(tmp_path / "m"),
+    r = subprocess.run([sys.executable, "-m", "specmon.pair.train", "--stdlib", str(lib), "--out", str(tmp_path / "m"),
                         "--target-steps", "2", "--draft-steps", "2", "--batch", "4", "--device", "cpu"],
                        capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stderr
@@ -56,7 +57,7 @@ def test_train_pair_makes_a_pair_that_loads(tmp_path):
     assert sum(p.numel() for p in trained.target.parameters()) >= 8 * sum(p.numel() for p in trained.draft.parameters())
     text = "def f(x):\n    return x"
     assert trained.tokenizer.decode(trained.tokenizer(text)["input_ids"]) == text
-    r = subprocess.run([sys.executable, "-m", "specmon.train_pair", "--stdlib", str(tmp_path / "nowhere")],
+    r = subprocess.run([sys.executable, "-m", "specmon.pair.train", "--stdlib", str(tmp_path / "nowhere")],
                        capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 2 and "nowhere: no .py modules there to train on" in r.stderr
 
@@ -167,8 +168,8 @@ def test_full_distributions_to_parquet(tmp_path, specmon_cmd):
     sums = table["probs"].map(lambda p: float(np.sum(p)))
     assert np.allclose(sums, 1.0, atol=1e-4) and len(table["probs"].iloc[0]) == 4096
     # with full distributions the run is on the Losslessness page: the PIT of its emitted tokens
-    from specmon import lossless
-    from specmon.store import Store
+    from specmon.analysis import lossless
+    from specmon.store.database import Store
     with Store(str(tmp_path / "f.duckdb")) as store:
         (run, template, n), = lossless.segments_with_distributions(store)
         assert n == sum(len(s["emitted_tokens"]) for s in steps)

@@ -13,8 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from specmon import prometheus
-from specmon.faults import SpecmonError
+from specmon.core.faults import SpecmonError
+from specmon.follow import prometheus_api
 
 
 class Server:
@@ -82,7 +82,7 @@ START = END - timedelta(minutes=5)
 
 
 def pull(url, **kw):
-    return prometheus.pull(url, START, END, 60, **kw)
+    return prometheus_api.pull(url, START, END, 60, **kw)
 
 
 def test_a_well_formed_answer_gives_its_samples(serve):
@@ -90,7 +90,7 @@ def test_a_well_formed_answer_gives_its_samples(serve):
     s = serve(reply(200, matrix([series([[t - 60, "10"], [t, "25.5"]])])))
     samples = pull(s.url)
     # one request per metric, each answered with the same series
-    assert s.requests == len(prometheus.PREFIXES) * len(prometheus.COUNTERS) + len(prometheus.GAUGES)
+    assert s.requests == len(prometheus_api.PREFIXES) * len(prometheus_api.COUNTERS) + len(prometheus_api.GAUGES)
     assert len(samples) == 2 * s.requests
     assert samples[0].labels == {"engine": "0"} and samples[1].value == 25.5
     assert samples[1].ts == datetime.utcfromtimestamp(t)
@@ -145,7 +145,7 @@ def test_an_answer_cut_short_is_named(serve):
 
 
 def test_an_answer_too_large_to_hold_is_refused(serve, monkeypatch):
-    monkeypatch.setattr(prometheus, "MAX_REPLY_BYTES", 1000)
+    monkeypatch.setattr(prometheus_api, "MAX_REPLY_BYTES", 1000)
     s = serve(reply(200, matrix([series([[1e9, "1"]] * 500)])))
     with pytest.raises(SpecmonError, match="the answer is larger than 1,000 bytes"):
         pull(s.url)
@@ -185,7 +185,7 @@ def test_a_slow_server_meets_the_pull_deadline(serve):
     s = serve(slow)
     with pytest.raises(SpecmonError, match=r"did not finish within 1.5 s \(--total-timeout\)"):
         pull(s.url, timeout_s=5.0, total_timeout_s=1.5)
-    assert s.requests < len(prometheus.PREFIXES) * len(prometheus.COUNTERS)
+    assert s.requests < len(prometheus_api.PREFIXES) * len(prometheus_api.COUNTERS)
 
 
 def run_cli(specmon_cmd, tmp_path, url, *extra):

@@ -15,11 +15,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specmon import demo, lossless, resources, summary, watch
-from specmon import store as store_mod
-from specmon.ingest import ingest_file
-from specmon.settings import BUCKETS
-from specmon.store import Store
+from specmon.analysis import lossless, summary
+from specmon.core import resources
+from specmon.core.settings import BUCKETS
+from specmon.follow import watcher as watch
+from specmon.ingest import demo
+from specmon.ingest.pipeline import ingest_file
+from specmon.store import database as store_mod
+from specmon.store.database import Store
 
 _EXACT = "DECIMAL(38, 12)"
 

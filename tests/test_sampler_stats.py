@@ -6,7 +6,7 @@ import orjson
 import pytest
 from conftest import PAPER_P, PAPER_Q
 
-from specmon import sampler, stats, theory
+from specmon.core import sampler, stats, theory
 
 
 @pytest.fixture(scope="module")

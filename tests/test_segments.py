@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from specmon import segments, theory
-from specmon.segments import Estimate, economics
+from specmon.core import segments, theory
+from specmon.core.segments import Estimate, economics
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINES = ROOT / "tests" / "data" / "engines"
@@ -104,8 +104,9 @@ def test_problem_statuses_are_the_ones_check_and_the_pages_flag():
 def test_the_demo_shows_until_the_user_has_data_through_the_views(store, tmp_path):
     """run_names, template_changes, demo_only and the summaries apply one rule (the shown_runs and shown_segments
     views): the demo run alone while nothing else is stored, never once something is."""
-    from specmon import demo, summary
-    from specmon.ingest import ingest_file
+    from specmon.analysis import summary
+    from specmon.ingest import demo
+    from specmon.ingest.pipeline import ingest_file
 
     demo.load_demo(store)
     assert summary.demo_only(store) and summary.run_names(store) == [demo.DEMO_RUN]

@@ -1,4 +1,4 @@
-"""The self-starting drift design (drift.watch): the reference grows at the checkpoints, each taken only outside an
+"""The self-starting drift design (detector.watch): the reference grows at the checkpoints, each taken only outside an
 alarm episode, a lasting drop never joins it, and the watch cut into pieces is the watch over the whole stream.
 One seeded stream, calibrated for real (a 500-step first reference and a stated 1,000 steps per false alarm keep it
 under a second or two)."""
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specmon import drift
+from specmon.drift import detector
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import streams  # noqa: E402  (the study's request models, which are not the detector's own)
@@ -26,16 +26,16 @@ def stream() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def test_the_reference_grows_outside_alarm_episodes_and_a_lasting_drop_never_joins_it():
     a, c, req = stream()
-    first = drift.design_for(a, c, req, K, BREAK_EVEN, ARL0, FIRST)
-    redesign = drift.redesigner(lambda _: (a, c, req), K, BREAK_EVEN, ARL0)
-    assert drift.checkpoints(FIRST) == [1000, 2000, 4000, 8000]
-    w, found, designs = drift.detect(a, c, first, FIRST, redesign)
-    _, raw, _, _ = drift.watch(a[FIRST:], c[FIRST:], FIRST, drift.Watch.start(first), redesign)
+    first = detector.design_for(a, c, req, K, BREAK_EVEN, ARL0, FIRST)
+    redesign = detector.redesigner(lambda _: (a, c, req), K, BREAK_EVEN, ARL0)
+    assert detector.checkpoints(FIRST) == [1000, 2000, 4000, 8000]
+    w, found, designs = detector.detect(a, c, first, FIRST, redesign)
+    _, raw, _, _ = detector.watch(a[FIRST:], c[FIRST:], FIRST, detector.Watch.start(first), redesign)
     # every checkpoint before the drop is taken (at its size, or later where an episode was open), none after it:
     # from the drop on the CUSUM keeps alarming, so the 8,000-step checkpoint waits for an episode's end
     assert [d.reference for _, d in designs] == [500, 1000, 2000, 4000]
     for t, d in designs[1:]:
-        assert d.reference <= t < DROP and not any(t - drift.EPISODE_GAP <= x < t for x in raw)
+        assert d.reference <= t < DROP and not any(t - detector.EPISODE_GAP <= x < t for x in raw)
         assert d.p0 == a[:d.reference].sum() / c[:d.reference].sum()  # p0 from every step before the checkpoint
         assert w[t] <= max(0.0, float(a[t] * np.log(d.p1 / d.p0) + (c[t] - a[t]) * np.log((1 - d.p1) / (1 - d.p0))))
     # the grown reference pictures the process better: its p0 within 0.035 of the truth, about 3 standard errors of
@@ -49,15 +49,15 @@ def test_the_reference_grows_outside_alarm_episodes_and_a_lasting_drop_never_joi
 
 def test_the_watch_cut_into_pieces_is_the_watch_over_the_whole_stream():
     a, c, req = stream()
-    first = drift.design_for(a, c, req, K, BREAK_EVEN, ARL0, FIRST)
-    redesign = drift.redesigner(lambda _: (a, c, req), K, BREAK_EVEN, ARL0)
-    whole = drift.watch(a[FIRST:], c[FIRST:], FIRST, drift.Watch.start(first), redesign)
+    first = detector.design_for(a, c, req, K, BREAK_EVEN, ARL0, FIRST)
+    redesign = detector.redesigner(lambda _: (a, c, req), K, BREAK_EVEN, ARL0)
+    whole = detector.watch(a[FIRST:], c[FIRST:], FIRST, detector.Watch.start(first), redesign)
     taken = [t for t, _ in whole[3]]
     # cuts at, just before and just after each checkpoint taken, at a nominal one, and inside the drop's episode
     cuts = sorted({FIRST, *(t + d for t in taken for d in (-1, 0, 1)), 1000, 4000, DROP + 301, len(a)})
-    state, w, raw, designs = drift.Watch.start(first), [], [], []
+    state, w, raw, designs = detector.Watch.start(first), [], [], []
     for lo, hi in zip(cuts, cuts[1:], strict=False):
-        piece = drift.watch(a[lo:hi], c[lo:hi], lo, state, redesign)
+        piece = detector.watch(a[lo:hi], c[lo:hi], lo, state, redesign)
         w.append(piece[0])
         raw += piece[1]
         state = piece[2]

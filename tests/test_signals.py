@@ -17,8 +17,8 @@ import duckdb
 import pytest
 from waiting import until
 
-from specmon import ingest
-from specmon.store import Store
+from specmon.ingest import pipeline
+from specmon.store.database import Store
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc and uses PR_SET_PDEATHSIG")
 LINE = b'{"request_id": "a", "draft_tokens": [1, 2], "accepted": 1}\n'
@@ -33,7 +33,7 @@ def as_from_a_terminal() -> None:
 
 
 def spools(folder: Path) -> list[Path]:
-    return sorted(folder.glob(f"{ingest.SPOOL_PREFIX}*"))
+    return sorted(folder.glob(f"{pipeline.SPOOL_PREFIX}*"))
 
 
 def start_ingest(specmon_cmd, tmp_path):
@@ -52,7 +52,7 @@ def start_ingest(specmon_cmd, tmp_path):
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signalled_ingest_removes_its_spooled_copy(specmon_cmd, tmp_path, sig, code):
     proc, folder = start_ingest(specmon_cmd, tmp_path)
-    assert spools(folder)[0].name.startswith(f"{ingest.SPOOL_PREFIX}{proc.pid}-")
+    assert spools(folder)[0].name.startswith(f"{pipeline.SPOOL_PREFIX}{proc.pid}-")
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == code
@@ -67,7 +67,7 @@ def test_the_spool_of_a_killed_ingest_is_swept_by_the_next(specmon_cmd, tmp_path
     left = spools(folder)
     assert len(left) == 1  # SIGKILL cannot be caught
     # A spool of a process that is still running (this one) must survive the sweep.
-    alive = folder / f"{ingest.SPOOL_PREFIX}{os.getpid()}-busy"
+    alive = folder / f"{pipeline.SPOOL_PREFIX}{os.getpid()}-busy"
     alive.write_bytes(b"in use")
     r = subprocess.run([*specmon_cmd, "ingest", "--db", str(tmp_path / "s.duckdb"), "-"], input=LINE,
                        capture_output=True, timeout=120, env={**os.environ, "TMPDIR": str(folder)})
@@ -91,7 +91,7 @@ def test_an_ingest_that_fails_removes_its_spooled_copy(tmp_path, monkeypatch):
 
     with Store(str(tmp_path / "f.duckdb")) as store:
         with pytest.raises(ConnectionResetError):
-            ingest.ingest_stream(store, Failing(), "upload.jsonl")
+            pipeline.ingest_stream(store, Failing(), "upload.jsonl")
     assert spools(tmp_path) == []
 
 

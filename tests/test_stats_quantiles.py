@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import special
 
-from specmon import stats
+from specmon.core import stats
 
 CONFIDENCES = (0.01, 0.1, 0.5, 0.8, 0.9, 0.95, 0.98, 0.99, 0.999, 0.9999, 0.999999)
 
@@ -44,6 +44,6 @@ def test_normal_quantile_matches_scipy():
 
 
 def test_the_statistics_load_no_scipy():
-    code = "import sys, specmon.stats, specmon.summary; print(sorted(m for m in sys.modules if m.startswith('scipy')))"
+    code = "import sys, specmon.core.stats, specmon.analysis.summary; print(sorted(m for m in sys.modules if m.startswith('scipy')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

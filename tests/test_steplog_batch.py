@@ -10,10 +10,10 @@ import pytest
 from random_steps import step_envelope
 from stored_rows import same, stored
 
-from specmon import steplog
-from specmon.faults import RowFault
-from specmon.ingest import ingest_file
-from specmon.store import Store
+from specmon.core.faults import RowFault
+from specmon.ingest import steplog
+from specmon.ingest.pipeline import ingest_file
+from specmon.store.database import Store
 
 VOCAB = 12
 

@@ -1,4 +1,4 @@
-"""The step log's fast path (specmon.formats.steplog_sql: the whole file read, screened and staged by DuckDB) must
+"""The step log's fast path (specmon.ingest.formats.steplog_sql: the whole file read, screened and staged by DuckDB) must
 store exactly what the Python path (orjson and steplog.parse_steps, line by line) stores, column by column (floats
 to 1e-12), and must hand every file it cannot vouch for to the Python path, whose faults name file, line and field.
 """
@@ -12,9 +12,9 @@ import pytest
 from random_steps import step_envelope
 from stored_rows import same, stored
 
-from specmon.formats import steplog_sql
-from specmon.ingest import ingest_file
-from specmon.store import Store
+from specmon.ingest.formats import steplog_sql
+from specmon.ingest.pipeline import ingest_file
+from specmon.store.database import Store
 
 VOCAB = 40
 

@@ -31,8 +31,9 @@ def test_a_segment_of_one_request_has_an_interval_and_no_database_error(store):
     import numpy as np
     from conftest import PAPER_P, PAPER_Q
 
-    from specmon import sampler, stats, summary
-    from specmon.ingest import ingest_stream
+    from specmon.analysis import summary
+    from specmon.core import sampler, stats
+    from specmon.ingest.pipeline import ingest_stream
 
     buf = io.BytesIO()
     recs = list(sampler.simulate_fixed_pair(PAPER_P, PAPER_Q, 4, 50, np.random.default_rng(1), distributions="beta"))

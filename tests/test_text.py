@@ -1,7 +1,7 @@
 """User text shown as text: control characters escaped for terminals, Markdown made literal for the dashboard."""
 import pytest
 
-from specmon.text import markdown_literal, printable
+from specmon.core.text import markdown_literal, printable
 
 
 def test_printable_escapes_what_a_terminal_would_obey():

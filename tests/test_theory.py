@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from conftest import PAPER_P, PAPER_Q
 
-from specmon import theory
+from specmon.core import theory
 
 
 def test_beta_of_the_paper_pair():

@@ -6,9 +6,10 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from specmon import cli, times
-from specmon.faults import SpecmonError
-from specmon.ingest import ingest_file
+from specmon.cli import main as cli
+from specmon.core import times
+from specmon.core.faults import SpecmonError
+from specmon.ingest.pipeline import ingest_file
 
 NAIVE = "2026-01-02T03:04:05"
 UTC = datetime(2026, 1, 2, 3, 4, 5)
@@ -39,7 +40,7 @@ def test_naive_aware_and_epoch_times_are_utc(new_york):
 
 
 def test_step_logs_and_transcripts_read_the_same_string_as_the_same_time(new_york, store, tmp_path):
-    replay = pytest.importorskip("specmon.replay")  # transcripts come with the live-run stack (torch)
+    replay = pytest.importorskip("specmon.pair.replay")  # transcripts come with the live-run stack (torch)
     log = tmp_path / "s.jsonl"
     log.write_text(json.dumps({"request_id": "r", "draft_tokens": [1, 2], "accepted": 1, "ts": NAIVE}) + "\n")
     assert ingest_file(store, str(log)).status == "stored"

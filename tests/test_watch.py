@@ -14,9 +14,9 @@ import pytest
 from streamlit.testing.v1 import AppTest
 from waiting import until
 
-from specmon import watch
-from specmon.faults import SpecmonError
-from specmon.store import Store
+from specmon.core.faults import SpecmonError
+from specmon.follow import watcher as watch
+from specmon.store.database import Store
 
 # The shape of a real vLLM V1 line (tests/data/engines/vllm-v1-current-1.log), with figures filled in.
 V1_LINE = ("(APIServer pid=1) INFO 05-21 21:{m:02d}:{s:02d} [metrics.py:101] SpecDecoding metrics: Mean acceptance "
@@ -78,7 +78,7 @@ def test_a_followed_log_counts_every_line_once_through_half_lines_rotation_and_t
 
 
 def _watch(db: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "specmon.cli", "watch", "--db", db, "--interval", "0.2", *args],
+    return subprocess.Popen([sys.executable, "-m", "specmon.cli.main", "watch", "--db", db, "--interval", "0.2", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -208,7 +208,7 @@ def test_a_segment_turning_losing_reaches_the_webhook_once(tmp_path, receiver):
     losing = [r for r in received if r["event"] == "segment_losing"]
     assert len(losing) == 1, received
     # the pages and `check` give the same verdict: the watched source's c is the run's declared cost
-    from specmon import summary
+    from specmon.analysis import summary
     seg = summary.summarize(store, run="prod", per_position=False)[0]
     assert (seg["c"], seg["c_source"], seg["status"]) == (0.3, "declared", "losing")
     notice = losing[0]
@@ -254,7 +254,7 @@ def test_the_sources_page_lists_sources_and_flags_a_stale_one(tmp_path, monkeypa
     w.poll_once()
     time.sleep(1.0)
     at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"), default_timeout=90).run()
-    at.switch_page("specmon/ui/sources.py").run()
+    at.switch_page("specmon/ui/pages/sources.py").run()
     assert not at.exception, at.exception
     table = at.dataframe[0].value
     assert list(table["location"]) == [str(log)] and list(table["status"]) == ["stale"]
@@ -273,7 +273,7 @@ def test_serve_watch_runs_the_watcher_beside_the_dashboard_and_stops_with_it(tmp
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    serve = subprocess.Popen([sys.executable, "-m", "specmon.cli", "serve", "--db", db, "--port", str(port),
+    serve = subprocess.Popen([sys.executable, "-m", "specmon.cli.main", "serve", "--db", db, "--port", str(port),
                               "--watch", str(cfg)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         def healthy() -> bool:
@@ -301,6 +301,6 @@ def test_serve_watch_runs_the_watcher_beside_the_dashboard_and_stops_with_it(tmp
 def test_serve_watch_with_a_bad_file_is_a_clear_error(tmp_path):
     cfg = tmp_path / "watch.toml"
     cfg.write_text("[[log]]\n")
-    done = subprocess.run([sys.executable, "-m", "specmon.cli", "serve", "--db", str(tmp_path / "w.duckdb"),
+    done = subprocess.run([sys.executable, "-m", "specmon.cli.main", "serve", "--db", str(tmp_path / "w.duckdb"),
                            "--watch", str(cfg)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "needs path" in done.stderr and "Traceback" not in done.stderr

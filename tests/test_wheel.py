@@ -56,7 +56,7 @@ def run(installed: dict, *args: str, timeout: float = 300) -> subprocess.Complet
 
 
 def test_the_installed_specmon_is_the_wheel(installed):
-    code = ("import json, importlib.metadata as m, specmon, specmon.resources as r; "
+    code = ("import json, importlib.metadata as m, specmon, specmon.core.resources as r; "
             "print(json.dumps({'module': specmon.__file__, 'demo': str(r.DEMO_LOG), 'app': str(r.APP), "
             "'models': str(r.MODELS), 'editable': m.distribution('specmon').read_text('direct_url.json')}))")
     out = subprocess.run([str(installed["python"]), "-c", code], cwd=installed["cwd"], env=installed["env"],

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from specmon.resources import UI
+from specmon.core.resources import PAGES
 from specmon.ui.data import follow_updates
 
 
@@ -19,14 +19,14 @@ def configure_page() -> None:
 def main() -> None:
     configure_page()
     page = st.navigation([
-        st.Page(UI / "overview.py", title="Overview", default=True),  # served at /
-        st.Page(UI / "acceptance.py", title="Acceptance", url_path="acceptance"),
-        st.Page(UI / "economics_page.py", title="Economics", url_path="economics"),
-        st.Page(UI / "drift_page.py", title="Drift", url_path="drift"),
-        st.Page(UI / "upload.py", title="Ingest", url_path="ingest"),
-        st.Page(UI / "live_page.py", title="Live run", url_path="live"),
-        st.Page(UI / "lossless_page.py", title="Losslessness", url_path="losslessness"),
-        st.Page(UI / "sources.py", title="Sources", url_path="sources"),
+        st.Page(PAGES / "overview.py", title="Overview", default=True),  # served at /
+        st.Page(PAGES / "acceptance.py", title="Acceptance", url_path="acceptance"),
+        st.Page(PAGES / "economics.py", title="Economics", url_path="economics"),
+        st.Page(PAGES / "drift.py", title="Drift", url_path="drift"),
+        st.Page(PAGES / "ingest.py", title="Ingest", url_path="ingest"),
+        st.Page(PAGES / "live.py", title="Live run", url_path="live"),
+        st.Page(PAGES / "losslessness.py", title="Losslessness", url_path="losslessness"),
+        st.Page(PAGES / "sources.py", title="Sources", url_path="sources"),
     ])
     follow_updates()  # new data from any process reruns the page; watched sources' freshness on every page
     page.run()

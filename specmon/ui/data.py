@@ -13,8 +13,11 @@ from datetime import datetime
 import pandas as pd
 import streamlit as st
 
-from specmon import alarms, demo, ingest, lossless, summary, watch
-from specmon.store import Store, default_db_path
+from specmon.analysis import lossless, summary
+from specmon.drift import alarms
+from specmon.follow import watcher as watch
+from specmon.ingest import demo, pipeline
+from specmon.store.database import Store, default_db_path
 from specmon.ui.widgets import md_text
 
 
@@ -63,7 +66,7 @@ def template_changes(run: str | None = None) -> pd.DataFrame:
 
 @st.cache_data(max_entries=4)
 def _ingest_history(path: str, generation: tuple) -> pd.DataFrame:
-    return ingest.ingest_history(_store(path))
+    return pipeline.ingest_history(_store(path))
 
 
 def ingest_history() -> pd.DataFrame:

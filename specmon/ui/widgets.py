@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import streamlit as st
 
-from specmon import display
-from specmon.text import markdown_literal
+from specmon.core import display
+from specmon.core.text import markdown_literal
 
 log = logging.getLogger("specmon.ui")
 

@@ -1,0 +1,1 @@
+"""What the stored data says: segment summaries of every source, losslessness, the watched sources' health."""

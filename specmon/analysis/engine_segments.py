@@ -1,0 +1,214 @@
+"""Segments from what serving engines report (specmon.engines, specmon.follow.prometheus_api), in the same shape as the
+step-log summaries, so pages and `specmon summary` show them side by side.
+
+Engines log counts, not distributions: beta is unknown (null) for them. Per-token alpha needs the per-position
+counts (position 1 is checked on every draft, position i when i - 1 was accepted): checked = drafts +
+sum_{i<k} accepted_at_i. Where an engine gives only accepted and drafted tokens (early vLLM V1, llama.cpp's
+summaries), alpha stays null and its accepted/drafted rate is reported as draft_acceptance_rate. The intervals
+treat each window (a log interval, a request, a scrape) as a cluster (stats.cluster_interval).
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from specmon.core import stats
+from specmon.core.segments import Estimate, PositionSummary, SegmentSummary, economics, position_summary
+from specmon.core.settings import BUCKETS, CONFIDENCE
+from specmon.follow.prometheus_api import COUNTERS, GAUGES
+from specmon.store.database import Store
+
+_WINDOWS_SQL = """
+SELECT rs.run, rs.template, w.segment_id, w.engine, w.source, w.end_ts, w.start_ts, w.drafts, w.draft_tokens,
+       w.accepted_tokens, w.accepted_per_position, w.k, w.mean_acceptance_length, w.reported_rate, i.ingested_at
+FROM engine_windows w JOIN run_segments rs USING (segment_id) JOIN ingests i USING (ingest_id)
+WHERE (? IS NULL OR rs.run = ?) ORDER BY w.end_ts, w.window_id
+"""
+_SAMPLES_SQL = """
+SELECT c.segment_id, c.metric, c.series, c.labels::VARCHAR AS labels, c.ts, c.value
+FROM counter_samples c JOIN run_segments rs USING (segment_id)
+WHERE (? IS NULL OR rs.run = ?) ORDER BY c.segment_id, c.series, c.ts
+"""
+_SEGMENTS_SQL = """
+SELECT rs.segment_id, rs.run, rs.template, max(i.ingested_at) AS ingested_at
+FROM counter_samples c JOIN run_segments rs USING (segment_id) JOIN ingests i USING (ingest_id)
+WHERE (? IS NULL OR rs.run = ?) GROUP BY ALL
+"""
+
+
+def counter_windows(samples: pd.DataFrame) -> pd.DataFrame:
+    """Windows of counts from raw counter samples (columns segment_id, metric, series, labels, ts, value).
+
+    Per series, each sample after the first gives a window (previous ts, ts] with delta = value - previous, or
+    value where the counter fell (a restart). Series that differ only in labels are summed per scrape time;
+    per-position series go into accepted_per_position. Returns one row per (segment_id, end_ts).
+    """
+    cols = ["segment_id", "start_ts", "end_ts", "drafts", "draft_tokens", "accepted_tokens",
+            "accepted_per_position", "k", "labels"]
+    counters = samples[~samples["metric"].isin(GAUGES)].sort_values(["segment_id", "metric", "series", "ts"])
+    if counters.empty:
+        return pd.DataFrame(columns=cols)
+    g = counters.groupby(["segment_id", "metric", "series"], sort=False)
+    counters = counters.assign(prev=g["value"].shift(), start_ts=g["ts"].shift())
+    d = counters[counters["prev"].notna()].copy()
+    d["delta"] = (d["value"] - d["prev"]).where(d["value"] >= d["prev"], d["value"])
+    d["kind"] = d["metric"].str.split(":").str[1]
+    d["position"] = d["labels"].map(lambda s: json.loads(s).get("position") if s else None)
+    rows = []
+    for (segment_id, end_ts), w in d.groupby(["segment_id", "ts"]):
+        totals = w.groupby("kind")["delta"].sum()
+        per_pos = w[w["kind"] == COUNTERS[3]].groupby("position")["delta"].sum()
+        per_pos = per_pos.sort_index(key=lambda idx: idx.astype(int))
+        label_sets = [json.loads(s) for s in w["labels"].unique() if s]
+        common = {k: v for k, v in (label_sets[0].items() if label_sets else []) if k != "position"
+                  and all(ls.get(k) == v for ls in label_sets)}
+        rows.append({
+            "segment_id": segment_id, "start_ts": w["start_ts"].min(), "end_ts": end_ts,
+            "drafts": totals.get(COUNTERS[0]), "draft_tokens": totals.get(COUNTERS[1]),
+            "accepted_tokens": totals.get(COUNTERS[2]),
+            "accepted_per_position": per_pos.tolist() if len(per_pos) else None,
+            "k": len(per_pos) or None, "labels": json.dumps(common)})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def windows(store: Store, run: str | None = None) -> pd.DataFrame:
+    """Every engine window: log lines and per-request JSON as stored, Prometheus counters differenced."""
+    logged = store.query_df(_WINDOWS_SQL, [run, run])
+    samples = store.query_df(_SAMPLES_SQL, [run, run])
+    if samples.empty:
+        return logged
+    counted = counter_windows(samples)
+    if counted.empty:
+        return logged
+    segs = store.query_df(_SEGMENTS_SQL, [run, run])
+    counted = counted.merge(segs, on="segment_id").assign(engine="prometheus", source="prometheus",
+                                                          mean_acceptance_length=None, reported_rate=None)
+    return pd.concat([logged, counted[[c for c in logged.columns]]], ignore_index=True) if not logged.empty \
+        else counted
+
+
+def _has_positions(value: object) -> bool:
+    return isinstance(value, (list, np.ndarray)) and len(value) > 0
+
+
+def check_rows(windows: pd.DataFrame) -> list[dict[str, Any]]:
+    """What window_checks reads of each window, as dicts (a pandas Series per row costs tens of microseconds, and
+    a day of 5-second log lines is 17,280 windows)."""
+    return windows[["accepted_per_position", "drafts"]].to_dict("records")
+
+
+def window_checks(w: Mapping[str, Any]) -> tuple[float, float] | None:
+    """(accepted, checked) positions of one window, where its per-position counts allow it."""
+    if not _has_positions(w["accepted_per_position"]) or pd.isna(w["drafts"]):
+        return None
+    per_pos = list(w["accepted_per_position"])
+    return float(sum(per_pos)), float(w["drafts"] + sum(per_pos[:-1]))
+
+
+def summarize_engines(store: Store, by: str = "template", c: float | None = None, *, run: str | None = None,
+                      bucket: str | None = None, since: datetime | None = None,
+                      declared: dict[str, float] | None = None) -> list[SegmentSummary]:
+    """Engine segments with the keys of summary.summarize (beta and the gap test null). Engines log no draft
+    timings, so c is the one given, else the one declared for the run (summary.declared_costs), else unknown."""
+    df = windows(store, run)
+    if df.empty:
+        return []
+    if since is not None:
+        df = df[df["end_ts"] >= since]
+    keys = ["run"] + ([] if by == "run" else ["template"])
+    df = df.assign(bucket=df["end_ts"].dt.floor(pd.Timedelta(BUCKETS[bucket])) if bucket else pd.NaT)
+    out = []
+    for key, part in df.groupby(keys + ["bucket"], dropna=False, sort=True):
+        key = dict(zip(keys + ["bucket"], key, strict=True))
+        declared_c = (declared or {}).get(key["run"])
+        if c is not None:
+            cost, source = c, "given"
+        elif declared_c is not None:
+            cost, source = declared_c, "declared"
+        else:
+            cost, source = None, None
+        out.append(_segment(key, part, cost, bucket is not None, source))
+    return out
+
+
+def _tokens_per_step(part: pd.DataFrame, n_drafts: float | None) -> tuple[float | None, str | None]:
+    """L = 1 + accepted / drafts where the windows count both; else the mean of the engine's own L gauge."""
+    accepted_known = part[part["drafts"].notna() & part["accepted_tokens"].notna()]
+    if n_drafts:
+        return 1.0 + accepted_known["accepted_tokens"].sum() / n_drafts, None
+    gauges = part["mean_acceptance_length"].dropna()
+    if len(gauges):
+        return float(gauges.mean()), "tokens per step is the unweighted mean of the engine's reported gauge"
+    return None, None
+
+
+def _tokens_interval(part: pd.DataFrame, alpha: stats.Interval) -> tuple[float | None, float | None]:
+    """L's interval, the windows as clusters, at alpha's degrees of freedom; needs 2 windows with counts."""
+    known = part[part["drafts"].notna() & part["accepted_tokens"].notna()]
+    if len(known) < 2:
+        return None, None
+    iv = stats.ratio_interval(stats.ClusterSums.of(known["accepted_tokens"].to_numpy(float),
+                                                   known["drafts"].to_numpy(float)), alpha.dof, CONFIDENCE)
+    return (None, None) if iv is None else (1 + max(iv[0], 0.0), 1 + iv[1])
+
+
+def _positions(part: pd.DataFrame, alpha: stats.Interval) -> tuple[PositionSummary, ...]:
+    """Per-position rates summed over the windows that give per-position counts: position 1 is reached by every
+    draft, position i by the drafts accepted at i - 1."""
+    with_pp = part[part["accepted_per_position"].map(_has_positions) & part["drafts"].notna()]
+    width = max(len(v) for v in with_pp["accepted_per_position"])
+    acc = np.zeros(width)
+    for v in with_pp["accepted_per_position"]:
+        acc[:len(v)] += np.asarray(v, dtype=float)
+    drafts = float(with_pp["drafts"].sum())
+    reached = np.concatenate([[drafts], acc[:-1]])
+    return tuple(position_summary(i + 1, float(reached[i]), float(acc[i]), drafts, alpha) for i in range(width))
+
+
+def _sum_or_none(column: pd.Series) -> float | None:
+    return float(column.sum()) if column.notna().any() else None
+
+
+def _segment(key: dict, part: pd.DataFrame, c: float | None, bucketed: bool,
+             c_source: str | None = None) -> SegmentSummary:
+    """One engine segment from its windows (each window a cluster)."""
+    counted = part[part["drafts"].notna()]
+    n_drafts = float(counted["drafts"].sum()) if len(counted) else None
+    tokens_per_step, note = _tokens_per_step(part, n_drafts)
+    checks = [x for x in map(window_checks, check_rows(part)) if x is not None]
+    k_values = part["k"].dropna()
+    k = int(k_values.max()) if len(k_values) else None
+    alpha, tokens = Estimate(), Estimate(tokens_per_step)
+    iv = None
+    if checks:
+        a, n = np.array(checks).T
+        iv = stats.cluster_robust_interval(a, n, CONFIDENCE)  # windows are the clusters
+        alpha = Estimate(iv.estimate, iv.lo, iv.hi)
+        tokens = Estimate(tokens_per_step, *(_tokens_interval(part, iv) if n_drafts else (None, None)))
+    elif note is None:
+        note = "per-token alpha needs per-position counts, which this engine output does not give"
+    drafted, accepted = _sum_or_none(part["draft_tokens"]), _sum_or_none(part["accepted_tokens"])
+    mean_draft_len = drafted / n_drafts if drafted and n_drafts else None
+    bucket = key.get("bucket")
+    return SegmentSummary(
+        run=key["run"], template=key.get("template") or None, day=None,
+        bucket_start=pd.Timestamp(bucket).isoformat() if bucketed and not pd.isna(bucket) else None,
+        demo=False, k=k, steps=int(round(n_drafts)) if n_drafts else 0, requests=None, drafted=drafted,
+        checked=float(sum(x[1] for x in checks)) if checks else None, accepted=accepted, alpha=alpha,
+        design_effect=iv.design_effect if iv else None,
+        interval_dof=None if iv is None or math.isinf(iv.dof) else iv.dof, beta=Estimate(), gap_z=None,
+        agreement=None, tokens_per_step=tokens, mean_draft_len=mean_draft_len,
+        economics=economics(k, c, c_source, alpha, tokens, mean_draft_len),
+        first_ts=part["end_ts"].min().isoformat(), last_ts=part["end_ts"].max().isoformat(), source="engine",
+        costs=None, ts_inferred_steps=0, last_ingest=part["ingested_at"].max().isoformat(),
+        per_position=_positions(part, iv) if iv else (),
+        engine=", ".join(sorted(part["engine"].unique())),
+        draft_acceptance_rate=accepted / drafted if accepted is not None and drafted else None,
+        windows=len(part), note=note,
+    )

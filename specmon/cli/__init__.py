@@ -1,0 +1,1 @@
+"""The `specmon` command line: argument parsing and printing only; the work is in the layers below."""

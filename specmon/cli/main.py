@@ -1,0 +1,937 @@
+"""The `specmon` command line: ingest, summary, check, theory, simulate, demo, serve.
+
+Exit codes: 0 success; 1 the data says no (a file rejected, a segment at risk or losing); 2 an error
+(bad arguments, unreadable database, nothing to judge).
+
+A command imports the modules it needs (numpy, DuckDB and the store; pandas through summaries, alarms, readers and
+the demo) when it runs, so `specmon serve` starts the dashboard without loading them first (tests/test_cli.py holds
+that).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import tomllib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from specmon import __version__
+from specmon.core import display, resources, times
+from specmon.core.faults import SpecmonError
+from specmon.core.settings import (
+    DB_ENV,
+    DEFAULT_ARL0_STEPS,
+    DEFAULT_DB,
+    DEFAULT_LOCK_TIMEOUT_S,
+    DEFAULT_SUM_TOLERANCE,
+    DISTRIBUTION_MODES,
+    GROUPINGS,
+    KS_LEVEL,
+    LIVE_DEFAULTS,
+    LOCK_TIMEOUT_ENV,
+    PULL_REQUEST_TIMEOUT_S,
+    PULL_TIMEOUT_S,
+    THEORY_K_MAX,
+    LiveSettings,
+)
+from specmon.core.text import printable
+from specmon.ingest import formats
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from specmon.ingest.pipeline import IngestResult
+    from specmon.store.database import Store
+
+EXIT_OK, EXIT_FINDING, EXIT_ERROR = 0, 1, 2
+_PAPER_P = "0.38,0.22,0.16,0.12,0.08,0.04"
+_PAPER_Q = "0.30,0.20,0.20,0.10,0.14,0.06"
+
+
+def _out(line: str) -> None:
+    """One line on stdout; names in it cannot drive the terminal (control characters escaped)."""
+    print(printable(line))
+
+
+def _err(msg: str) -> None:
+    print(f"specmon: {printable(msg)}", file=sys.stderr)
+
+
+def _open_store(args: argparse.Namespace, *, with_demo: bool = False) -> Store:
+    from specmon.ingest import demo
+    from specmon.store.database import Store
+
+    store = Store(args.db, lock_timeout=args.lock_timeout)
+    if with_demo and not args.no_demo and demo.ensure_demo(store):
+        _err(f"{store.path} was empty: loaded the demo data (run {demo.DEMO_RUN!r}); it hides once you ingest a log")
+    return store
+
+
+def _progress_bar(label: str):
+    from tqdm import tqdm
+
+    bar = tqdm(total=0, unit="B", unit_scale=True, desc=label, file=sys.stderr, leave=False, disable=None)
+
+    def update(done: int, total: int) -> None:
+        bar.total = total
+        bar.n = done
+        bar.refresh()
+
+    def stage(what: str) -> None:  # the steps after the reading, which a full bar would hide
+        bar.set_description(f"{label}: {what}")
+
+    return bar, update, stage
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    status = EXIT_OK
+    with _open_store(args) as store:
+        for path in args.paths:
+            name = "<stdin>" if path == "-" else path
+            result = _ingest_one(store, path, name, args)
+            if args.json:
+                print(json.dumps(result.as_dict()))  # JSON escapes control characters itself
+            else:
+                _say_ingested(name, result)
+            if result.status == "rejected":
+                status = EXIT_FINDING
+                _say_rejected(name, result)
+            for note in result.notes:
+                _err(f"{name}: note: {note}")
+    return status
+
+
+def _ingest_one(store: Store, path: str, name: str, args: argparse.Namespace) -> IngestResult:
+    """One file (or standard input, path "-") through the ingest, with a progress bar on stderr."""
+    from specmon.ingest.pipeline import ingest_file, ingest_stream
+
+    bar, update, stage = _progress_bar(Path(name).name)
+    options = dict(run=args.run or ("stdin" if path == "-" else None), template=args.template,
+                   skip_bad=args.skip_bad, report_path=args.report, fmt=args.format, sum_tol=args.sum_tol,
+                   progress=update, stage=stage)
+    try:
+        if path == "-":
+            return ingest_stream(store, sys.stdin.buffer, name, **options)
+        return ingest_file(store, path, **options)
+    finally:
+        bar.close()
+
+
+def _say_ingested(name: str, result: IngestResult) -> None:
+    if result.status == "stored":
+        _out(f"{name}: stored {result.steps} steps, {result.positions} drafted positions "
+             f"in run {result.run!r}" + (f"; {result.rejected} rows rejected, see {result.report_path}"
+                                         if result.rejected else ""))
+    elif result.status == "already ingested":
+        _out(f"{name}: already ingested (same content); nothing changed")
+    elif result.status == "nothing to ingest":
+        _out(f"{name}: empty, nothing to ingest; nothing changed")
+
+
+def _say_rejected(name: str, result: IngestResult) -> None:
+    _err(f"{name}: rejected, nothing stored ({result.fault_count} fault(s); "
+         "fix them, or pass --skip-bad to store the good rows)")
+    for fault in result.faults:
+        _err(f"  {fault}")
+    if result.fault_count > len(result.faults):
+        _err(f"  ... and {result.fault_count - len(result.faults)} more")
+
+
+def _json_scalar(value: object) -> object:
+    """numpy scalars as plain Python numbers in JSON output."""
+    import numpy as np
+
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _fmt(x: float | None, spec: str = ".3f") -> str:
+    return display.number(x, spec)
+
+
+def _print_table(rows: list[dict]) -> None:
+    head = ("run", "template", "day", "k", "steps", "alpha [95% CI]", "beta", "L", "c", "alpha*", "1+kc", "status")
+    table = [head]
+    for r in rows:
+        beta = display.beta(r["beta"], r["beta_lo"], r["beta_hi"])
+        table.append((
+            printable(r["run"]), printable(r["template"] or "-"), r["day"] or "-", str(r["k"] or "-"),
+            str(r["steps"]),
+            f"{_fmt(r['alpha'])} {display.interval(r['alpha_lo'], r['alpha_hi'], missing='[-,-]')}", beta,
+            _fmt(r["tokens_per_step"], ".2f"),
+            _fmt(r["c"]), _fmt(r["break_even_alpha"]), _fmt(r["break_even_tokens"], ".2f"), r["status"],
+        ))
+    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    for row in table:
+        _out("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+def cmd_summary(args: argparse.Namespace) -> int:
+    from specmon.analysis import summary
+    from specmon.ingest import demo
+
+    with _open_store(args, with_demo=True) as store:
+        rows = summary.summarize(store, by=args.by, c=args.c)
+    demo_only = bool(rows) and rows[0]["demo"]  # summarize shows demo rows only while nothing else is stored
+    if args.json:
+        print(json.dumps(rows, indent=2))  # every demo segment carries "demo": true
+    elif not rows:
+        _out("no data: ingest a step log first (specmon ingest FILE)")
+    else:
+        if demo_only:
+            _out(f"DEMO DATA, not yours: {store.path} holds nothing of your own yet, so these are the synthetic "
+                 f"demo figures (run {demo.DEMO_RUN!r}). They hide once you ingest a log.")
+        _print_table(rows)
+        print("alpha: per-token acceptance, 95% interval with requests as clusters (docs/math.md). "
+              "beta: predicted acceptance (an interval where only top-k logprobs were logged). "
+              "L: tokens per step. alpha*, 1+kc: break-even.")
+    return EXIT_OK
+
+
+def parse_since(text: str | None, flag: str = "--since") -> datetime | None:
+    """'6h', '2d', '30m', '1w' before now, or an ISO-8601 time (UTC where it names no zone)."""
+    if text is None:
+        return None
+    ts = times.parse_since(text)
+    if ts is None:
+        raise SpecmonError(f"{flag}: {text!r} is neither a duration like 6h, 2d, 30m nor an ISO-8601 time")
+    return ts
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from specmon.analysis import summary
+    from specmon.core.segments import is_problem, why_unknown
+    from specmon.drift import alarms
+
+    since = parse_since(args.since)
+    with _open_store(args) as store:
+        rows = summary.summarize(store, by="template", c=args.c, since=since, per_position=False)
+        if not rows or rows[0]["demo"]:
+            window = f" since {since:%Y-%m-%d %H:%M} UTC" if since else ""
+            _err(f"nothing of yours to judge: {store.path} holds no steps of your own{window}"
+                 + (" (only the demo data)" if rows else "") + " (specmon ingest FILE)")
+            return EXIT_ERROR
+        runs = alarms.analyse(store, c=args.c, arl0_steps=args.false_alarm_steps)
+    found = [a for r in runs for a in r.alarms if since is None or a.last_alarm_ts >= since]
+    hurt = [ch for r in runs for ch in r.changes if ch.hurt and (since is None or ch.first_ts >= since)]
+    unknown = [r for r in rows if r["status"] == "unknown"]
+    bad = [r for r in rows if is_problem(r["status"])]
+    problems = [
+        f"{r['status'].upper()}: run {r['run']!r}, template {r['template'] or '-'!r}: alpha = {r['alpha']:.3f} "
+        f"[95% CI {r['alpha_lo']:.3f}, {r['alpha_hi']:.3f}] vs break-even alpha* = {_fmt(r['break_even_alpha'])} "
+        f"at k = {r['k']}, c = {r['c']:.3f}" for r in bad
+    ] + [f"DRIFT: {a.describe()}" for a in found] + [f"TEMPLATE CHANGE: {ch.describe()}" for ch in hurt]
+    if args.json:
+        print(json.dumps({
+            "since": since.isoformat() if since else None,
+            "problems": problems,
+            "segments": [{k: r[k] for k in ("run", "template", "status", "alpha", "alpha_lo", "alpha_hi",
+                                            "break_even_alpha", "c", "k", "steps")} for r in rows],
+            "alarms": [{"run": a.run, "template": a.template, "change_ts": a.change_ts.isoformat(),
+                        "change_lo_ts": a.change_lo_ts.isoformat() if a.change_lo_ts else None,
+                        "change_hi_ts": a.change_hi_ts.isoformat() if a.change_hi_ts else None,
+                        "near": [e.describe() for e in a.near], "unit": a.design.unit,
+                        "alarm_ts": a.alarm_ts.isoformat(), "last_alarm_ts": a.last_alarm_ts.isoformat(),
+                        "alarms": a.alarms, "open": a.open, "alpha_before": a.alpha_before,
+                        "alpha_after": a.alpha_after, "p0": a.design.p0, "p1": a.design.p1, "h": a.design.h,
+                        "false_alarm_steps": a.design.arl0_steps, "reference_points": a.design.reference}
+                       for a in found],
+            "template_changes": [{"run": ch.run, "template": ch.template, "previous": ch.previous,
+                                  "first_ts": ch.first_ts.isoformat(), "verdict": ch.comparison.verdict,
+                                  "z": ch.comparison.z, "alpha_before": ch.comparison.before.estimate,
+                                  "alpha_after": ch.comparison.after.estimate,
+                                  "below_break_even": ch.below_break_even, "source": ch.source, "note": ch.note}
+                                 for r in runs for ch in r.changes],
+        }, indent=2, default=_json_scalar))
+    else:
+        for line in problems:
+            print(line)
+    for r in unknown:
+        _err(f"cannot judge run {r['run']!r}, template {r['template'] or '-'!r}: {why_unknown(r)}; pass --c")
+    if problems:
+        return EXIT_FINDING
+    if unknown:
+        return EXIT_ERROR
+    if not args.json:
+        print(f"all {len(rows)} segment(s) healthy: acceptance above break-even, no drift alarm, "
+              "no template change that hurt")
+    return EXIT_OK
+
+
+def cmd_annotate(args: argparse.Namespace) -> int:
+    from specmon.drift import alarms
+
+    at = parse_since(args.at, "--at") or times.utc_now()
+    with _open_store(args) as store:
+        annotation_id = alarms.annotate(store, args.run, args.template, at, args.note)
+    print(f"annotation {annotation_id}: run {args.run!r} rolled out template {args.template!r} at "
+          f"{at:%Y-%m-%d %H:%M:%S} UTC; `specmon check` and the Drift page now compare before and after it")
+    return EXIT_OK
+
+
+def _duration_seconds(text: str, flag: str) -> float:
+    try:
+        span = times.parse_duration(text)
+    except OverflowError:
+        span = None
+    if span is None or span.total_seconds() <= 0:
+        raise SpecmonError(f"{flag}: {text!r} is not a duration like 30s, 1m, 6h or 2d")
+    return span.total_seconds()
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from specmon.follow import prometheus_api
+    from specmon.ingest.pipeline import ingest_samples
+
+    end = times.utc_now()
+    since_s = _duration_seconds(args.since, "--since")
+    if since_s > (end - datetime(1970, 1, 1)).total_seconds():
+        raise SpecmonError(f"--since: {args.since!r} reaches back before 1970")
+    start = end - timedelta(seconds=since_s)
+    samples = prometheus_api.pull(args.prometheus, start, end, _duration_seconds(args.step, "--step"),
+                              timeout_s=args.timeout, total_timeout_s=args.total_timeout)
+    if not samples:
+        _err(f"{args.prometheus}: no vllm:/llamacpp: spec_decode counters or sglang:spec_ gauges since {args.since}")
+        return EXIT_FINDING
+    with _open_store(args) as store:
+        result = ingest_samples(store, samples, f"{args.prometheus} since {args.since}", args.run, args.template)
+    if result.status == "already ingested":
+        _out(f"{args.prometheus}: nothing new since the last pull")
+    else:
+        _out(f"{args.prometheus}: stored {result.steps} new samples of {len(samples)} in run {args.run!r}")
+    return EXIT_OK
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    from specmon.follow import watcher as watch
+
+    config = watch.load_config(args.config) if args.config else watch.WatchConfig()
+    for kind, locations in (("log", args.log), ("steplog", args.steplog), ("inbox", args.inbox),
+                            ("prometheus", args.prometheus)):
+        for location in locations or []:
+            config.sources.append(watch.SourceConfig(kind, location, args.run, args.template, args.c, args.skip_bad))
+    if args.interval is not None:
+        config.interval_s = args.interval
+    if args.stale_after is not None:
+        config.stale_after_s = args.stale_after
+    if args.webhook:
+        config.webhook = args.webhook
+    if args.dashboard_url:
+        config.dashboard_url = args.dashboard_url
+
+    with _open_store(args) as store:
+        watch.Watcher(store, config, log=_watch_log).run_until_signalled()
+    return EXIT_OK
+
+
+def _watch_log(line: str) -> None:
+    """The watcher's log: one timestamped line per event on stdout."""
+    print(f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S}Z {printable(line)}", flush=True)
+
+
+def _live_settings(args: argparse.Namespace) -> LiveSettings:
+    if args.k < 1:
+        raise SpecmonError(f"--k must be at least 1, got {args.k}")
+    ngram = getattr(args, "ngram", False)
+    return LiveSettings(k=args.k, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                        top_p=getattr(args, "top_p", None), seed=args.seed, ngram=ngram,
+                        ngram_min=args.ngram_min if ngram else LIVE_DEFAULTS.ngram_min,
+                        ngram_max=args.ngram_max if ngram else LIVE_DEFAULTS.ngram_max)
+
+
+def cmd_live(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from specmon.pair import live_inputs
+
+    # the arguments are checked before torch and transformers load (seconds), which only the commands that run
+    # models import
+    settings = _live_settings(args)
+    draft = None if settings.ngram else args.draft
+    live_inputs.check_pair(args.target, draft)
+    prompts = live_inputs.read_prompts(args.prompts)
+
+    from specmon.analysis import summary
+    from specmon.pair import live
+
+    pair = live.load_pair(args.target, draft)
+    template = args.template or Path(args.prompts).stem
+    run = args.run or live.run_name(pair, settings)
+    bar = tqdm(total=len(prompts), unit="prompt", desc="live run", file=sys.stderr, disable=None)
+    with _open_store(args) as store:
+        done = live.record_run(store, pair, prompts, settings, run=run, template=template,
+                               meta=live.run_meta(settings, args.target, args.draft, args.prompts),
+                               keep_log=args.out, full_distributions=args.full_distributions,
+                               progress=lambda n, total: bar.update(n - bar.n))
+        bar.close()
+        seg = next(r for r in summary.summarize(store, run=run) if r["template"] == template)
+    print(f"run {run!r}: {done.steps} steps, {done.tokens} tokens in {done.seconds:.1f} s "
+          f"({done.tokens / done.seconds:.1f} tokens/s); alpha = {_fmt(seg['alpha'])} [{_fmt(seg['alpha_lo'])}, "
+          f"{_fmt(seg['alpha_hi'])}], predicted beta = {_fmt(seg['beta'])}, tokens per step = "
+          f"{_fmt(seg['tokens_per_step'], '.2f')}, c = {_fmt(seg['c'])}")
+    return EXIT_OK
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    import numpy as np
+    from tqdm import tqdm
+
+    from specmon.pair import live_inputs
+
+    prompts = [p for path in args.prompts for p in live_inputs.read_prompts(path)]
+    greedy = replace(_live_settings(args), temperature=0.0, top_p=None)
+    live_inputs.check_pair(args.target, args.draft)
+
+    from specmon.analysis import lossless
+    from specmon.core import stats  # torch and transformers: after the arguments are checked
+    from specmon.pair import live
+
+    target = live.load_pair(args.target, args.draft)
+    bar = tqdm(total=3 * len(prompts), unit="decode", desc="verify", file=sys.stderr, disable=None)
+    proposers = {"draft model": target, "n-gram": live.Pair(target.target, None, target.tokenizer, "ngram")}
+    failures = 0
+    for name, pair in proposers.items():
+        matched = 0
+        for i, prompt in enumerate(prompts):
+            spec = [t for step in live.generate(pair, prompt, greedy) for t in step.record["emitted_tokens"]]
+            plain = live.target_decode(pair, prompt, args.max_new_tokens)
+            bar.update()
+            if spec == plain:
+                matched += 1
+            else:
+                first = next((j for j, (a, b) in enumerate(zip(spec, plain, strict=False)) if a != b),
+                             min(len(spec), len(plain)))
+                print(f"MISMATCH ({name}, prompt {i}): speculative and plain greedy decoding differ at token {first}")
+        failures += matched < len(prompts)
+        print(f"greedy, {name}: {matched}/{len(prompts)} prompts decode exactly as the target alone")
+    sampled = replace(greedy, temperature=args.temperature)
+    pit: list[tuple[float, float]] = []
+    for i, prompt in enumerate(prompts):
+        for step in live.generate(target, prompt, replace(sampled, seed=sampled.seed + i)):
+            pit += step.pit
+        bar.update()
+    bar.close()
+    below, mass = np.array(pit).T
+    u = stats.randomized_pit_of(below, mass, np.random.default_rng(sampled.seed))
+    ks = stats.uniformity_ks(u)
+    ok = lossless.consistent(ks, args.alpha)
+    failures += not ok
+    print(f"sampled (T = {args.temperature:g}, draft model): randomized PIT of {len(u)} tokens, "
+          f"KS = {ks.statistic:.4f}, "
+          f"p = {ks.pvalue:.3g}: {'consistent with' if ok else 'NOT consistent with'} the target's distribution "
+          f"at the {args.alpha:g} level")
+    return EXIT_FINDING if failures else EXIT_OK
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from specmon.analysis import summary
+    from specmon.pair import live, replay
+
+    pair = live.load_pair(args.target, args.draft)
+    transcripts = replay.read_transcripts(args.transcripts)
+    run = args.run or f"replay {pair.name} T={args.temperature:g}"
+    meta = json.dumps({"target": args.target, "draft": args.draft, "k": args.k, "temperature": args.temperature,
+                       "transcripts": args.transcripts, "proposer": "replay"})
+    bar = tqdm(total=len(transcripts), unit="transcript", desc="replay", file=sys.stderr, disable=None)
+    with _open_store(args) as store:
+        n = replay.store_replay(store, pair, transcripts, run=run, template=args.template,
+                                temperature=args.temperature, meta=meta, name=Path(args.transcripts).name,
+                                progress=lambda done, total: bar.update(done - bar.n))
+        bar.close()
+        rows = summary.summarize(store, run=run, c=args.c)
+    for r in rows:
+        print(f"run {run!r}, template {r['template'] or '-'!r}: predicted per-token acceptance beta = "
+              f"{_fmt(r['beta'])} [95% CI {_fmt(r['beta_lo'])}, {_fmt(r['beta_hi'])}] over {r['requests']} "
+              f"transcripts" + (f"; predicted speedup at k = {args.k}: {r['speedup_iid']:.2f}x" if r["speedup_iid"]
+                                else ""))
+    print(f"{n} completion positions scored and stored")
+    return EXIT_OK
+
+
+def cmd_alert_rule(args: argparse.Namespace) -> int:
+    from specmon.drift import alarms
+
+    print(alarms.prometheus_alert_rule(args.k, args.c, window=args.window, for_=args.for_,
+                                       metric_prefix=args.prefix), end="")
+    return EXIT_OK
+
+
+def cmd_theory(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from specmon.core import theory
+
+    ks = list(range(1, args.k_max + 1))
+    print(f"speedup S(alpha, k, c = {args.c:g}) under the i.i.d. model; best k per alpha")
+    print("alpha  " + " ".join(f"k={k:<5d}" for k in ks) + "  best k  speedup")
+    for alpha in np.round(np.arange(0.1, 1.0, 0.05), 2):
+        s = [theory.speedup(alpha, k, args.c) for k in ks]
+        k_best, s_best = theory.best_k(alpha, args.c, args.k_max)
+        verdict = f"{k_best:<6d}  {s_best:.2f}x" if s_best > 1 else "none    (every k loses)"
+        print(f"{alpha:5.2f}  " + " ".join(f"{x:<7.2f}" for x in s) + f"  {verdict}")
+    print(f"\nbreak-even at c = {args.c:g}: alpha* (S = 1) and tokens per step 1 + k*c")
+    for k in ks:
+        a = theory.break_even_alpha(k, args.c)
+        a_txt = "none (c > 1: no alpha pays)" if a != a else f"{a:.3f}"
+        print(f"  k={k}: alpha* = {a_txt}, 1+kc = {theory.break_even_tokens(k, args.c):.2f}")
+    return EXIT_OK
+
+
+def _distribution(text: str, flag: str) -> np.ndarray:
+    import numpy as np
+
+    try:
+        v = np.array([float(x) for x in text.split(",")])
+    except ValueError:
+        raise SpecmonError(f"{flag}: expected comma-separated probabilities, got {text!r}") from None
+    if (v < 0).any() or abs(v.sum() - 1) > 1e-6:
+        raise SpecmonError(f"{flag}: probabilities must be >= 0 and sum to 1 (they sum to {v.sum():g})")
+    return v
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from specmon.core import sampler, theory
+
+    p, q = _distribution(args.p, "--p"), _distribution(args.q, "--q")
+    if p.shape != q.shape:
+        raise SpecmonError(f"--p has {len(p)} tokens, --q has {len(q)}: they must share a vocabulary")
+    records = sampler.simulate_fixed_pair(p, q, args.k, args.cycles, np.random.default_rng(args.seed),
+                                          template=args.template, distributions=args.distributions, topk=args.topk)
+    if args.out and args.out != "-":
+        with open(args.out, "wb") as out:
+            n = sampler.write_step_log(records, out)
+    else:
+        n = sampler.write_step_log(records, sys.stdout.buffer)
+        sys.stdout.buffer.flush()
+    _err(f"simulated {n} steps: beta = {theory.beta(p, q):.4f}, expected tokens per step at k = {args.k}: "
+         f"{theory.expected_tokens(theory.beta(p, q), args.k):.4f}")
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from specmon.ingest import demo
+
+    if args.write_log:
+        with open(args.write_log, "wb") as out:
+            n = demo.write_demo_log(out)
+        print(f"wrote {n} steps to {args.write_log}")
+        return EXIT_OK
+    with _open_store(args) as store:
+        result = demo.load_demo(store)
+    if result.status == "already ingested":
+        print(f"{store.path}: the demo data is already there (run {demo.DEMO_RUN!r}); nothing changed")
+    else:
+        print(f"{store.path}: demo data {result.status} (run {demo.DEMO_RUN!r}, {result.steps} steps)")
+    return EXIT_OK
+
+
+def _die_with_parent() -> None:
+    """In a child, before it runs: ask Linux to SIGTERM it when its parent dies, even of SIGKILL."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: forwarding below still covers every signal that can be caught
+        pass
+
+
+@contextmanager
+def _signals_caught(handled: tuple[signal.Signals, ...],
+                    then: Callable[[int], None] | None = None) -> Iterator[list[int]]:
+    """Within the block, the signals in `handled` are recorded in the list it yields (and passed to `then`) instead
+    of ending this process; the previous handlers come back after it."""
+    caught: list[int] = []
+
+    def record(signum: int, frame: object) -> None:
+        caught.append(signum)
+        if then:
+            then(signum)
+
+    previous = {s: signal.signal(s, record) for s in handled}
+    try:
+        yield caught
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def run_child(cmd: list[str], env: dict, grace_s: float = 20.0,
+              on_signal: Callable[[], None] | None = None) -> int:
+    """Run a long-lived child (the Streamlit server) and leave none behind: SIGTERM, SIGINT and SIGHUP are
+    forwarded to it (and on_signal is called), it is waited for (killed after grace_s), and it dies with this
+    process in any case.
+
+    The child gets a session of its own, so a Ctrl-C in the terminal reaches it once, through this process."""
+    child = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)
+
+    def forward(signum: int) -> None:
+        child.send_signal(signum)
+        if on_signal:
+            on_signal()
+
+    with _signals_caught((signal.SIGTERM, signal.SIGINT, signal.SIGHUP), forward) as caught:
+        try:
+            # Waited for in short steps, not one blocking wait: Python runs a signal's handler in the main thread,
+            # and a signal the kernel hands to another thread (the watcher's) does not interrupt a blocking wait,
+            # so the handler would not run until the child ended by itself.
+            while True:
+                try:
+                    code = child.wait(timeout=0.2)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        finally:
+            if child.poll() is None:  # left by an exception before the child ended
+                child.terminate()
+            try:
+                code = child.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                code = child.wait()
+    return 128 + caught[0] if caught else code  # ended by the signal, however the child reported it
+
+
+def _streamlit_flags(overrides: dict[str, object]) -> list[str]:
+    """The shipped Streamlit settings (specmon/ui/streamlit.toml), then `overrides`, as `streamlit run` flags.
+
+    Streamlit reads .streamlit/config.toml only from the working directory and the home folder, which an installed
+    specmon cannot count on, so serve passes its settings on the command line.
+    """
+    with open(resources.STREAMLIT_CONFIG, "rb") as f:
+        settings = {f"{section}.{key}": value for section, table in tomllib.load(f).items()
+                    for key, value in table.items()}
+    settings.update(overrides)
+    return [f"--{name}={str(value).lower() if isinstance(value, bool) else value}" for name, value in settings.items()]
+
+
+def _serve_here(flags: list[str]) -> int:
+    """Streamlit in this process (a second interpreter would start it a quarter of a second later). Its server
+    shuts down on SIGTERM or SIGINT and raises the signal again once stopped: that is recorded here and becomes
+    the exit status, as for any process ended by a signal."""
+    from streamlit.web import cli as streamlit_cli
+
+    with _signals_caught((signal.SIGTERM, signal.SIGINT)) as caught:
+        streamlit_cli.main.main(args=["run", str(resources.SERVER), *flags], prog_name="streamlit",
+                                standalone_mode=False)
+    return 128 + caught[-1] if caught else EXIT_OK  # the server raises them again last first: [-1] came first
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    if args.db:
+        os.environ[DB_ENV] = args.db  # for the server, here or in the child
+    flags = _streamlit_flags({"server.address": args.address, "server.port": args.port, "server.headless": True})
+    if not args.watch:
+        return _serve_here(flags)
+    # With a watcher, the server runs as a child, so that ingesting never holds the dashboard's interpreter.
+    cmd = [sys.executable, "-m", "streamlit", "run", str(resources.SERVER), *flags]
+    from specmon.follow import watcher as watch
+
+    config = watch.load_config(args.watch)  # a bad file is an error before anything starts
+    store = _open_store(args)
+    watcher = watch.Watcher(store, config, log=_watch_log)
+    thread = threading.Thread(target=watcher.run, name="specmon-watch", daemon=True)
+    thread.start()
+    try:
+        return run_child(cmd, dict(os.environ), on_signal=watcher.stop)
+    finally:
+        watcher.stop()  # the dashboard ended: finish the batch in hand
+        thread.join(timeout=60)
+
+
+def _positive_int(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 < v < 1e6:
+        raise argparse.ArgumentTypeError(f"must be more than 0 and less than 1e6 seconds, got {text}")
+    return v
+
+
+def _cost(text: str) -> float:
+    v = float(text)
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"c is a cost ratio >= 0, got {text}")
+    return v
+
+
+class _FormatNames:
+    """--format's choices, listed only when a command line or its help asks: naming them imports every reader."""
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(formats.names())
+
+    def __contains__(self, name: object) -> bool:
+        return name in formats.names()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="specmon", description="Is speculative decoding paying off? Acceptance, break-even and drift.",
+        epilog=f"The database is --db, else ${DB_ENV}, else ./{DEFAULT_DB}.")
+    parser.add_argument("--version", action="version", version=f"specmon {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    db = argparse.ArgumentParser(add_help=False)
+    db.add_argument("--db", help=f"DuckDB file (default: ${DB_ENV}, else ./{DEFAULT_DB})")
+    db.add_argument("--lock-timeout", type=float, metavar="SECONDS",
+                    help=f"how long to wait while another process writes the database (default: "
+                         f"${LOCK_TIMEOUT_ENV}, else {DEFAULT_LOCK_TIMEOUT_S:g})")
+
+    p = sub.add_parser("ingest", parents=[db], help="store step logs, engine logs or Prometheus pages",
+                       description="Store specmon step logs (JSON Lines, or the flat form as CSV or Parquet), vLLM, "
+                                   "llama.cpp or SGLang logs and JSON responses, or saved Prometheus /metrics pages; "
+                                   "the format is detected. Each file is one transaction: a file with any fault "
+                                   "stores nothing (exit 1) unless --skip-bad. Re-ingesting the same content is a "
+                                   "no-op.")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="files to ingest; - reads standard input")
+    p.add_argument("--run", help="run to store into (default: the file name without extension)")
+    p.add_argument("--template", help="template for steps whose log line names none")
+    p.add_argument("--skip-bad", action="store_true", help="store the good rows; write rejected ones to --report")
+    p.add_argument("--report", help="where --skip-bad writes rejected rows (default: ./FILE.rejected.jsonl)")
+    p.add_argument("--format", choices=_FormatNames(), metavar="FORMAT",
+                   help="skip format detection: one of %(choices)s")
+    p.add_argument("--sum-tol", type=float, default=DEFAULT_SUM_TOLERANCE,
+                   help=f"how far a distribution may sum from 1 (default {DEFAULT_SUM_TOLERANCE:g})")
+    p.add_argument("--json", action="store_true", help="one JSON object per file on stdout")
+    p.set_defaults(func=cmd_ingest)
+
+    p = sub.add_parser("summary", parents=[db], help="acceptance, break-even and status per segment",
+                       description="Per segment: alpha with a cluster-robust 95% interval, predicted beta, "
+                                   "per-position rates, tokens per step, c, break-even and status. Shows the demo "
+                                   "data while nothing of your own is ingested.")
+    p.add_argument("--json", action="store_true", help="a JSON array of segment objects (keys in the README)")
+    p.add_argument("--by", choices=GROUPINGS, default="template", help="segment by run, run+template "
+                   "(default), or run+template+day")
+    p.add_argument("--c", type=_cost, help="draft cost / target cost, overriding the one measured from timings")
+    p.add_argument("--no-demo", action="store_true", help="do not load the demo data into an empty database")
+    p.set_defaults(func=cmd_summary)
+
+    p = sub.add_parser("check", parents=[db], help="exit 1 on a losing segment, a drift alarm or a template change "
+                       "that hurt (for cron and CI)",
+                       description="Exit 0: every segment healthy, no drift alarm, no template change that hurt. "
+                                   "1: a problem (one line each). 2: error, or c unknown for a segment (pass --c). "
+                                   "Drift: a one-sided Bernoulli CUSUM per run (step logs, engine logs, Prometheus), "
+                                   "calibrated on the run's own first requests (or windows) to one false alarm per "
+                                   "--false-alarm-steps; template changes and annotations are judged before/after.")
+    p.add_argument("--c", type=_cost, help="draft cost / target cost, overriding the measured one")
+    p.add_argument("--since", help="only steps, alarms and template changes since then: 6h, 2d, 30m, 1w or ISO time")
+    p.add_argument("--false-alarm-steps", type=_positive_int, default=DEFAULT_ARL0_STEPS,
+                   help="expected steps (engine windows) between false alarms when nothing changed "
+                   f"(default {DEFAULT_ARL0_STEPS})")
+    p.add_argument("--json", action="store_true", help="problems, statuses, alarms and template changes as JSON")
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("annotate", parents=[db], help="record a rollout (a template change the data cannot show)",
+                       description="Record that run RUN serves template T from --at on (like a deploy annotation). "
+                                   "Template-change verdicts, `specmon check` and the Drift page compare acceptance "
+                                   "before and after it.")
+    p.add_argument("--run", required=True, help="the run (it must exist: see specmon summary)")
+    p.add_argument("--template", required=True, help="the template rolled out")
+    p.add_argument("--at", help="when: an ISO-8601 time (UTC where it names no zone) or a duration ago like 30m, "
+                   "2h (default: now)")
+    p.add_argument("--note", help="free text shown with the verdict")
+    p.set_defaults(func=cmd_annotate)
+
+    pair_args = argparse.ArgumentParser(add_help=False)
+    pair_args.add_argument("--target", default=str(resources.TARGET_MODEL), help="target model directory or hub name "
+                           "(default: the shipped pair's target)")
+    pair_args.add_argument("--draft", default=str(resources.DRAFT_MODEL),
+                           help="draft model (default: the shipped draft)")
+    pair_args.add_argument("--k", type=int, default=LIVE_DEFAULTS.k, help=f"draft length (default {LIVE_DEFAULTS.k})")
+    pair_args.add_argument("--max-new-tokens", type=_positive_int, default=LIVE_DEFAULTS.max_new_tokens,
+                           help=f"new tokens per prompt (default {LIVE_DEFAULTS.max_new_tokens})")
+    pair_args.add_argument("--seed", type=int, default=LIVE_DEFAULTS.seed)
+
+    p = sub.add_parser("live", parents=[db, pair_args], help="run speculative decoding of a local pair and store it",
+                       description="Speculative decoding (Leviathan et al.'s Algorithm 1, KV caches rolled back on "
+                                   "rejection) of every prompt, every step logged with exact beta and timings, "
+                                   "stored as a run.")
+    p.add_argument("--ngram", action="store_true", help="propose by n-gram prompt lookup instead of a draft model")
+    p.add_argument("--ngram-min", type=_positive_int, default=LIVE_DEFAULTS.ngram_min)
+    p.add_argument("--ngram-max", type=_positive_int, default=LIVE_DEFAULTS.ngram_max)
+    p.add_argument("--top-p", type=float, default=LIVE_DEFAULTS.top_p, help="nucleus sampling on both sides")
+    p.add_argument("--temperature", type=_cost, default=LIVE_DEFAULTS.temperature,
+                   help=f"0 is greedy (default {LIVE_DEFAULTS.temperature:g})")
+    p.add_argument("--prompts", type=resources.prompt_file, default="copy",
+                   help="JSON lines {\"prompt\": ...}, a .txt file of blank-line-separated prompts, or a shipped "
+                        f"set: {', '.join(resources.PROMPT_SETS)} (default: copy, the copy-heavy set)")
+    p.add_argument("--template", help="segment label (default: the prompt file's name)")
+    p.add_argument("--run", help="run name (default: from the pair, k and temperature)")
+    p.add_argument("--out", help="also keep the step log here (JSON Lines)")
+    p.add_argument("--full-distributions", metavar="PARQUET", help="also write every position's full target and "
+                   "draft distributions (float32 lists, one row per step, position and side) to this Parquet file")
+    p.set_defaults(func=cmd_live)
+
+    p = sub.add_parser("verify", parents=[pair_args], help="check that speculative decoding emits the target's output",
+                       description="Greedy: speculative decoding (draft model and n-gram) must equal the target's "
+                                   "own greedy decoding token for token. Sampled: the randomized PIT of emitted "
+                                   "tokens under the target's distribution must be uniform (KS test). Exit 1 if not.")
+    p.add_argument("--prompts", nargs="+", type=resources.prompt_file,
+                   default=[resources.prompt_file(name) for name in resources.PROMPT_SETS],
+                   help="prompt files or shipped sets (default: every shipped set)")
+    p.add_argument("--temperature", type=_cost, default=1.0, help="temperature of the sampled check (default 1)")
+    p.add_argument("--alpha", type=float, default=KS_LEVEL,
+                   help=f"significance level of the KS test (default {KS_LEVEL:g})")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("replay", parents=[db, pair_args],
+                       help="predict acceptance on recorded traffic (teacher forcing)",
+                       description="Score every completion position of recorded transcripts with both models (one "
+                                   "forward pass each) and store beta per position as a replay run: a prediction "
+                                   "of per-token acceptance, not a measurement (README: what replay predicts).")
+    p.add_argument("--transcripts", required=True, help="JSON lines with prompt, completion, optional template, ts")
+    p.add_argument("--temperature", type=_cost, default=1.0, help="temperature of both distributions (default 1)")
+    p.add_argument("--template", help="segment label for transcripts that name none")
+    p.add_argument("--run", help="run name (default: from the pair and temperature)")
+    p.add_argument("--c", type=_cost, help="draft cost, for the predicted speedup and status")
+    p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("pull", parents=[db], help="store speculative-decoding counters from a Prometheus server",
+                       description="Read vLLM's (or llama.cpp's) spec_decode counters and SGLang's gauges from the "
+                                   "Prometheus HTTP API (query_range) and store the samples; windows are the "
+                                   "differences between consecutive samples of each series, restarts handled.")
+    p.add_argument("--prometheus", required=True, metavar="URL", help="e.g. http://prometheus:9090")
+    p.add_argument("--since", default="6h", help="how far back (default 6h): 30m, 6h, 2d")
+    p.add_argument("--step", default="1m", help="sample spacing (default 1m)")
+    p.add_argument("--run", default="prometheus", help="run to store into (default prometheus)")
+    p.add_argument("--template", help="segment label for these samples")
+    p.add_argument("--timeout", type=_seconds, default=PULL_REQUEST_TIMEOUT_S, metavar="SECONDS",
+                   help=f"give up on a request not answered in full within this time (default "
+                        f"{PULL_REQUEST_TIMEOUT_S:g})")
+    p.add_argument("--total-timeout", type=_seconds, default=PULL_TIMEOUT_S, metavar="SECONDS",
+                   help=f"give up on the whole pull after this time (default {PULL_TIMEOUT_S:g})")
+    p.set_defaults(func=cmd_pull)
+
+    p = sub.add_parser("watch", parents=[db], help="follow engine logs, step logs, an inbox or Prometheus until "
+                       "stopped", description="Follow sources until Ctrl-C or SIGTERM (the batch in hand is "
+                       "finished, exit 0). Logs are followed like tail -F (complete lines only; rotation and "
+                       "truncation survived); the read position is committed with the data, so a restart resumes "
+                       "exactly. An alarm opening or closing, or a segment turning losing or back, is logged and "
+                       "POSTed as JSON to --webhook. A failing source is retried with back-off; the others go on.")
+    p.add_argument("--log", action="append", metavar="PATH", help="an engine log (vLLM, llama.cpp, SGLang); repeatable")
+    p.add_argument("--steplog", action="append", metavar="PATH", help="an appended JSON Lines step log; repeatable")
+    p.add_argument("--inbox", action="append", metavar="DIR", help="a folder: each complete file is ingested once, "
+                   "then moved to DIR/done/ or DIR/rejected/ with its report; repeatable")
+    p.add_argument("--prometheus", action="append", metavar="URL", help="pull from where the last pull stopped, "
+                   "every interval; repeatable")
+    p.add_argument("--config", metavar="FILE", help="a TOML file naming sources, one table per source "
+                   "([[log]] path=..., run=..., template=..., c=...; README: Watching a deployment)")
+    p.add_argument("--interval", type=float, metavar="SECONDS", help="seconds between polls (default 1)")
+    p.add_argument("--run", help="run for the sources named on the command line (default: the file name; "
+                   "'prometheus' for a server)")
+    p.add_argument("--template", help="template for those sources (default: the data's own, else the latest "
+                   "`specmon annotate`)")
+    p.add_argument("--c", type=_cost, help="draft cost / target cost, for break-even and status")
+    p.add_argument("--skip-bad", action="store_true", help="skip bad lines (named in the log) instead of stopping "
+                   "that source")
+    p.add_argument("--webhook", metavar="URL", help="POST one JSON document per alarm or status change here")
+    p.add_argument("--dashboard-url", metavar="URL", help="prefix for the page links in webhooks, e.g. "
+                   "http://host:8501")
+    p.add_argument("--stale-after", type=float, metavar="SECONDS", help="show a source as stale after this long "
+                   "without data (default 300)")
+    p.set_defaults(func=cmd_watch)
+
+    p = sub.add_parser("alert-rule", help="print a Prometheus alerting rule over vLLM's counters",
+                       description="A Prometheus rule that fires while accepted tokens per draft over a window is "
+                                   "below the break-even k*c (mean acceptance length below 1 + k*c).")
+    p.add_argument("--k", type=_positive_int, required=True, help="draft length served")
+    p.add_argument("--c", type=_cost, required=True, help="draft cost / target cost on your hardware")
+    p.add_argument("--window", default="15m", help="rate window (default 15m)")
+    p.add_argument("--for", dest="for_", default="30m", help="how long it must hold before firing (default 30m)")
+    p.add_argument("--prefix", default="vllm", choices=("vllm", "llamacpp"), help="metric prefix (default vllm)")
+    p.set_defaults(func=cmd_alert_rule)
+
+    p = sub.add_parser("theory", help="speedup table, best k and break-even for a draft cost c",
+                       description="The i.i.d. model's speedup S = (1 - a^(k+1)) / ((1 - a)(1 + k c)).")
+    p.add_argument("--c", type=_cost, required=True, help="draft step cost / target step cost")
+    p.add_argument("--k-max", type=_positive_int, default=THEORY_K_MAX,
+                   help=f"largest draft length to consider (default {THEORY_K_MAX})")
+    p.set_defaults(func=cmd_theory)
+
+    p = sub.add_parser("simulate", help="write a step log of a simulated fixed (p, q) pair",
+                       description="Run Leviathan's Algorithm 1 on one fixed target/draft pair and write a step "
+                                   "log (JSON Lines) to stdout or --out. Pipe it into specmon ingest -.")
+    p.add_argument("--cycles", type=_positive_int, default=50000, help="verification steps (default 50000)")
+    p.add_argument("--k", type=_positive_int, default=4, help="draft length (default 4)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--p", default=_PAPER_P, help=f"target distribution (default {_PAPER_P})")
+    p.add_argument("--q", default=_PAPER_Q, help=f"draft distribution (default {_PAPER_Q})")
+    p.add_argument("--distributions", choices=DISTRIBUTION_MODES, default="dense",
+                   help="what to log per position: full p and q, top-k logprobs, beta only, or none")
+    p.add_argument("--topk", type=_positive_int, default=20, help="logprobs per position with --distributions topk")
+    p.add_argument("--template", default="sim")
+    p.add_argument("--out", help="output file (default stdout)")
+    p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("demo", parents=[db], help="load the demo data (or write its step log)",
+                       description="Load the shipped demo step log as the demo run; --write-log regenerates it.")
+    p.add_argument("--write-log", metavar="PATH", help="write the demo step log from its seed instead")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("serve", parents=[db], help="start the dashboard (Streamlit)")
+    p.add_argument("--port", type=int, default=8501)
+    p.add_argument("--address", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--watch", metavar="FILE", help="also run `specmon watch --config FILE` beside the dashboard "
+                   "(stopped with it)")
+    p.set_defaults(func=cmd_serve)
+    return parser
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised where the program is, so that cleanup (a spooled copy, a transaction) runs as on Ctrl-C."""
+
+
+_signals_received: list[int] = []
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    # Remembered because DuckDB turns an exception raised while one of its queries runs into
+    # RuntimeError("Query interrupted"): main must still know which signal ended the program.
+    _signals_received.append(signum)
+    raise KeyboardInterrupt if signum == signal.SIGINT else _Terminated
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    for handled in (signal.SIGTERM, signal.SIGINT):
+        if signal.getsignal(handled) is not signal.SIG_IGN:  # a background job of a script ignores SIGINT: keep that
+            signal.signal(handled, _on_signal)
+    try:
+        return args.func(args)
+    except SpecmonError as exc:
+        _err(str(exc))
+        return EXIT_ERROR
+    except BrokenPipeError:
+        return EXIT_OK
+    except (KeyboardInterrupt, _Terminated, RuntimeError) as exc:
+        if isinstance(exc, RuntimeError) and not _signals_received:
+            raise
+        signum: int = _signals_received[-1] if _signals_received else signal.SIGINT
+        what = "interrupted (SIGINT)" if signum == signal.SIGINT else "terminated (SIGTERM)"
+        _err(f"{what}; an ingest not yet reported as stored was rolled back")
+        return 128 + signum
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,2 @@
+"""The bottom layer: the formulas, statistics, settings, times and text rules, pure (no I/O, no DuckDB, nothing
+else of specmon)."""

@@ -1,0 +1,232 @@
+"""The segment summary every source produces (step logs, engine windows and Prometheus, replays), and the one rule
+that turns its counts and intervals into economics and a status.
+
+Pure: numbers in, frozen dataclasses out (no I/O). `SegmentSummary.to_dict()` is `specmon summary --json`'s object;
+its keys are the README's key table (tests/test_segments.py holds the two together).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from specmon.core import stats, theory
+from specmon.core.settings import CONFIDENCE
+
+STATUSES = ("healthy", "at risk", "losing", "unknown")
+# The statuses that are a finding: `specmon check` exits 1 on them and the Overview lists them first.
+PROBLEM_STATUSES = ("losing", "at risk")
+# Where point and interval are closer than this, beta is known exactly (dense distributions) and shown as a point.
+_EXACT_BETA_WIDTH = 1e-9
+
+
+def finite(x: float | None) -> float | None:
+    """None for a missing or non-finite number (JSON has no NaN): the one NaN/None rule of every summary."""
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+def segment_status(lo: float, hi: float, break_even: float) -> str:
+    """healthy: the interval lies above break-even; losing: below it; at risk: it straddles it.
+
+    break_even is nan where c > 1: then even perfect acceptance cannot pay for the drafts.
+    """
+    if math.isnan(break_even):
+        return "losing"
+    if lo > break_even:
+        return "healthy"
+    if hi < break_even:
+        return "losing"
+    return "at risk"
+
+
+def is_problem(status: str) -> bool:
+    """Whether a segment's status is a finding (check's exit code 1, the pages' warnings)."""
+    return status in PROBLEM_STATUSES
+
+
+def why_unknown(row: dict) -> str:
+    """Why a segment's status is "unknown", as the CLI and the pages say it: what economics() lacked."""
+    if row.get("c") is None:
+        return "no draft/target timings in the log, so the draft cost c is unknown"
+    if not row.get("k"):
+        return "its draft length k is unknown"
+    return "its per-token acceptance alpha has no interval"
+
+
+def point_beta(lo: float | None, hi: float | None) -> float | None:
+    """Predicted beta as a point where its bounds coincide (dense distributions), else None (top-k: an interval)."""
+    if lo is None or hi is None or abs(hi - lo) >= _EXACT_BETA_WIDTH:
+        return None
+    return finite(lo)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A rate with its interval; any part may be unknown."""
+    value: float | None = None
+    lo: float | None = None
+    hi: float | None = None
+
+    @property
+    def bounded(self) -> bool:
+        return self.lo is not None and self.hi is not None
+
+
+@dataclass(frozen=True)
+class Economics:
+    """What a segment's acceptance is worth at its k and c."""
+    c: float | None = None
+    c_source: str | None = None
+    break_even_alpha: float | None = None
+    break_even_tokens: float | None = None
+    speedup_iid: float | None = None
+    speedup_measured: float | None = None
+    status: str = "unknown"
+    status_model_free: str = "unknown"
+
+
+def economics(k: int | None, c: float | None, c_source: str | None, alpha: Estimate, tokens: Estimate,
+              mean_draft_len: float | None) -> Economics:
+    """Break-even, speedups and the two statuses from a segment's k, draft cost c, per-token acceptance (observed
+    alpha, or predicted beta for a replay) and tokens per step L, each with its interval.
+
+    Unknown inputs give unknown outputs (None, status "unknown"): break-even needs k and c; the i.i.d. speedup and
+    `status` also alpha (its interval); the model-free status L's interval; the measured speedup
+    L / (1 + mean g * c) needs only c, L and the mean draft length. Where c > 1 no alpha breaks even: break-even
+    alpha is None and the status, where alpha's interval is known, is "losing".
+    """
+    if c is None:
+        return Economics(c_source=c_source)
+    be_alpha = be_tokens = s_iid = None
+    status = status_model_free = "unknown"
+    if k:
+        be_raw = theory.break_even_alpha(k, c)
+        be_alpha = finite(be_raw)
+        be_tokens = float(theory.break_even_tokens(k, c))
+        if alpha.value is not None:
+            s_iid = float(theory.speedup(alpha.value, k, c))
+        if alpha.bounded:
+            status = segment_status(alpha.lo, alpha.hi, be_raw)  # type: ignore[arg-type]
+        if tokens.bounded:
+            # L against 1 + k c, the break-even that assumes nothing about how acceptance varies (docs/math.md)
+            status_model_free = segment_status(tokens.lo, tokens.hi, be_tokens)  # type: ignore[arg-type]
+    s_measured = None
+    if tokens.value is not None and mean_draft_len is not None:
+        s_measured = finite(tokens.value / (1.0 + mean_draft_len * c))
+    return Economics(finite(c), c_source, be_alpha, be_tokens, s_iid, s_measured, status, status_model_free)
+
+
+@dataclass(frozen=True)
+class PositionSummary:
+    """One draft position of a segment: observed conditional and cumulative acceptance, predicted beta."""
+    position: int
+    checked: float
+    accepted: float
+    conditional: float | None
+    conditional_lo: float | None
+    conditional_hi: float | None
+    cumulative: float | None
+    beta: float | None
+    beta_lo: float | None
+    beta_hi: float | None
+
+
+def position_summary(position: int, checked: float, accepted: float, steps: float, alpha: stats.Interval,
+                     beta_lo: float | None = None, beta_hi: float | None = None) -> PositionSummary:
+    """A position's rates: conditional = accepted / checked with a Wilson interval at the segment's effective
+    sample size (checked / design effect) and alpha's degrees of freedom, since the correlation within a cluster
+    widens every position; cumulative = accepted / steps (vLLM's and llama.cpp's per-position rate)."""
+    lo = hi = None
+    if checked:
+        deff = alpha.design_effect if math.isfinite(alpha.design_effect) else 1.0
+        n_eff = checked / deff
+        lo, hi = stats.wilson_interval(accepted / checked * n_eff, n_eff, CONFIDENCE, alpha.dof)
+    return PositionSummary(position, checked, accepted, accepted / checked if checked else None, finite(lo),
+                           finite(hi), accepted / steps if steps else None, point_beta(beta_lo, beta_hi),
+                           finite(beta_lo), finite(beta_hi))
+
+
+# Keys that only some sources report (the README's key table says which); to_dict leaves them out elsewhere.
+SOURCE_KEYS = {
+    "interval_dof": ("steplog", "engine"),
+    "engine": ("engine",),
+    "draft_acceptance_rate": ("engine",),
+    "windows": ("engine", "replay"),
+    "note": ("engine", "replay"),
+    "predicted_positions": ("replay",),
+}
+
+
+@dataclass(frozen=True)
+class SegmentSummary:
+    """One segment (a run, a template, optionally a day or time bucket) from any source; README: key table."""
+    run: str
+    template: str | None
+    day: str | None
+    bucket_start: str | None
+    demo: bool
+    k: int | None
+    steps: int
+    requests: int | None
+    drafted: float | None
+    checked: float | None
+    accepted: float | None
+    alpha: Estimate
+    design_effect: float | None
+    interval_dof: float | None
+    beta: Estimate
+    gap_z: float | None
+    agreement: str | None
+    tokens_per_step: Estimate
+    mean_draft_len: float | None
+    economics: Economics
+    first_ts: str | None
+    last_ts: str | None
+    source: str  # steplog, engine or replay
+    costs: dict | None
+    ts_inferred_steps: int
+    last_ingest: str | None
+    per_position: tuple[PositionSummary, ...]
+    engine: str | None = None
+    draft_acceptance_rate: float | None = None
+    windows: int | None = None
+    note: str | None = None
+    predicted_positions: int | None = None
+
+    @property
+    def status(self) -> str:
+        return self.economics.status
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `specmon summary --json` object: estimates flattened to x, x_lo, x_hi; economics inlined."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in SOURCE_KEYS and self.source not in SOURCE_KEYS[f.name]:
+                continue
+            if isinstance(value, Estimate):
+                out[f.name], out[f"{f.name}_lo"], out[f"{f.name}_hi"] = value.value, value.lo, value.hi
+            elif isinstance(value, Economics):
+                out.update(asdict(value))
+            elif f.name == "per_position":
+                out[f.name] = [asdict(p) for p in value]
+            else:
+                out[f.name] = value
+        return out
+
+
+def json_keys() -> set[str]:
+    """Every key a `specmon summary --json` object can have (per-position keys aside)."""
+    names = set()
+    for f in fields(SegmentSummary):
+        if f.type == "Estimate":
+            names |= {f.name, f"{f.name}_lo", f"{f.name}_hi"}
+        elif f.type == "Economics":
+            names |= {g.name for g in fields(Economics)}
+        else:
+            names.add(f.name)
+    return names
+
+
+def position_keys() -> set[str]:
+    return {f.name for f in fields(PositionSummary)}

@@ -1,0 +1,544 @@
+"""Drift alarms and template-change verdicts for any run in a store (the detector itself is specmon.drift.detector), and
+rollout annotations.
+
+A run is one stream in time order, across its templates: a template change is what usually moves acceptance, so
+the reference window (the run's first points) stays the baseline across it. The stream is the run's verification
+steps (clusters: requests) where it has a step log, else its engine windows, from engine logs or Prometheus
+counter differences (each window a batch of checked/accepted positions and its own cluster). Template changes are
+where a new template first appears in the data, and where an annotation (`specmon annotate`) says a rollout began.
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
+from typing import NoReturn
+
+import numpy as np
+import pandas as pd
+
+from specmon.analysis import engine_segments, summary
+from specmon.core import stats, theory
+from specmon.core.faults import SpecmonError
+from specmon.core.segments import finite
+from specmon.drift import detector
+from specmon.drift import state as drift_state
+from specmon.drift.state import State
+from specmon.store.database import Store
+
+_ANNOTATIONS_SQL = """
+SELECT a.annotation_id, a.template, a.starts_at, a.note, a.created_at FROM annotations a JOIN runs r USING (run_id)
+WHERE r.name = ? ORDER BY a.starts_at, a.annotation_id
+"""
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something that changed at a known time: a template first seen in the data, or an annotation."""
+
+    ts: datetime
+    template: str
+    source: str  # "data" or "annotation"
+    note: str | None = None
+
+    def describe(self) -> str:
+        what = "annotated rollout of" if self.source == "annotation" else "first steps of"
+        return (f"{what} template {self.template or '-'!r} at {self.ts:%Y-%m-%d %H:%M} UTC"
+                + (f" ({self.note})" if self.note else ""))
+
+
+@dataclass(frozen=True)
+class AlarmEvent:
+    run: str
+    template: str
+    change_ts: datetime  # maximum-likelihood start of the drop
+    alarm_ts: datetime  # first alarm of the episode
+    last_alarm_ts: datetime
+    alarms: int  # alarms in the episode (the CUSUM restarts after each)
+    open: bool  # still alarming at the end of the data
+    alpha_before: float
+    alpha_after: float
+    design: detector.Design
+    break_even: float | None
+    change_lo_ts: datetime | None = None  # the change's likely range
+    change_hi_ts: datetime | None = None
+    near: tuple[Event, ...] = ()  # template changes and annotations inside the likely range
+
+    def describe(self) -> str:
+        be = f" (break-even {self.break_even:.3f})" if self.break_even is not None else ""
+        text = (f"run {self.run!r}: acceptance fell from {self.alpha_before:.3f} to {self.alpha_after:.3f}{be} "
+                f"from about {self.change_ts:%Y-%m-%d %H:%M} UTC (template {self.template or '-'!r}")
+        if self.change_lo_ts is not None and self.change_hi_ts is not None:
+            text += (f"; likely between {self.change_lo_ts:%Y-%m-%d %H:%M} and {self.change_hi_ts:%Y-%m-%d %H:%M}")
+        text += ")"
+        if self.near:
+            text += "; it coincides with the " + " and the ".join(e.describe() for e in self.near)
+        return (text + f"; CUSUM alarm at {self.alarm_ts:%Y-%m-%d %H:%M} UTC, {self.alarms} alarm(s) to "
+                f"{self.last_alarm_ts:%Y-%m-%d %H:%M} UTC{' and still open' if self.open else ''}; threshold "
+                f"h = {self.design.h:.2f} for one false alarm per {self.design.arl0_steps:,} {self.design.unit}, "
+                f"calibrated on the first {self.design.reference:,} {self.design.unit}")
+
+
+@dataclass(frozen=True)
+class TemplateChange:
+    run: str
+    template: str
+    previous: str
+    first_ts: datetime  # when the change happened (first seen in the data, or the annotation's time)
+    comparison: detector.Comparison
+    break_even: float | None
+    source: str = "data"  # "data": a new template in the data; "annotation": a recorded rollout
+    note: str | None = None
+
+    @property
+    def below_break_even(self) -> bool:
+        return bool(self.break_even is not None and self.comparison.after.hi < self.break_even)
+
+    @property
+    def hurt(self) -> bool:
+        """A finding (`specmon check` exits 1, the Drift page shows it as an error): acceptance dropped
+        significantly, or now lies below break-even."""
+        return self.comparison.verdict == "hurt" or self.below_break_even
+
+    def describe(self) -> str:
+        c = self.comparison
+        words = {"hurt": "hurt acceptance", "helped": "raised acceptance",
+                 "no detectable change": "made no change that the data can detect"}[c.verdict]
+        how = "annotated rollout" if self.source == "annotation" else "template"
+        text = (f"run {self.run!r}: {how} {self.previous or '-'!r} -> {self.template or '-'!r} at "
+                f"{self.first_ts:%Y-%m-%d %H:%M} UTC {words}: alpha {c.before.estimate:.3f} "
+                f"[{c.before.lo:.3f}, {c.before.hi:.3f}] -> {c.after.estimate:.3f} [{c.after.lo:.3f}, "
+                f"{c.after.hi:.3f}], z = {c.z:.1f}")
+        if self.note:
+            text += f" ({self.note})"
+        if self.below_break_even:
+            text += f"; now below break-even {self.break_even:.3f}"
+        return text
+
+
+@dataclass(frozen=True)
+class RunDrift:
+    run: str
+    design: detector.Design | None
+    alarms: list[AlarmEvent]
+    changes: list[TemplateChange]
+    cusum: pd.DataFrame  # ts, W: the detector's statistic over time (at most CHART_POINTS rows)
+    unit: str = "steps"  # what one stream point is: "steps" or "windows"
+    note: str | None = None  # why there is no detector, where there is none
+    annotations: list[Event] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Stream:
+    accepted: np.ndarray
+    checked: np.ndarray
+    ts_us: np.ndarray
+    cluster: np.ndarray
+    template: np.ndarray  # the data's template at each point (object array)
+    k: int
+    unit: str
+
+
+def annotate(store: Store, run: str, template: str, at: datetime, note: str | None = None) -> int:
+    """Record a rollout of `template` in `run` from `at` (UTC); returns the annotation's id."""
+    if not template:
+        raise SpecmonError("annotate: --template must name the template rolled out")
+    with store.transaction() as cur:
+        found = cur.execute("SELECT run_id FROM runs WHERE name = ?", [run]).fetchone()
+        if found is None:
+            names = [r[0] for r in cur.execute("SELECT name FROM runs WHERE NOT demo ORDER BY name").fetchall()]
+            raise SpecmonError(f"annotate: no run named {run!r} in {store.path}"
+                               + (f" (runs: {', '.join(map(repr, names))})" if names else " (it holds no runs)"))
+        created = datetime.now(timezone.utc).replace(tzinfo=None)
+        return cur.execute("INSERT INTO annotations (run_id, template, starts_at, note, created_at) "
+                           "VALUES (?, ?, ?, ?, ?) RETURNING annotation_id",
+                           [found[0], template, at, note, created]).fetchall()[0][0]
+
+
+def run_annotations(store: Store, run: str) -> list[Event]:
+    df = store.query_df(_ANNOTATIONS_SQL, [run])
+    return [Event(r.starts_at.to_pydatetime(), r.template, "annotation", r.note if isinstance(r.note, str) else None)
+            for r in df.itertuples(index=False)]
+
+
+def _window_stream(store: Store, run: str) -> Stream | None:
+    """Engine windows with per-position counts, as points: (accepted, checked) positions per window."""
+    df = engine_segments.windows(store, run)
+    if df.empty:
+        return None
+    df = df.sort_values("end_ts", kind="stable").reset_index(drop=True)
+    checks = [engine_segments.window_checks(w) for w in engine_segments.check_rows(df)]
+    keep = np.array([c is not None for c in checks])
+    if not keep.any():
+        return None
+    a, n = np.array([c for c in checks if c is not None]).T
+    df = df[keep]
+    ts = df["end_ts"].to_numpy(dtype="datetime64[us]").astype(np.int64)
+    return Stream(a, n, ts, np.arange(len(a)), df["template"].to_numpy(dtype=object),
+                   int(df["k"].max()) if df["k"].notna().any() else 1, "windows")
+
+
+def _events(stream: Stream, notes: list[Event]) -> list[Event]:
+    """Template changes in time order: each template's first point in the data, then the annotations."""
+    _, first = np.unique(stream.template, return_index=True)
+    seen = [Event(_when(stream.ts_us[i]), stream.template[i], "data") for i in sorted(first)][1:]
+    # a template first seen after an annotation that rolled it out is that rollout (the watcher files data stored
+    # after an annotation under its template): one event, the annotation's
+    seen = [e for e in seen if not any(n.template == e.template and n.ts <= e.ts for n in notes)]
+    return sorted(seen + notes, key=lambda e: e.ts)
+
+
+def _when(ts_us: int) -> datetime:
+    return pd.Timestamp(int(ts_us), unit="us").to_pydatetime()
+
+
+def _sums(stream: Stream, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    _, inverse = np.unique(stream.cluster[mask], return_inverse=True)
+    return (np.bincount(inverse, weights=stream.accepted[mask]), np.bincount(inverse, weights=stream.checked[mask]))
+
+
+def _changes(run: str, stream: Stream, events: list[Event], break_even: float | None) -> list[TemplateChange]:
+    """A data template change compares the previous template's points with the new one's (so templates served
+    side by side stay apart); an annotation compares the points between the previous change and it with those
+    between it and the next."""
+    out = []
+    times = [np.datetime64(e.ts, "us").astype(np.int64) for e in events]
+    for i, event in enumerate(events):
+        t = times[i]
+        prev_t = times[i - 1] if i else np.iinfo(np.int64).min
+        next_t = times[i + 1] if i + 1 < len(events) else np.iinfo(np.int64).max
+        previous = events[i - 1].template if i else _template_at(stream, int(t))
+        if event.source == "data":
+            earlier = stream.template[stream.ts_us < t]
+            previous = earlier[-1] if len(earlier) else previous
+            before, after = stream.template == previous, stream.template == event.template
+        else:
+            before = (stream.ts_us >= prev_t) & (stream.ts_us < t)
+            after = (stream.ts_us >= t) & (stream.ts_us < next_t)
+        if not before.any() or not after.any():
+            continue
+        comparison = detector.compare(*_sums(stream, before), *_sums(stream, after))
+        out.append(TemplateChange(run, event.template, previous, event.ts, comparison, break_even, event.source,
+                                  event.note))
+    return out
+
+
+def _template_at(stream: Stream, t: int) -> str:
+    earlier = stream.template[stream.ts_us < t]
+    return earlier[-1] if len(earlier) else stream.template[0]
+
+
+def _chart_frame(ts_us: np.ndarray, w: np.ndarray) -> pd.DataFrame:
+    return pd.DataFrame({"ts": pd.to_datetime(ts_us, unit="us"), "W": w})
+
+
+def _break_even(store: Store, run: str, c: float | None, k: int) -> float | None:
+    """The run's break-even alpha*: its step log's (or engine windows') where the summary knows k and c, else from
+    the c given and the stream's k."""
+    found = summary.step_cost(store, run, c)
+    if found is not None:
+        step_k, step_c = found
+        if step_c is None:
+            return None  # the step log's c is unknown, and so is its engine and replay rows' (given or declared)
+        be = finite(theory.break_even_alpha(step_k, step_c)) if step_k else None
+        if be is not None:
+            return be
+    rows = summary.summarize(store, by="run", c=c, run=run, per_position=False)
+    for row in rows:
+        if row["break_even_alpha"] is not None:
+            return row["break_even_alpha"]
+    if c is not None:
+        be = theory.break_even_alpha(k, c)
+        return None if np.isnan(be) else be
+    return None
+
+
+def analyse_run(store: Store, run: str, c: float | None = None,
+                arl0_steps: int = detector.DEFAULT_ARL0_STEPS) -> RunDrift:
+    """Calibrate the detector on the run's first points, run it, date each drop, and judge every template change
+    and annotation. Works on step logs, engine log windows and Prometheus samples alike. A step log's detector
+    advances a kept state by the steps stored since (specmon.drift.state), saved afterwards where the database is
+    free; on one connection."""
+    kept = _Kept()
+    with store.reading():
+        result = _analyse(store, run, c, arl0_steps, kept)
+    if kept.state is not None:
+        drift_state.remember(drift_state.identity(store), run, kept.state)
+    if kept.changed or kept.calibrations:
+        drift_state.save(store, run, kept.state if kept.changed else None, kept.calibrations)
+    return result
+
+
+@dataclass
+class _Kept:
+    """What an analysis leaves to keep: the detector's state, whether it moved, and new thresholds."""
+
+    state: State | None = None
+    changed: bool = False
+    calibrations: dict[str, float] = field(default_factory=dict)
+
+
+def _analyse(store: Store, run: str, c: float | None, arl0_steps: int, kept: _Kept) -> RunDrift:
+    notes = run_annotations(store, run)
+    steps = _step_drift(store, run, c, arl0_steps, notes, kept)
+    if steps is not None:
+        return steps
+    stream = _window_stream(store, run)
+    if stream is None:
+        return RunDrift(run, None, [], [], pd.DataFrame(columns=["ts", "W"]), note="the run has no step log and no "
+                        "engine windows with per-position counts, so per-token acceptance (what the detector "
+                        "watches) is unknown", annotations=notes)
+    with store.cursor() as cur:  # the reading block's connection
+        return whole_stream_drift(store, run, stream, c, arl0_steps, notes,
+                                  drift_state.stored_threshold(cur, kept.calibrations))
+
+
+def whole_stream_drift(store: Store, run: str, stream: Stream, c: float | None, arl0_steps: int,
+                       notes: list[Event], threshold: Callable[..., float] | None = None) -> RunDrift:
+    """The analysis of a stream held whole in memory: engine windows (few), and what a step log's kept state must
+    equal (tests/test_drift_state.py). threshold: as detector.design_for's."""
+    empty = pd.DataFrame(columns=["ts", "W"])
+    break_even = _break_even(store, run, c, stream.k)
+    events = _events(stream, notes)
+    changes = _changes(run, stream, events, break_even)
+    reference = detector.REFERENCE_STEPS if stream.unit == "steps" else detector.REFERENCE_WINDOWS
+    design = detector.design_for(stream.accepted, stream.checked, stream.cluster, stream.k, break_even, arl0_steps,
+                              reference, unit=stream.unit, threshold=threshold)
+    if design is None:
+        return RunDrift(run, None, [], changes, empty, stream.unit, "the reference window has no checked positions",
+                        notes)
+    # a step log's reference grows at the checkpoints; engine windows keep their first 30 (docs/drift.md)
+    grow = detector.redesigner(lambda c: (stream.accepted, stream.checked, stream.cluster), stream.k, break_even,
+                            arl0_steps, stream.unit, threshold) if stream.unit == "steps" else None
+    w, raw, designs = detector.detect(stream.accepted, stream.checked, design, reference, grow)
+    found = []
+    for a in raw:
+        lo, hi = _when(stream.ts_us[a.change_lo]), _when(stream.ts_us[a.change_hi])
+        # the change began after the point before the first likely one (for a window: during it)
+        after = _when(stream.ts_us[max(a.change_lo - 1, 0)])
+        near = tuple(e for e in events if after < e.ts <= hi)
+        # the template in force when the drop began: the last change (in the data or annotated) before it
+        in_force = [e for e in events if e.ts <= _when(stream.ts_us[a.change_index])]
+        template = in_force[-1].template if in_force else stream.template[a.change_index]
+        found.append(AlarmEvent(run, template, _when(stream.ts_us[a.change_index]), _when(stream.ts_us[a.alarm_index]),
+                                _when(stream.ts_us[a.last_alarm_index]), a.count,
+                                bool(len(w) - a.last_alarm_index <= detector.EPISODE_GAP), a.alpha_before,
+                                a.alpha_after, a.design, break_even, lo, hi, near))
+    return RunDrift(run, designs[-1][1], found, changes, _chart_frame(*drift_state.chart_points(stream.ts_us, w)),
+                    stream.unit, None, notes)
+
+
+def _step_drift(store: Store, run: str, c: float | None, arl0_steps: int, notes: list[Event],
+                kept: _Kept) -> RunDrift | None:
+    """The analysis of a run's step log from its kept state, None where the run has no steps."""
+    with store.cursor() as cur:
+        names = dict(cur.execute("SELECT segment_id, template FROM run_segments WHERE run = ? ORDER BY segment_id",
+                                 [run]).fetchall())
+        ids = list(names)
+        if not ids:
+            return None
+        total, k = cur.execute(f"SELECT sum(steps), max(k) FROM rollup_requests WHERE segment_id IN "
+                               f"({', '.join('?' * len(ids))})", ids).fetchall()[0]
+        if not total:
+            return None
+        break_even = _break_even(store, run, c, int(k))
+        where = drift_state.identity(store)
+        state = _current_state(cur, where, run, ids, int(total), int(k), break_even, arl0_steps, kept)
+        empty = pd.DataFrame(columns=["ts", "W"])
+        firsts = state.firsts if state is not None else _firsts(cur, ids)
+        events = _step_events(names, firsts, notes)
+        changes = _step_verdicts(cur, run, names, firsts, events, break_even, state, kept)
+    if state is None:
+        return RunDrift(run, None, [], changes, empty, "steps", "the reference window has no checked positions",
+                        notes)
+    design = state.design
+    found = []
+    for e in state.episodes:
+        change_ts, after, hi = _when(e.ts_us["change"]), _when(e.ts_us["after"]), _when(e.ts_us["hi"])
+        near = tuple(ev for ev in events if after < ev.ts <= hi)
+        in_force = [ev for ev in events if ev.ts <= change_ts]
+        template = in_force[-1].template if in_force else names[e.segment]
+        used = state.designs[e.design][1]
+        found.append(AlarmEvent(run, template, change_ts, _when(e.ts_us["alarm"]), _when(e.ts_us["last"]), e.count,
+                                bool(state.points - e.last <= detector.EPISODE_GAP), used.p0, e.alpha_after, used,
+                                break_even, _when(e.ts_us["lo"]), hi, near))
+    chart = _chart_frame(np.array([p[0] for p in state.chart], dtype=np.int64),
+                         np.array([p[1] for p in state.chart], dtype=float))
+    return RunDrift(run, design, found, changes, chart, "steps", None, notes)
+
+
+def _step_verdicts(cur, run: str, names: dict[int, str], firsts: list[list], events: list[Event],
+                   break_even: float | None, state: State | None, kept: _Kept) -> list[TemplateChange]:
+    """The template-change verdicts: kept in the state while its points, the events and the break-even are the
+    same (the page reruns after every write, a fresh `check` reads them back), else judged again and kept."""
+    key = [[e.ts.isoformat(), e.template, e.source, e.note] for e in events] + [break_even]
+    if state is not None and state.verdicts is not None and state.verdicts["key"] == key:
+        return [_change_from_json(c) for c in state.verdicts["changes"]]
+    changes = _step_changes(cur, run, names, firsts, events, break_even)
+    if state is not None:
+        state.verdicts = {"key": key, "changes": [_change_json(c) for c in changes]}
+        kept.changed = True
+    return changes
+
+
+def _change_json(ch: TemplateChange) -> dict:
+    return {**asdict(ch), "first_ts": ch.first_ts.isoformat()}
+
+
+def _change_from_json(d: dict) -> TemplateChange:
+    c = d["comparison"]
+    comparison = detector.Comparison(stats.Interval(**c["before"]), stats.Interval(**c["after"]), c["z"], c["verdict"],
+                                  c["critical"])
+    return TemplateChange(**{**d, "first_ts": datetime.fromisoformat(d["first_ts"]), "comparison": comparison})
+
+
+def _current_state(cur, path: tuple, run: str, ids: list[int], total: int, k: int, break_even: float | None,
+                   arl0_steps: int, kept: _Kept) -> State | None:
+    """The detector's state after every stored step: a kept one of this design advanced by the steps after its
+    last point, where it still describes the stream, else built from every step. None if the reference has no
+    checked positions."""
+    # a checkpoint's thresholds are stored like the first's
+    redesign = detector.redesigner(functools.partial(_head, cur, ids), k, break_even, arl0_steps, "steps",
+                                drift_state.stored_threshold(cur, kept.calibrations))
+    for state in drift_state.load_states(cur, path, run):
+        # every design in force (the reference's, then each checkpoint's) must watch for the p1 asked for now
+        designs = [d for _, d in state.designs]
+        if state.design_key != drift_state.design_key(detector.target_p1(designs[0].p0, break_even), arl0_steps) or any(
+                d.p1 != detector.target_p1(d.p0, break_even) for d in designs):
+            continue
+        if state.points != total:
+            # a state of fewer points than the reference would change its reference; steps that arrived before its
+            # last point make the count disagree: neither describes the stream any more
+            if state.points < detector.REFERENCE_STEPS or state.points + drift_state.count_after(
+                    cur, ids, state.last_key) != total:
+                continue
+            state = _advance_all(cur, ids, state, redesign)
+            kept.changed = True
+        if any(d.k != k for _, d in state.designs):
+            state = replace(state, designs=[[t, replace(d, k=k)] for t, d in state.designs])
+            kept.changed = True
+        kept.state = state
+        return state
+    first = drift_state.read_points(cur, ids, limit=drift_state.CHUNK_POINTS,
+                                    before_us=next(drift_state.chunk_ends(cur, ids, None, drift_state.CHUNK_POINTS)))
+    design = detector.design_for(first.accepted, first.checked, first.cluster, k, break_even, arl0_steps,
+                              detector.REFERENCE_STEPS, unit="steps",
+                              threshold=drift_state.stored_threshold(cur, kept.calibrations))
+    if design is None:
+        return None
+    fresh = State(drift_state.design_key(design.p1, arl0_steps),
+                  drift_state.reference_hash(first.take(0, detector.REFERENCE_STEPS)),
+                  designs=[[detector.REFERENCE_STEPS, design]])
+    kept.state = _advance_all(cur, ids, drift_state.advance(fresh, first, _never, _never, redesign), redesign)
+    kept.changed = True
+    return kept.state
+
+
+def _never(*_: object) -> NoReturn:
+    raise AssertionError("a state built from the first point has nothing taken in before")
+
+
+def _head(cur, ids: list[int], c: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The run's first c steps (a checkpoint's reference): accepted, checked and request of each."""
+    head = drift_state.read_points(cur, ids, limit=c, before_us=next(drift_state.chunk_ends(cur, ids, None, c)))
+    return head.accepted, head.checked, head.cluster
+
+
+def _advance_all(cur, ids: list[int], state: State, redesign: Callable[[int], detector.Design]) -> State:
+    """The state advanced by every stored step after its last point, read about CHUNK_POINTS at a time (memory
+    stays bounded however long the run)."""
+    limit = drift_state.CHUNK_POINTS
+    for before_us in drift_state.chunk_ends(cur, ids, state.last_key, limit):
+        while True:
+            new = drift_state.read_points(cur, ids, after=state.last_key, limit=limit, before_us=before_us)
+            state = drift_state.advance(state, new, functools.partial(_older, cur, ids, state.last_key),
+                                        functools.partial(drift_state.segment_before, cur, ids), redesign)
+            if len(new) < limit:
+                break
+    return state
+
+
+def _older(cur, ids: list[int], upto: tuple[int, int], since: int, key: tuple[int, int]) -> drift_state.Points:
+    """The points taken in already, from index `since` (at `key`) to the kept state's last one."""
+    return drift_state.read_points(cur, ids, start=key, upto=upto)
+
+
+def _firsts(cur, ids: list[int]) -> list[list]:
+    """Each segment's first step, in stream order (what a state keeps; for a run without a detector)."""
+    rows = cur.execute(f"SELECT segment_id, epoch_us(ts), step_id FROM (SELECT segment_id, ts, step_id, row_number() "
+                       f"OVER (PARTITION BY segment_id ORDER BY ts, step_id) AS i FROM steps WHERE segment_id IN "
+                       f"({', '.join('?' * len(ids))})) WHERE i = 1 ORDER BY 2, 3", ids).fetchall()
+    return [[seg, ts, step, drift_state.segment_before(cur, ids, ts)] for seg, ts, step in rows]
+
+
+def _step_events(names: dict[int, str], firsts: list[list], notes: list[Event]) -> list[Event]:
+    """Template changes in time order: each template's first step, then the annotations (as _events)."""
+    seen = [Event(_when(ts), names[seg], "data") for seg, ts, _, _ in firsts][1:]
+    seen = [e for e in seen if not any(n.template == e.template and n.ts <= e.ts for n in notes)]
+    return sorted(seen + notes, key=lambda e: e.ts)
+
+
+def _step_changes(cur, run: str, names: dict[int, str], firsts: list[list], events: list[Event],
+                  break_even: float | None) -> list[TemplateChange]:
+    """_changes for a step log, from the rollups' per-request sums (the cut hours of an annotation's stretch from
+    the steps) rather than the steps."""
+    out = []
+    ids = list(names)
+    by_name = {name: seg for seg, name in names.items()}
+    prior = {names[seg]: before for seg, _, _, before in firsts}
+    first_template = names[firsts[0][0]]
+    times = [int(np.datetime64(e.ts, "us").astype(np.int64)) for e in events]
+    for i, event in enumerate(events):
+        t = times[i]
+        if event.source == "data":
+            seg = prior.get(event.template)
+            previous = names[seg] if seg is not None else events[i - 1].template if i else first_template
+            if previous not in by_name:
+                continue
+            before = drift_state.request_sums(cur, [by_name[previous]])
+            after = drift_state.request_sums(cur, [by_name[event.template]])
+        else:
+            seg = None if i else drift_state.segment_before(cur, ids, t)
+            previous = events[i - 1].template if i else names[seg] if seg is not None else first_template
+            before = drift_state.request_sums(cur, ids, times[i - 1] if i else None, t)
+            after = drift_state.request_sums(cur, ids, t, times[i + 1] if i + 1 < len(events) else None)
+        if not len(before[0]) or not len(after[0]):
+            continue
+        out.append(TemplateChange(run, event.template, previous, event.ts, detector.compare(*before, *after),
+                                  break_even, event.source, event.note))
+    return out
+
+
+def analyse(store: Store, c: float | None = None, arl0_steps: int = detector.DEFAULT_ARL0_STEPS) -> list[RunDrift]:
+    return [analyse_run(store, run, c, arl0_steps) for run in summary.run_names(store)]
+
+
+def prometheus_alert_rule(k: int, c: float, window: str = "15m", for_: str = "30m",
+                          metric_prefix: str = "vllm") -> str:
+    """A Prometheus alerting rule that fires while mean acceptance length over `window` is below 1 + k*c.
+
+    This is the model-free break-even (docs/math.md): a step emits 1 + accepted/drafts tokens on average and costs
+    1 + k*c target steps, so accepted/drafts < k*c means speculation is slower than plain decoding.
+    """
+    threshold = float(theory.break_even_tokens(k, c)) - 1.0
+    alpha_star = theory.break_even_alpha(k, c)
+    p = metric_prefix
+    return f"""groups:
+  - name: specmon-speculative-decoding
+    rules:
+      - alert: SpeculativeDecodingBelowBreakEven
+        # Mean acceptance length 1 + accepted/drafts below the break-even 1 + k*c = {threshold + 1:.3f}
+        # (k = {k}, c = {c:g}; per-token break-even alpha* = {alpha_star:.3f} under the i.i.d. model).
+        expr: |
+          sum by (model_name) (rate({p}:spec_decode_num_accepted_tokens_total[{window}]))
+            / sum by (model_name) (rate({p}:spec_decode_num_drafts_total[{window}]))
+          < {threshold:.4f}
+        for: {for_}
+        labels:
+          severity: warning
+        annotations:
+          summary: "Speculative decoding on {{{{ $labels.model_name }}}} costs more than it saves"
+          description: "Accepted tokens per draft is {{{{ $value | printf \\"%.3f\\" }}}} over {window},
+            below the break-even {threshold:.3f} for k = {k}, c = {c:g}: turn speculation off or retune k."
+"""

@@ -1,0 +1,1 @@
+"""Following a running deployment (`specmon watch`): configuration, tailing, polls, notices and Prometheus."""

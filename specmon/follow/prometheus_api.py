@@ -1,0 +1,262 @@
+"""Prometheus: the speculative-decoding metrics, their samples, and the HTTP API (`specmon pull`); saved pages
+(the text exposition format) are read by specmon.ingest.formats.prometheus_text.
+
+specmon keeps the raw samples of the speculative-decoding counters (vLLM's, and llama.cpp's that mirror them)
+and takes differences between consecutive samples of the same series itself, so a saved page, a series of
+pages and a pull from a Prometheus server all go through one piece of code (specmon.analysis.engine_segments's
+counter_windows). A value below
+the previous one is a restart: the counter began again from zero, so the window counts the new value.
+SGLang's spec_accept_length and spec_accept_rate are gauges: kept as samples, never differenced or summed.
+"""
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import math
+import socket
+import threading
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from specmon.core import times
+from specmon.core.faults import SpecmonError
+from specmon.core.settings import PULL_REQUEST_TIMEOUT_S, PULL_TIMEOUT_S
+
+COUNTERS = ("spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total",
+            "spec_decode_num_accepted_tokens_total", "spec_decode_num_accepted_tokens_per_pos_total")
+GAUGES = ("sglang:spec_accept_length", "sglang:spec_accept_rate")
+PREFIXES = ("vllm:", "llamacpp:")
+
+
+@dataclass(frozen=True)
+class Sample:
+    metric: str
+    labels: dict
+    ts: datetime
+    value: float
+
+    @property
+    def series(self) -> str:
+        return json.dumps(self.labels, sort_keys=True)
+
+
+def wanted(metric: str) -> bool:
+    return metric in GAUGES or any(metric == p + c for p in PREFIXES for c in COUNTERS)
+
+
+# Bounds on what a Prometheus server can make `specmon pull` do: wait, and hold in memory.
+MAX_REPLY_BYTES = 256 << 20
+
+
+def _http_get(url: str, timeout_s: float, where: str) -> tuple[int, bytes]:
+    """GET url with an overall deadline: connecting, the headers and the whole body within timeout_s seconds.
+    Errors name `where` (the server and the query) rather than the whole URL.
+
+    A per-read timeout alone lets a server that trickles a byte at a time hold the caller forever, so a timer
+    shuts the socket down at the deadline, which ends any read in progress."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise SpecmonError(f"{where}: not an http:// or https:// URL")
+    try:
+        conn, target, headers = _connection(parts, timeout_s)
+    except ValueError as exc:  # a port that is not a number
+        raise SpecmonError(f"{where}: not a usable URL ({exc})") from None
+    expired = threading.Event()
+    sock: list[socket.socket] = []  # the connection's socket; http.client forgets it once a reply will close
+
+    def cut() -> None:
+        expired.set()
+        for s in sock:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    timer = threading.Timer(timeout_s, cut)
+    timer.daemon = True
+    timer.start()
+    try:
+        conn.connect()
+        sock.append(conn.sock)
+        if expired.is_set():  # the deadline passed while connecting, before there was a socket to cut
+            raise TimeoutError
+        conn.request("GET", target, headers=headers)
+        resp = conn.getresponse()
+        body = _read_at_most(resp, MAX_REPLY_BYTES + 1)
+        if resp.length and len(body) <= MAX_REPLY_BYTES:  # http.client counts down the bytes a Content-Length promised
+            raise http.client.IncompleteRead(body, resp.length)
+    except (OSError, http.client.HTTPException) as exc:
+        if expired.is_set():
+            raise SpecmonError(f"{where}: no complete answer within {timeout_s:g} s (--timeout)") from None
+        raise SpecmonError(f"{where}: Prometheus query failed ({exc or type(exc).__name__})") from None
+    finally:
+        timer.cancel()
+        conn.close()
+    if expired.is_set():  # cut short where the body has no length of its own, so it looked complete
+        raise SpecmonError(f"{where}: no complete answer within {timeout_s:g} s (--timeout)")
+    if len(body) > MAX_REPLY_BYTES:
+        raise SpecmonError(f"{where}: the answer is larger than {MAX_REPLY_BYTES:,} bytes; pull a shorter --since or "
+                           "a longer --step")
+    return resp.status, body
+
+
+def _connection(parts: urllib.parse.SplitResult, timeout_s: float) -> tuple[http.client.HTTPConnection, str, dict]:
+    """The connection, request target and headers for a GET of `parts`, through the proxy that the environment
+    names for its scheme (HTTP_PROXY / HTTPS_PROXY, unless NO_PROXY covers the host), as curl and pip do: plain
+    http is sent to the proxy with the absolute URL, https is tunnelled with CONNECT."""
+    path = urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, ""))
+    headers = {"Accept": "application/json"}
+    secure = parts.scheme == "https"
+    conn_class = http.client.HTTPSConnection if secure else http.client.HTTPConnection
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    if not proxy or urllib.request.proxy_bypass(parts.hostname or ""):
+        return conn_class(parts.hostname or "", parts.port, timeout=timeout_s), path, headers
+    via = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+    if not via.hostname:
+        raise ValueError(f"the proxy {proxy!r} the environment names has no host")
+    auth = {}
+    if via.username is not None:
+        token = f"{urllib.parse.unquote(via.username)}:{urllib.parse.unquote(via.password or '')}"
+        auth = {"Proxy-Authorization": "Basic " + base64.b64encode(token.encode()).decode()}
+    conn = conn_class(via.hostname, via.port or 80, timeout=timeout_s)
+    if secure:
+        conn.set_tunnel(parts.hostname or "", parts.port or 443, headers=auth)
+        return conn, path, headers
+    return conn, urllib.parse.urlunsplit(parts._replace(fragment="")), {**headers, **auth}
+
+
+def _read_at_most(resp: http.client.HTTPResponse, limit: int) -> bytes:
+    """The body, or its first `limit` bytes, read in pieces so that memory grows only with what arrives."""
+    chunks, size = [], 0
+    while size < limit and (chunk := resp.read1(min(1 << 20, limit - size))):
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def _shape_error(where: str, what: str) -> SpecmonError:
+    return SpecmonError(f"{where}: not a Prometheus query_range answer: {what}")
+
+
+def _server_error(where: str, status: int, body: bytes) -> SpecmonError:
+    """Prometheus' own words for a refused query (its JSON error, else the start of the body)."""
+    try:
+        reply = json.loads(body)
+    except ValueError:
+        reply = None
+    if isinstance(reply, dict) and reply.get("error"):
+        text = f"{reply.get('errorType') or 'error'}: {reply['error']}"
+    else:
+        text = body[:300].decode("utf-8", "replace").strip() or "(empty body)"
+    return SpecmonError(f"{where}: Prometheus answered HTTP {status}: {text}")
+
+
+def parse_query_range(body: bytes, where: str, metric: str) -> list[Sample]:
+    """The samples of a query_range answer, every part of its shape checked: a status of success, data with
+    resultType matrix, and per series a metric object of strings and values as [time, "number"] pairs. Counter
+    values must be finite and not negative. Anything else is a SpecmonError naming the part that is wrong."""
+    counter = metric not in GAUGES
+    samples = []
+    for i, series in enumerate(_matrix(body, where)):
+        at = f"data.result[{i}]"
+        labels, values = _series(series, where, at)
+        for j, pair in enumerate(values):
+            when, value = _sample(pair, where, f"{at}.values[{j}]", counter)
+            samples.append(Sample(metric, labels, when, value))
+    return samples
+
+
+def _matrix(body: bytes, where: str) -> list:
+    """data.result of a successful query_range answer whose resultType is matrix."""
+    try:
+        reply = json.loads(body)
+    except ValueError as exc:
+        raise _shape_error(where, f"not JSON ({exc})") from None
+    if not isinstance(reply, dict):
+        raise _shape_error(where, f"a JSON {type(reply).__name__}, expected an object")
+    if reply.get("status") != "success":
+        raise SpecmonError(f"{where}: Prometheus answered {reply.get('status')!r}: "
+                           f"{reply.get('errorType')}: {reply.get('error')}")
+    data = reply.get("data")
+    if not isinstance(data, dict):
+        raise _shape_error(where, "no 'data' object")
+    if data.get("resultType") != "matrix":
+        raise _shape_error(where, f"data.resultType is {data.get('resultType')!r}, expected 'matrix'")
+    result = data.get("result")
+    if not isinstance(result, list):
+        raise _shape_error(where, "data.result is not a list")
+    return result
+
+
+def _series(series: object, where: str, at: str) -> tuple[dict[str, str], list]:
+    """A series' labels (without __name__) and its values list."""
+    if not isinstance(series, dict):
+        raise _shape_error(where, f"{at} is not an object")
+    labels = series.get("metric", {})
+    if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+        raise _shape_error(where, f"{at}.metric is not an object of strings")
+    values = series.get("values")
+    if not isinstance(values, list):
+        raise _shape_error(where, f"{at} has no 'values' list")
+    return {k: v for k, v in labels.items() if k != "__name__"}, values
+
+
+def _sample(pair: object, where: str, here: str, counter: bool) -> tuple[datetime, float]:
+    """One [time, "number"] pair as a naive UTC time and a finite value (not negative for a counter)."""
+    if not (isinstance(pair, list) and len(pair) == 2):
+        raise _shape_error(where, f"{here} is not a [time, value] pair")
+    ts, text = pair
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
+        raise _shape_error(where, f"{here}: time {ts!r} is not a number")
+    try:
+        when = times.from_epoch(ts)
+    except (OverflowError, OSError, ValueError):
+        raise _shape_error(where, f"{here}: time {ts!r} is out of range") from None
+    try:
+        value = float(text) if isinstance(text, str) else None
+    except ValueError:
+        value = None
+    if value is None or not math.isfinite(value):
+        raise _shape_error(where, f"{here}: value {text!r} is not a finite number in a string")
+    if counter and value < 0:
+        raise _shape_error(where, f"{here}: counter value {text} is negative; a counter only counts up")
+    return when, value
+
+
+def query_range(url: str, metric: str, start: datetime, end: datetime, step_s: float,
+                timeout_s: float = PULL_REQUEST_TIMEOUT_S) -> list[Sample]:
+    """The raw samples of one metric from Prometheus' /api/v1/query_range, within timeout_s seconds overall."""
+    params = urllib.parse.urlencode({"query": metric, "start": start.replace(tzinfo=timezone.utc).timestamp(),
+                                     "end": end.replace(tzinfo=timezone.utc).timestamp(), "step": step_s})
+    full = f"{url.rstrip('/')}/api/v1/query_range?{params}"
+    where = f"{url} (query {metric})"
+    status, body = _http_get(full, timeout_s, where)
+    if status != 200:
+        raise _server_error(where, status, body)
+    return parse_query_range(body, where, metric)
+
+
+def pull(url: str, start: datetime, end: datetime, step_s: float, *,
+         timeout_s: float = PULL_REQUEST_TIMEOUT_S, total_timeout_s: float = PULL_TIMEOUT_S) -> list[Sample]:
+    """The raw speculative-decoding samples Prometheus holds between start and end, every step_s seconds.
+
+    Each request must finish within timeout_s and the whole pull (one request per metric) within
+    total_timeout_s; otherwise a SpecmonError says which limit was reached."""
+    give_up = time.monotonic() + total_timeout_s
+    samples = []
+    for metric in [p + c for p in PREFIXES for c in COUNTERS] + list(GAUGES):
+        left = give_up - time.monotonic()
+        if left <= 0:
+            raise SpecmonError(f"{url}: the pull did not finish within {total_timeout_s:g} s (--total-timeout)")
+        try:
+            samples += query_range(url, metric, start, end, step_s, min(timeout_s, left))
+        except SpecmonError:
+            if time.monotonic() >= give_up:
+                raise SpecmonError(f"{url}: the pull did not finish within {total_timeout_s:g} s "
+                                   "(--total-timeout)") from None
+            raise
+    return samples

@@ -1,0 +1,152 @@
+"""Saved Prometheus pages: the text exposition format of vLLM's and llama.cpp's /metrics (plain or gzip).
+
+Only the speculative-decoding counters (and SGLang's two gauges) are kept, as raw samples; windows are made later
+from the differences between consecutive samples of a series (specmon.analysis.engine_segments.counter_windows). A counter is a
+finite count >= 0; a sample's own timestamp must fall within the years 1 to 9999.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+from datetime import datetime, timedelta
+
+import duckdb
+import pyarrow as pa
+
+from specmon.core import times
+from specmon.core.faults import Fault, RowFault
+from specmon.core.limits import MAX_ENGINE_LINE_BYTES
+from specmon.follow.prometheus_api import COUNTERS, GAUGES, PREFIXES, Sample, wanted
+from specmon.ingest.formats import textio
+from specmon.ingest.formats.base import Job, Rejected
+from specmon.store.database import Store
+from specmon.store.rows import get_or_create_segment
+
+FORMATS = ("prometheus",)
+SOURCE = "engine"
+SNIFF_ORDER = 30
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+(-?\d+))?\s*$")
+_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"\s*(?:,|$)')
+
+
+def _labels(text: str | None) -> dict | None:
+    if not text:
+        return {}
+    out, pos = {}, 0
+    while pos < len(text):
+        m = _LABEL.match(text, pos)
+        if not m:
+            return None
+        out[m.group(1)] = m.group(2).replace('\\"', '"').replace("\\\\", "\\")
+        pos = m.end()
+    return out
+
+
+# Sample timestamps (milliseconds) that fall within the years 1 to 9999.
+_MIN_MS, _MAX_MS = -62135596800000, 253402300799999
+
+
+def _sample(line: str, scrape_ts: datetime) -> Sample | None:
+    """One wanted sample of a line, None for other metrics; raises RowFault naming the metric."""
+    m = _SAMPLE.match(line.strip())
+    metric = m.group(1) if m else line.split("{")[0].split()[0]
+    if not wanted(metric):
+        return None
+    labels = _labels(m.group(2)) if m else None
+    if m is None or labels is None:
+        raise RowFault(metric, "a speculative-decoding sample that does not parse")
+    try:
+        value = float(m.group(3))
+    except ValueError:
+        raise RowFault(metric, f"value {m.group(3)[:40]!r} is not a number") from None
+    if not math.isfinite(value) or (metric not in GAUGES and value < 0):
+        raise RowFault(metric, f"value {value:g}: a counter is a finite count >= 0")
+    if m.group(4) is None:
+        return Sample(metric, labels, scrape_ts, value)
+    ms = int(m.group(4)) if len(m.group(4)) <= 16 else _MAX_MS + 1
+    if not _MIN_MS <= ms <= _MAX_MS:
+        raise RowFault(metric, f"timestamp {m.group(4)[:24]} ms is outside the years 1 to 9999")
+    return Sample(metric, labels, datetime(1970, 1, 1) + timedelta(milliseconds=ms), value)
+
+
+def parse_exposition(path: str, name: str, scrape_ts: datetime) -> tuple[list[Sample], list[Fault]]:
+    """The speculative-decoding samples of a text exposition (plain or gzip). Samples without their own timestamp
+    get scrape_ts (the file's modification time, for a saved page); with timestamps, one file can hold a series."""
+    samples, faults = [], []
+    try:
+        for no, raw, too_long in textio.lines(path, MAX_ENGINE_LINE_BYTES):
+            line = raw.decode("utf-8", "replace")
+            if not line.strip() or line.startswith("#"):
+                continue
+            if too_long:
+                if any(line.startswith(p) for p in PREFIXES + ("sglang:",)):
+                    faults.append(Fault(name, no, "", f"line longer than {MAX_ENGINE_LINE_BYTES} bytes"))
+                continue
+            try:
+                sample = _sample(line, scrape_ts)
+            except RowFault as exc:
+                faults.append(Fault(name, no, exc.field, exc.reason))
+                continue
+            if sample is not None:
+                samples.append(sample)
+    except textio.Unreadable as exc:
+        return [], [Fault(name, 0, "", str(exc))]
+    return samples, faults
+
+
+def sniff(head: bytes) -> str | None:
+    text = head.decode("utf-8", "replace")
+    found = any(f"{p}{c}" in text for p in PREFIXES for c in COUNTERS) or any(g in text for g in GAUGES)
+    return FORMATS[0] if found else None
+
+
+def write_samples(cur: duckdb.DuckDBPyConnection, samples: list[Sample], ingest_id: int, segment_id: int) -> int:
+    """Insert Prometheus samples, skipping any (series, time) already stored: overlapping pulls add nothing twice."""
+    df = pa.Table.from_pylist([{"metric": s.metric, "series": s.series, "labels": s.series, "ts": s.ts,
+                                "value": s.value} for s in samples],
+                              schema=pa.schema([("metric", pa.string()), ("series", pa.string()),
+                                                ("labels", pa.string()), ("ts", pa.timestamp("us")),
+                                                ("value", pa.float64())]))
+    cur.register("new_samples", df)
+    before = cur.execute("SELECT count(*) FROM counter_samples").fetchall()[0][0]
+    cur.execute(
+        "INSERT INTO counter_samples SELECT ?, ?, n.metric, n.series, n.labels::JSON, n.ts, n.value "
+        "FROM new_samples n WHERE NOT EXISTS (SELECT 1 FROM counter_samples c WHERE c.segment_id = ? "
+        "AND c.metric = n.metric AND c.series = n.series AND c.ts = n.ts)", [ingest_id, segment_id, segment_id])
+    cur.unregister("new_samples")
+    return cur.execute("SELECT count(*) FROM counter_samples").fetchall()[0][0] - before
+
+
+class Reader:
+    """A page is read whole before the transaction; a page without sample timestamps is one scrape at the file's
+    modification time."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.samples: list[Sample] = []
+
+    def prepare(self, store: Store) -> None:
+        job = self.job
+        mtime = times.from_epoch(os.path.getmtime(job.path))
+        samples, faults = parse_exposition(job.path, job.name, mtime)
+        if not samples and not faults:
+            raise Rejected([Fault(job.name, 0, "", "no vllm:/llamacpp: spec_decode counters or sglang:spec_ gauges "
+                                                   "in this page")])
+        for fault in faults:
+            job.fault(fault)
+        job.check()
+        self.samples = samples
+        job.notes.append(f"{len(samples)} samples; windows are the differences between consecutive samples of a "
+                         "series (a page without sample timestamps counts as one scrape at "
+                         f"{mtime:%Y-%m-%d %H:%M:%S} UTC, the file's modification time)")
+
+    def attach(self) -> dict | None:
+        return None
+
+    def publish(self, cur: duckdb.DuckDBPyConnection, run_id: int, ingest_id: int) -> None:
+        write_samples(cur, self.samples, ingest_id, get_or_create_segment(cur, run_id, self.job.default_template))
+        self.job.rows_read = self.job.steps = len(self.samples)
+
+    def close(self) -> None:
+        """Nothing to release."""

@@ -1,0 +1,275 @@
+"""Ingest a file into the store: detect its format, deduplicate, publish it in one transaction, report.
+
+Reading is the format's (specmon.ingest.formats: one module per format). A file is all-or-nothing: on any fault nothing
+of it is stored, unless skip_bad is set, in which case the good rows are stored and the rejected ones are written,
+with their reasons, to a report file. A file whose bytes were ingested before (same sha256) is a no-op; an empty
+file is nothing to ingest (no run, no ingest recorded). Readers read and validate before the transaction where
+they can (JSON Lines stage into a file of their own), so the database is locked only to publish.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO
+
+import duckdb
+
+from specmon.core.faults import Fault, SpecmonError
+from specmon.ingest import formats, steplog
+from specmon.ingest.formats.base import MAX_FAULTS_KEPT, Job, Progress, Rejected, RejectReport
+from specmon.ingest.formats.engine_window import store_windows  # noqa: F401  (the watcher stores windows through ingest)
+from specmon.ingest.formats.prometheus_text import write_samples
+from specmon.store.database import Store
+from specmon.store.locks import pid_alive
+from specmon.store.rollups import refresh_rollups
+from specmon.store.rows import add_ingest, get_or_create_run, get_or_create_segment
+
+FORMATS = formats.names()
+
+
+@dataclass
+class IngestResult:
+    file: str
+    status: str  # "stored", "already ingested", "rejected" or "nothing to ingest" (an empty file)
+    source_format: str
+    run: str = ""
+    rows_read: int = 0
+    steps: int = 0
+    positions: int = 0
+    rejected: int = 0
+    fault_count: int = 0
+    faults: list[Fault] = field(default_factory=list)  # the first MAX_FAULTS_KEPT
+    notes: list[str] = field(default_factory=list)
+    report_path: str | None = None
+
+    def as_dict(self) -> dict:
+        d = {k: v for k, v in self.__dict__.items() if k != "faults"}
+        d["faults"] = [f.as_dict() for f in self.faults]
+        return d
+
+
+def detect_format(path: str) -> str:
+    """The file's format from its first bytes (see specmon.ingest.formats.detect); raises formats.Empty or
+    formats.Unrecognised."""
+    return formats.detect(path)
+
+
+def file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+InTransaction = Callable[[duckdb.DuckDBPyConnection, "IngestResult"], None]
+Stage = Callable[[str], None]  # told what an ingest is doing once its reading is done
+
+
+def ingest_file(
+    store: Store,
+    path: str,
+    *,
+    name: str | None = None,
+    run: str | None = None,
+    template: str | None = None,
+    skip_bad: bool = False,
+    report_path: str | None = None,
+    fmt: str | None = None,
+    sum_tol: float = steplog.DEFAULT_SUM_TOLERANCE,
+    progress: Progress | None = None,
+    stage: Stage | None = None,
+    demo: bool = False,
+    run_meta: str | None = None,
+    dedupe_key: str | None = None,
+    first_line: int = 1,
+    in_transaction: InTransaction | None = None,
+) -> IngestResult:
+    """Ingest one file; it becomes visible in one transaction or not at all. `name` names it in messages.
+
+    For a watched source, which ingests a followed file piece by piece: `dedupe_key` replaces the content hash as
+    what makes an ingest a no-op when repeated, `first_line` numbers the piece's lines as in the whole file, and
+    `in_transaction(cur, result)` runs inside the publishing transaction (to commit the read position with the
+    data it covers); it is not called when the file is rejected or was already ingested.
+
+    progress(done, total) follows the reading in bytes; stage(what) names each step after it ("storing", "rollups",
+    "committing"), which can take a while for a large file once every byte has been read."""
+    name = name or path
+    _check_readable(path, name)
+    result = IngestResult(file=name, status="stored", source_format=fmt or "", run=run or Path(name).stem or "default")
+    if fmt is None:
+        try:
+            fmt = detect_format(path)
+        except formats.Empty:
+            result.status = "nothing to ingest"
+            result.notes.append("the file is empty: nothing to ingest")
+            return result
+        except formats.Unrecognised as exc:
+            return _rejected(result, [Fault(name, 0, "", exc.args[0])])
+    if fmt not in formats.names():
+        raise SpecmonError(f"{name}: unknown format {fmt!r} (known: {', '.join(formats.names())})")
+    result.source_format = fmt
+    sha = dedupe_key or file_sha256(path)
+    job = Job(path=path, name=name, fmt=fmt, ingest_time=utc_now(), default_template=template or "",
+              skip_bad=skip_bad, sum_tol=sum_tol, first_line=first_line, progress=progress,
+              report=RejectReport(report_path or f"{Path(name).name}.rejected.jsonl"))
+    reader = formats.module(fmt).Reader(job)
+    try:
+        # Checked here only to spare a reader's work before the transaction, which checks again: a reader without
+        # any is spared a connection (opening one costs about a tenth of a million-row file's ingest).
+        if getattr(reader, "prepares", True) and store.query("SELECT 1 FROM ingests WHERE sha256 = ?", [sha]):
+            return _already(result)
+        reader.prepare(store)
+        return _publish(store, reader, job, result, sha, demo=demo, run_meta=run_meta, in_transaction=in_transaction,
+                        stage=stage or _no_stage)
+    except Rejected as rej:
+        _fill(result, job)
+        return _rejected(result, rej.args[0])
+    finally:
+        job.report.close()
+        reader.close()
+
+
+def _check_readable(path: str, name: str) -> None:
+    """Refuse, with a message naming the file, a path that is not a readable file."""
+    if os.path.isdir(path):
+        raise SpecmonError(f"{name}: is a directory; give the files in it (e.g. {name.rstrip('/')}/*.jsonl)")
+    if not os.path.isfile(path):
+        raise SpecmonError(f"{name}: no such file")
+    if not os.access(path, os.R_OK):
+        raise SpecmonError(f"{name}: cannot be read (permission denied)")
+
+
+def _no_stage(what: str) -> None:
+    """The stage callback of an ingest nobody watches."""
+
+
+def _publish(store: Store, reader, job: Job, result: IngestResult, sha: str, *, demo: bool, run_meta: str | None,
+             in_transaction: InTransaction | None, stage: Stage) -> IngestResult:
+    """The one transaction that makes a read file visible: its run, its ingest record, its rows, their rollups,
+    and whatever the caller commits with them. Raises Rejected (nothing is stored) when the reader finds a fault."""
+    module = formats.module(job.fmt)
+    with store.transaction(attach=reader.attach()) as cur:
+        if cur.execute("SELECT 1 FROM ingests WHERE sha256 = ?", [sha]).fetchall():
+            return _already(result)  # another process stored the same file meanwhile
+        source = "live" if run_meta else module.SOURCE
+        run_id = get_or_create_run(cur, result.run, source, demo, run_meta)
+        ingest_id = add_ingest(cur, file_name=Path(job.name).name, sha256=sha, ingested_at=job.ingest_time,
+                               source_format=job.fmt, run_id=run_id)
+        stage("storing")
+        reader.publish(cur, run_id, ingest_id)
+        stage("rollups")
+        refresh_rollups(cur, ingest_id)
+        _record_counts(cur, result, job, ingest_id, module.SOURCE)
+        if in_transaction:
+            in_transaction(cur, result)
+        stage("committing")
+    return result
+
+
+def _record_counts(cur: duckdb.DuckDBPyConnection, result: IngestResult, job: Job, ingest_id: int,
+                   source: str) -> None:
+    """Copy the reader's counts and notes into the result and onto the ingest's row."""
+    _fill(result, job)
+    if job.no_time:
+        what = "steps had no ts" if source == "steplog" else "windows had no time of their own"
+        result.notes.append(f"{job.no_time} {what}; the ingest time {job.ingest_time:%Y-%m-%d %H:%M:%S} UTC "
+                            "was used")
+    cur.execute(
+        "UPDATE ingests SET rows_read = ?, steps = ?, positions = ?, rejected = ?, notes = ? WHERE ingest_id = ?",
+        [result.rows_read, result.steps, result.positions, result.rejected, "; ".join(result.notes) or None,
+         ingest_id],
+    )
+
+
+def _fill(result: IngestResult, job: Job) -> None:
+    """Copy what the reader counted into the result."""
+    result.rows_read, result.steps, result.positions = job.rows_read, job.steps, job.positions
+    result.fault_count, result.faults, result.notes = job.fault_count, job.faults, job.notes
+    result.rejected = job.report.count
+    result.report_path = job.report.path if job.report.count else None
+
+
+def _rejected(result: IngestResult, faults: list[Fault]) -> IngestResult:
+    result.status = "rejected"
+    result.fault_count = max(result.fault_count, len(faults))
+    result.faults = faults[:MAX_FAULTS_KEPT]
+    result.steps = result.positions = result.rejected = 0
+    result.report_path = None
+    return result
+
+
+def _already(result: IngestResult) -> IngestResult:
+    result.status = "already ingested"
+    result.notes.append("this exact file content was ingested before; nothing changed")
+    return result
+
+
+SPOOL_PREFIX = "specmon-spool-"
+
+
+def sweep_spools() -> None:
+    """Remove the spooled copies that processes killed outright (SIGKILL, power loss) left behind; each carries
+    its process id in its name, and only those of processes no longer running are removed."""
+    for entry in os.scandir(tempfile.gettempdir()):
+        pid = entry.name[len(SPOOL_PREFIX):].split("-", 1)[0]
+        if entry.name.startswith(SPOOL_PREFIX) and pid.isdigit() and not pid_alive(int(pid)):
+            try:
+                os.unlink(entry.path)
+            except OSError:  # another process swept it first, or it is not ours to remove
+                pass
+
+
+def ingest_stream(store: Store, stream: IO[bytes], name: str, **options) -> IngestResult:
+    """Ingest an upload or standard input: spooled to a temporary file (hashing and DuckDB's readers need one),
+    ingested by ingest_file under `name`, then removed, whatever ends the ingest (an exception, or a signal the
+    caller turns into one, as the CLI does with SIGTERM). Copies left by killed processes are swept first."""
+    sweep_spools()
+    fd, spooled = tempfile.mkstemp(prefix=f"{SPOOL_PREFIX}{os.getpid()}-")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            shutil.copyfileobj(stream, out)
+        return ingest_file(store, spooled, name=name, **options)
+    finally:
+        os.unlink(spooled)
+
+
+def ingest_history(store: Store):
+    """Past ingests, newest first, as a DataFrame (the ingests table is their rollup: one row each)."""
+    return store.query_df(
+        "SELECT i.ingested_at, i.file_name, r.name AS run, r.demo, i.source_format, i.rows_read, i.steps, "
+        "i.positions, i.rejected, i.notes, i.sha256 FROM ingests i JOIN runs r USING (run_id) "
+        "ORDER BY i.ingested_at DESC, i.ingest_id DESC"
+    )
+
+
+def ingest_samples(store: Store, samples: list, name: str, run: str, template: str | None = None,
+                   in_transaction: InTransaction | None = None) -> IngestResult:
+    """Store samples pulled from a Prometheus server as one ingest; samples already stored are skipped, and a
+    pull that brings nothing new is reported as already ingested. in_transaction: as for ingest_file."""
+    result = IngestResult(file=name, status="stored", source_format="prometheus-api", run=run)
+    digest = hashlib.sha256(b"".join(f"{s.metric}{s.series}{s.ts.isoformat()}{s.value!r}\n".encode()
+                                     for s in samples)).hexdigest()
+    with store.transaction() as cur:
+        if cur.execute("SELECT 1 FROM ingests WHERE sha256 = ?", [digest]).fetchall():
+            return _already(result)
+        run_id = get_or_create_run(cur, run, "engine", False, None)
+        ingest_id = add_ingest(cur, file_name=name, sha256=digest, ingested_at=utc_now(),
+                               source_format="prometheus-api", run_id=run_id, rows_read=len(samples))
+        new = write_samples(cur, samples, ingest_id, get_or_create_segment(cur, run_id, template or ""))
+        cur.execute("UPDATE ingests SET steps = ? WHERE ingest_id = ?", [new, ingest_id])
+        result.rows_read, result.steps = len(samples), new
+        result.notes.append(f"{new} new samples of {len(samples)} pulled")
+        if in_transaction:
+            in_transaction(cur, result)
+    return result

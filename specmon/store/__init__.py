@@ -1,0 +1,1 @@
+"""The DuckDB store: one Store owns the database's connections; its schema and migrations, rollups and locks."""

@@ -1,0 +1,289 @@
+"""The DuckDB store: the one object that owns a database file's connections, and its transactions.
+
+No process holds the database file longer than one operation. DuckDB lets one process write a file, or several
+read it, at a time; a dashboard that kept its connection open would lock every other specmon process out. So each
+read opens a read-only connection, runs, and closes it; each write opens a read-write connection for one
+transaction and closes it. An operation that finds the file locked by another process waits, a bounded and
+configurable time (`SPECMON_LOCK_TIMEOUT`, default 60 s), saying once that it is waiting. Inside one process a
+readers-writer lock keeps read-only and read-write connections from overlapping (DuckDB refuses mixed
+configurations in one process). Long work (staging a large step log) happens in a separate staging file, so the
+main file is locked only for the short transaction that publishes it.
+Every query is parameterised: nothing from user input is pasted into SQL.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import duckdb
+
+from specmon.core import settings
+from specmon.core.faults import SpecmonError
+from specmon.core.settings import DB_ENV, DEFAULT_DB, DEFAULT_LOCK_TIMEOUT_S, LOCK_TIMEOUT_ENV
+from specmon.store.locks import is_lock_conflict, pid_alive, process_lock
+from specmon.store.schema import SCHEMA_VERSION, STAGING_DDL, migrate, schema_version
+
+
+def default_db_path() -> str:
+    """`SPECMON_DB` if set, else specmon.duckdb in the current directory."""
+    return os.environ.get(DB_ENV) or DEFAULT_DB
+
+
+def connect(path: str, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    """Open a DuckDB file with specmon's session settings (UTC timestamps, a memory cap). Raises DuckDB's
+    IOException when another process holds a conflicting lock (Store waits and retries)."""
+    if path != ":memory:" and not read_only:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    conn = duckdb.connect(path, read_only=read_only)
+    conn.execute("SET TimeZone = 'UTC'")
+    conn.execute("SET memory_limit = ?", [os.environ.get(settings.MEMORY_LIMIT_ENV) or settings.MEMORY_LIMIT])
+    # DuckDB draws a progress bar on stdout for queries over two seconds, into `--json` output and pipes
+    conn.execute("SET enable_progress_bar = false")
+    return conn
+
+
+@contextmanager
+def query_progress(conn: duckdb.DuckDBPyConnection, progress: Callable[[int, int], None] | None, total: int,
+                   every_s: float = 0.5) -> Iterator[None]:
+    """While the block runs its queries on `conn`, report DuckDB's own estimate of how far the running query has
+    got, as a share of `total` (progress(done, total), from a polling thread, never moving backwards), so that a
+    load done by one long query still shows progress. The estimate is DuckDB's: for a file scan, the share of the
+    file read."""
+    if progress is None:
+        yield
+        return
+    conn.execute("SET enable_progress_bar = true")  # DuckDB tracks progress only with its bar on;
+    conn.execute("SET enable_progress_bar_print = false")  # the bar itself is never drawn (see connect)
+    stop = threading.Event()
+
+    def poll() -> None:
+        best = 0
+        while not stop.wait(every_s):
+            share = conn.query_progress()  # percent; -1 while no query runs or it cannot tell
+            done = int(total * min(share, 100.0) / 100) if share > 0 else 0
+            if done > best:
+                best = done
+                progress(best, total)
+
+    poller = threading.Thread(target=poll, name="specmon-query-progress", daemon=True)
+    poller.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        poller.join()
+        conn.execute("SET enable_progress_bar = false")
+
+
+
+def _say_waiting(message: str) -> None:
+    print(f"specmon: {message}", file=sys.stderr, flush=True)
+
+
+class Store:
+    """A specmon database file. Holds no connection between operations: reads and writes each open one.
+
+    lock_timeout: how long an operation waits for another process's lock (default $SPECMON_LOCK_TIMEOUT or 60 s);
+    on_wait: told once per operation that it is waiting (default: one line on stderr).
+    """
+
+    def __init__(self, path: str | None = None, *, lock_timeout: float | None = None,
+                 on_wait: Callable[[str], None] | None = None):
+        self.path = path or default_db_path()
+        if lock_timeout is None:
+            lock_timeout = float(os.environ.get(LOCK_TIMEOUT_ENV) or DEFAULT_LOCK_TIMEOUT_S)
+        self.lock_timeout = lock_timeout
+        self.on_wait = on_wait or _say_waiting
+        self._lock = process_lock(self.path)
+        self._memory = duckdb.connect(":memory:") if self.path == ":memory:" else None
+        self._writes = 0
+        self._local = threading.local()
+        if os.path.isdir(self.path):
+            raise SpecmonError(f"{self.path}: is a directory, not a database file")
+        if self._memory is not None or not self._schema_is_current():
+            with self._connection(read_only=False) as conn:
+                migrate(conn, self.path)
+        self._sweep_staging()
+
+    def _schema_is_current(self) -> bool:
+        """Whether the file exists at this specmon's schema, read on a read-only connection: opening the file
+        for writing only to find nothing to migrate would cost every command a write lock and a connection."""
+        if not os.path.exists(self.path) or os.path.getsize(self.path) == 0:
+            return False
+        with self._connection(read_only=True) as conn:
+            return schema_version(conn) == SCHEMA_VERSION
+
+    # -- connections ---------------------------------------------------------------------------------------
+    def _open(self, read_only: bool, timeout: float | None = None) -> duckdb.DuckDBPyConnection:
+        """Connect, waiting while another process holds a conflicting lock (timeout: this long and silently, for
+        a write that may be skipped; default lock_timeout, saying so)."""
+        if self._memory is not None:
+            return self._memory.cursor()
+        read_only = read_only and os.path.exists(self.path)
+        deadline = time.monotonic() + (self.lock_timeout if timeout is None else timeout)
+        delay, told = 0.01, False
+        while True:
+            try:
+                return connect(self.path, read_only=read_only)
+            except duckdb.IOException as exc:
+                if not is_lock_conflict(exc):
+                    raise SpecmonError(f"{self.path}: cannot open the database ({exc})") from None
+                if time.monotonic() >= deadline:
+                    raise SpecmonError(
+                        f"{self.path}: still locked by another process after {self.lock_timeout:g} s "
+                        f"({str(exc).splitlines()[0]}); raise {LOCK_TIMEOUT_ENV} or --lock-timeout to wait longer"
+                    ) from None
+                if not told and timeout is None:
+                    self.on_wait(f"waiting for the database {self.path} (another process is writing it; "
+                                 f"up to {self.lock_timeout:g} s)")
+                    told = True
+                time.sleep(delay)
+                delay = min(delay * 2, 0.2)
+            except duckdb.Error as exc:
+                raise SpecmonError(f"{self.path}: cannot open the database ({str(exc).splitlines()[0]})") from None
+
+    @contextmanager
+    def _connection(self, read_only: bool, timeout: float | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
+        with (self._lock.read() if read_only else self._lock.write(timeout)):
+            conn = self._open(read_only, timeout)
+            try:
+                yield conn
+            finally:
+                conn.close()
+
+    @property
+    def generation(self) -> tuple:
+        """Changes after every committed write, by any process: a cache key for query results (the file's and
+        its write-ahead log's modification times and sizes, and this process's write count)."""
+        stamp: list[int] = [self._writes]
+        for p in (self.path, self.path + ".wal"):
+            try:
+                st = os.stat(p)
+                stamp += [st.st_mtime_ns, st.st_size]
+            except OSError:
+                stamp += [0, 0]
+        return tuple(stamp)
+
+    @contextmanager
+    def _shared(self, read_only: bool, timeout: float | None = None) -> Iterator[None]:
+        """Operations inside the block, on this thread, share one connection (opening one costs tens of
+        milliseconds, and a page, an analysis or a watcher's poll makes a dozen). A read-write block may read; a
+        read-only block may not write."""
+        held = getattr(self._local, "conn", None)
+        if held is not None:
+            if not read_only and self._local.read_only:
+                raise RuntimeError("a write inside Store.reading(): end the reading block first")
+            yield
+            return
+        with self._connection(read_only, timeout) as conn:
+            self._local.conn, self._local.read_only = conn, read_only
+            try:
+                yield
+            finally:
+                self._local.conn = None
+
+    def reading(self):
+        """A block of reads on one read-only connection (the file is shared with other readers meanwhile)."""
+        return self._shared(read_only=True)
+
+    def writing(self):
+        """A block of reads and transactions on one read-write connection: the file is this process's until
+        the block ends, so keep it short (a watcher's poll)."""
+        return self._shared(read_only=False)
+
+    @contextmanager
+    def cursor(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A connection for a few read queries; closed (and the file released) on leaving the block, unless it
+        is the one of an enclosing `reading()` or `writing()` block."""
+        shared = getattr(self._local, "conn", None)
+        if shared is not None:
+            yield shared
+            return
+        with self._connection(read_only=True) as conn:
+            yield conn
+
+    def query_df(self, sql: str, params: list | None = None):
+        """Run one read query and return a pandas DataFrame."""
+        with self.cursor() as cur:
+            return cur.execute(sql, params or []).df()
+
+    def query(self, sql: str, params: list | None = None) -> list[tuple]:
+        with self.cursor() as cur:
+            return cur.execute(sql, params or []).fetchall()
+
+    @contextmanager
+    def transaction(self, attach: dict[str, str] | None = None,
+                    timeout: float | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A write transaction: everything inside commits together or not at all. `attach` maps an alias to a
+        DuckDB file opened read-only beside the database for the transaction (a load's staging file). timeout:
+        give up (SpecmonError) after this many seconds without saying so, for a write that may be skipped (a cache);
+        default: wait lock_timeout, saying so."""
+        with self._shared(read_only=False, timeout=timeout):
+            cur = self._local.conn
+            for alias, path in (attach or {}).items():
+                cur.execute(f"ATTACH ? AS {alias} (READ_ONLY)", [path])
+            try:
+                cur.execute("BEGIN TRANSACTION")
+                try:
+                    yield cur
+                    cur.execute("COMMIT")
+                    self._writes += 1
+                except BaseException:
+                    cur.execute("ROLLBACK")
+                    raise
+            finally:
+                for alias in attach or {}:
+                    cur.execute(f"DETACH {alias}")
+
+    # -- staging files -------------------------------------------------------------------------------------
+    def _staging_pattern(self, pid: int | str) -> str:
+        return f"{self.path}.stage-{pid}-*.duckdb"
+
+    @contextmanager
+    def staging(self) -> Iterator[tuple[str, duckdb.DuckDBPyConnection]]:
+        """A fresh staging file of this process with the staging tables, as (path, connection). The connection
+        closes when the block ends; the file stays until `discard_staging` (publish it with transaction(attach=))."""
+        base = self.path if self._memory is None else os.path.join(os.environ.get("TMPDIR", "/tmp"), "specmon")
+        path = f"{base}.stage-{os.getpid()}-{uuid.uuid4().hex}.duckdb"
+        conn = connect(path)
+        try:
+            conn.execute(STAGING_DDL)
+            yield path, conn
+        finally:
+            conn.close()
+
+    @staticmethod
+    def discard_staging(path: str) -> None:
+        for p in (path, path + ".wal"):
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
+
+    def _sweep_staging(self) -> None:
+        """Remove staging files left by loads whose process died (kill -9): they were never published."""
+        for p in glob.glob(self._staging_pattern("*")):
+            pid = p[len(self.path) + len(".stage-"):].split("-", 1)[0]
+            if pid.isdigit() and not pid_alive(int(pid)):
+                self.discard_staging(p)
+
+    def close(self) -> None:
+        """Nothing is held between operations; kept so `with Store(...)` reads naturally."""
+        if self._memory is not None:
+            self._memory.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def is_empty(self) -> bool:
+        return not self.query("SELECT count(*) FROM runs")[0][0]

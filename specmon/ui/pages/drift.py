@@ -1,0 +1,136 @@
+"""Drift: acceptance per template over time against its break-even line, with each bucket's status."""
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from specmon.core.settings import BUCKETS
+from specmon.drift import detector
+from specmon.ui import data
+from specmon.ui.widgets import EMPTY, STATUS_BADGE, STATUS_COLOURS, demo_banner, guarded, md_text
+
+
+def buckets_frame(rows: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame([{
+        "bucket": r["bucket_start"], "template": r["template"] or "(no template)", "alpha": r["alpha"],
+        "lo": r["alpha_lo"], "hi": r["alpha_hi"], "break_even": r["break_even_alpha"], "status": r["status"],
+        "tokens/step L": r["tokens_per_step"], "L 95% CI": (f"{r['tokens_per_step_lo']:.2f} – "
+                                                            f"{r['tokens_per_step_hi']:.2f}"
+                                                            if r["tokens_per_step_lo"] is not None else ""),
+        "1 + k·c": r["break_even_tokens"], "status (model-free)": r["status_model_free"],
+        "steps": r["steps"], "requests": r["requests"]} for r in rows if r["alpha"] is not None])
+
+
+def cusum_chart(w: pd.DataFrame, h: float) -> alt.Chart:
+    line = alt.Chart(w).mark_line(color="#555").encode(
+        x=alt.X("ts:T", title="time (UTC)"), y=alt.Y("W:Q", title="CUSUM statistic W"))
+    threshold = alt.Chart(pd.DataFrame({"h": [h]})).mark_rule(color="#c62828", strokeDash=[4, 3]).encode(
+        y="h:Q", tooltip=[alt.Tooltip("h:Q", format=".2f", title="alarm threshold h")])
+    return (line + threshold).properties(height=160)
+
+
+def drift_chart(df: pd.DataFrame, changes: pd.DataFrame, alarm_marks: pd.DataFrame,
+                notes: pd.DataFrame) -> alt.Chart:
+    x = alt.X("bucket:T", title="time (UTC)")
+    y = alt.Y("lo:Q", title="per-token acceptance alpha", scale=alt.Scale(domain=[0, 1]))
+    band = alt.Chart(df).mark_area(opacity=0.15, color="#555").encode(x=x, y=y, y2="hi:Q")
+    line = alt.Chart(df).mark_line(color="#555").encode(x=x, y="alpha:Q")
+    points = alt.Chart(df).mark_point(filled=True, size=60).encode(
+        x=x, y="alpha:Q",
+        color=alt.Color("status:N", scale=alt.Scale(domain=list(STATUS_COLOURS), range=list(STATUS_COLOURS.values()))),
+        tooltip=[alt.Tooltip("bucket:T"), alt.Tooltip("alpha:Q", format=".3f"), alt.Tooltip("lo:Q", format=".3f"),
+                 alt.Tooltip("hi:Q", format=".3f"), alt.Tooltip("break_even:Q", format=".3f"), "status", "steps",
+                 "requests"])
+    be = alt.Chart(df.dropna(subset=["break_even"])).mark_line(strokeDash=[2, 2], color="#c62828").encode(
+        x=x, y="break_even:Q")
+    layers = band + line + be + points
+    if not changes.empty:
+        layers += alt.Chart(changes).mark_rule(strokeDash=[6, 3], color="black").encode(
+            x="first_ts:T", tooltip=["template", alt.Tooltip("first_ts:T", title="template first seen")])
+    if not notes.empty:
+        layers += alt.Chart(notes).mark_rule(strokeDash=[2, 4], color="#1565c0", strokeWidth=2).encode(
+            x="starts_at:T", tooltip=["template", alt.Tooltip("starts_at:T", title="annotated rollout"), "note"])
+    if not alarm_marks.empty:
+        layers += alt.Chart(alarm_marks).mark_rect(color="#c62828", opacity=0.15).encode(
+            x="change_lo_ts:T", x2="change_hi_ts:T")
+        layers += alt.Chart(alarm_marks).mark_rule(color="#c62828", strokeWidth=2).encode(
+            x="change_ts:T", tooltip=[alt.Tooltip("change_ts:T", title="estimated change"),
+                                      alt.Tooltip("change_lo_ts:T", title="likely from"),
+                                      alt.Tooltip("change_hi_ts:T", title="likely to"),
+                                      alt.Tooltip("alarm_ts:T", title="alarm"), "alarms"])
+        layers += alt.Chart(alarm_marks).mark_point(shape="triangle-down", size=150, filled=True,
+                                                    color="#c62828").encode(x="alarm_ts:T", y=alt.value(8))
+    return layers.properties(height=260)
+
+
+@guarded
+def render() -> None:
+    st.title("Drift")
+    st.caption("Each point is one time bucket of one template: alpha with its 95% interval (widened for "
+               "correlation within requests). Red dashed line: break-even alpha* for the bucket's k and c. "
+               "Healthy: the whole interval is above it; losing: below it; at risk: it straddles it.")
+    runs = data.run_names()
+    if not runs:
+        st.info(EMPTY)
+        return
+    asked = st.query_params.get("run")  # links from webhooks name the run: /drift?run=NAME
+    run = st.selectbox("Run", runs, index=runs.index(asked) if asked in runs else 0, key="drift_run")
+    bucket = st.radio("bucket", list(BUCKETS), index=list(BUCKETS).index("6 hours"), horizontal=True,
+                      key="drift_bucket")
+    rows = data.summaries(run=run, bucket=bucket)
+    demo_banner(rows)
+    df = buckets_frame(rows)
+    if df.empty:
+        st.info("This run has no steps with acceptance to show.")
+        return
+    changes = data.template_changes(run)
+    result = data.drift(run)
+    st.subheader("Alarms")
+    if result.design is None:
+        st.info(f"No drift detector for this run: {result.note}. The per-bucket status above the break-even line "
+                "still applies.")
+    else:
+        d = result.design
+        grown = (f" The reference grows with the run: p0, p1 and h are calibrated again on the first "
+                 f"{', '.join(f'{c:,}' for c in detector.checkpoints(detector.REFERENCE_STEPS))} steps as the run reaches "
+                 f"them (each once no alarm has come for {detector.EPISODE_GAP:,} steps; the CUSUM restarts there, and "
+                 "the stretches before the last one were watched against their own h)."
+                 if d.unit == "steps" else "")
+        st.caption(f"One-sided Bernoulli CUSUM over {d.unit} from the reference acceptance p0 = {d.p0:.3f} (the "
+                   f"run's first {d.reference:,} {d.unit}) towards p1 = {d.p1:.3f}; threshold h = {d.h:.2f} (the "
+                   f"dashed line below), calibrated to one false alarm per {d.arl0_steps:,} {d.unit} by resampling the "
+                   f"reference's {d.clusters:,} {'requests' if d.unit == 'steps' else 'windows'} (design effect "
+                   f"{d.design_effect:.2f}).{grown} A drop "
+                   "is dated by maximum likelihood; the shaded band is its likely range, blue dotted lines are "
+                   "annotated rollouts (`specmon annotate`), black dashed lines templates first seen in the data.")
+    for a in result.alarms:
+        (st.error if a.open else st.warning)(("**Open:** " if a.open else "**Closed:** ") + md_text(a.describe()))
+    if result.design is not None and not result.alarms:
+        st.success("No drift alarm in this run.")
+    for ch in result.changes:
+        label = "Annotated rollout" if ch.source == "annotation" else "Template change"
+        (st.error if ch.hurt else st.info)(
+            f"**{label}.** {md_text(ch.describe())}")
+    marks = pd.DataFrame([{"change_ts": a.change_ts, "change_lo_ts": a.change_lo_ts, "change_hi_ts": a.change_hi_ts,
+                           "alarm_ts": a.alarm_ts, "alarms": a.alarms} for a in result.alarms],
+                         columns=["change_ts", "change_lo_ts", "change_hi_ts", "alarm_ts", "alarms"])
+    notes = pd.DataFrame([{"starts_at": e.ts, "template": e.template, "note": e.note or ""}
+                          for e in result.annotations], columns=["starts_at", "template", "note"])
+    st.subheader("Acceptance against break-even")
+    for template, part in df.groupby("template", sort=False):
+        latest = part.iloc[-1]
+        st.markdown(f"**Template {md_text(template)}** — latest bucket: {STATUS_BADGE[latest['status']]}")
+        st.altair_chart(drift_chart(part, changes, marks, notes), width="stretch")
+    if result.design is not None:
+        st.markdown("**Detector statistic**")
+        st.altair_chart(cusum_chart(result.cusum, result.design.h), width="stretch")
+    st.caption("Model-free status: tokens per step L (with its request-clustered interval) against 1 + k·c, which "
+               "assumes nothing about how acceptance varies along the draft.")
+    st.dataframe(df.assign(status=df["status"].map(STATUS_BADGE),
+                           **{"status (model-free)": df["status (model-free)"].map(STATUS_BADGE)}),
+                 hide_index=True, width="stretch")
+
+
+if __name__ == "__main__":  # Streamlit runs a page file as __main__
+    render()
