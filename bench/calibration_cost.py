@@ -1,4 +1,4 @@
-"""Wall time of one drift calibration (specmon.drift.detector.design_for on the first 2,000 steps, and at each checkpoint of
+"""Wall time of one drift calibration (specmon.drift.calibration.design_for on the first 2,000 steps, and at each checkpoint of
 the self-starting design on the first 4,000 ... 32,000), the cost the watcher and the Drift page pay once per
 reference (the threshold is kept in the database):
 
@@ -18,7 +18,7 @@ import numpy as np
 import streams
 from _common import machine
 
-from specmon.drift import detector
+from specmon.drift import calibration, detector
 
 
 def main() -> None:
@@ -34,9 +34,9 @@ def main() -> None:
             times = []
             for seed in range(args.repeats):
                 a, c, r = streams.steps(np.random.default_rng(seed), size, 0.8, 4, 0.2, "lognormal")
-                detector._CALIBRATIONS.clear()  # time the calibration, not the cache
+                calibration._CALIBRATIONS.clear()  # time the calibration, not the cache
                 t0 = time.perf_counter()
-                detector.design_for(a, c, r, 4, 0.45, arl0, size)
+                calibration.design_for(a, c, r, 4, 0.45, arl0, size)
                 times.append(round(time.perf_counter() - t0, 2))
             out["seconds"][str(arl0) if size == detector.REFERENCE_STEPS else f"{arl0} on {size:,} steps"] = times
     print(json.dumps(out, indent=1))

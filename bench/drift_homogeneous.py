@@ -19,7 +19,7 @@ import numpy as np
 import streams
 from _common import machine
 
-from specmon.drift import detector
+from specmon.drift import calibration
 
 ARL0 = 20_000
 SIZES = (2_000, 8_000, 32_000)
@@ -28,7 +28,7 @@ P0, K, BREAK_EVEN = 0.80, 4, 0.45
 
 
 def homogeneous_threshold(a: np.ndarray, n: np.ndarray, req: np.ndarray, p0: float, p1: float, arl0: int,
-                          groups: int = detector.CALIBRATION_GROUPS, seed: int = 0) -> float:
+                          groups: int = calibration.CALIBRATION_GROUPS, seed: int = 0) -> float:
     """drift.calibrate with every drawn request at its group's pooled acceptance (no spread between requests): the
     same groups, lengths, per-position profile and random numbers, so the difference is the spread alone."""
     rng = np.random.default_rng(seed)
@@ -40,20 +40,20 @@ def homogeneous_threshold(a: np.ndarray, n: np.ndarray, req: np.ndarray, p0: flo
     for _ in range(groups):
         pool = rng.integers(0, g, g)
         counts = np.bincount(pool, minlength=g)
-        rates = detector._Rates.single(float(counts @ pa) / float(counts @ pn))
-        points.append(detector._StepProcess(a, n, inverse, pool, rates).draw(rng, 5, 5 * arl0))
-    return detector._solve([detector._cumulative(x, y, p0, p1) for x, y in points], arl0)
+        rates = calibration.Rates.single(float(counts @ pa) / float(counts @ pn))
+        points.append(calibration.StepProcess(a, n, inverse, pool, rates).draw(rng, 5, 5 * arl0))
+    return calibration.solve_threshold([calibration.cumulative_increments(x, y, p0, p1) for x, y in points], arl0)
 
 
 def true_threshold(rng: np.random.Generator, lengths: str, p0: float, p1: float, arl0: int,
-                   groups: int = detector.CALIBRATION_GROUPS) -> float:
+                   groups: int = calibration.CALIBRATION_GROUPS) -> float:
     """h at which the true process (i.i.d. tokens at 0.8) alarms once per arl0 steps, solved as calibrate solves."""
     s = []
     for _ in range(groups):
         rows = [streams.steps(rng, 5 * arl0, P0, K, 0.0, lengths)[:2] for _ in range(5)]
-        s.append(detector._cumulative(np.array([r[0] for r in rows], float), np.array([r[1] for r in rows], float),
+        s.append(calibration.cumulative_increments(np.array([r[0] for r in rows], float), np.array([r[1] for r in rows], float),
                                    p0, p1))
-    return detector._solve(s, arl0)
+    return calibration.solve_threshold(s, arl0)
 
 
 def drawn_spread(rng: np.random.Generator, a: np.ndarray, c: np.ndarray, req: np.ndarray) -> dict:
@@ -61,9 +61,9 @@ def drawn_spread(rng: np.random.Generator, a: np.ndarray, c: np.ndarray, req: np
     truth: none), and the NPMLE weight there."""
     _, inverse = np.unique(req, return_inverse=True)
     g = int(inverse.max()) + 1
-    mixing = detector._Mixing(np.bincount(inverse, weights=a), np.bincount(inverse, weights=c))
+    mixing = calibration.Mixing(np.bincount(inverse, weights=a), np.bincount(inverse, weights=c))
     var, below, single = [], [], 0
-    for _ in range(detector.CALIBRATION_GROUPS):
+    for _ in range(calibration.CALIBRATION_GROUPS):
         rates = mixing.fit(np.bincount(rng.integers(0, g, g), minlength=g))
         r = rates.draw(rng, 20_000)
         var.append(r.var())
@@ -71,7 +71,7 @@ def drawn_spread(rng: np.random.Generator, a: np.ndarray, c: np.ndarray, req: np
         single += rates.b <= 0
     return {"var_r": float(np.mean(var)), "share_below_0.5": float(np.mean(below)),
             "npmle_weight_below_0.5": float(mixing.start[mixing.grid < 0.5].sum()),
-            "groups_without_spread": single / detector.CALIBRATION_GROUPS}
+            "groups_without_spread": single / calibration.CALIBRATION_GROUPS}
 
 
 def table(rows: list[dict]) -> str:
@@ -117,9 +117,9 @@ def main() -> None:
             for _ in range(args.references):
                 a, c, req = streams.steps(rng, size, P0, K, 0.0, lengths)
                 p0 = float(a.sum() / c.sum())
-                p1 = detector.target_p1(p0, BREAK_EVEN)
+                p1 = calibration.target_p1(p0, BREAK_EVEN)
                 row = {"lengths": lengths, "reference_steps": size, "p0": p0,
-                       "h_calibrate": detector.calibrate(a, c, req, p0, p1, ARL0),
+                       "h_calibrate": calibration.calibrate(a, c, req, p0, p1, ARL0),
                        "h_homogeneous": homogeneous_threshold(a, c, req, p0, p1, ARL0),
                        "h_true": true_threshold(rng, lengths, p0, p1, ARL0)}
                 row.update(drawn_spread(spread_rng, a, c, req))
@@ -128,7 +128,7 @@ def main() -> None:
     print(table(rows))
     if args.out:
         with open(args.out, "w") as fh:
-            json.dump({"machine": machine(), "calibration_version": detector.CALIBRATION_VERSION, "stated": ARL0,
+            json.dump({"machine": machine(), "calibration_version": calibration.CALIBRATION_VERSION, "stated": ARL0,
                        "references_per_row": args.references, "wall_s": time.perf_counter() - t0, "rows": rows},
                       fh, indent=1)
 

@@ -1,7 +1,7 @@
 """Which of the drift study's references the tenth pass's spread test can reach: replays every false-alarm, delay and
 river window's stream with the study's own seeds (bench/drift_study.py) and prints, per cell, the least spread test
-z (detector.spread_z) over the references of SPREAD_TEST_STEPS steps or more its checkpoints can take. A cell whose
-least z is at least detector.SPREAD_Z is calibrated exactly as before the test existed. The river part's delay streams
+z (calibration.spread_z) over the references of SPREAD_TEST_STEPS steps or more its checkpoints can take. A cell whose
+least z is at least calibration.SPREAD_Z is calibrated exactly as before the test existed. The river part's delay streams
 are drawn after river's own detectors and are not replayed.
 
     nice python bench/drift_spread_check.py      # about 30 s
@@ -12,13 +12,13 @@ import numpy as np
 import streams
 from drift_study import DELAY_PARTS, KS, LENGTHS, P0, P_DROP, RHOS
 
-from specmon.drift import detector
+from specmon.drift import calibration, detector
 
 
 def least_z(a: np.ndarray, c: np.ndarray, req: np.ndarray, top: int, step: int = 1000) -> float:
     """The least spread test over the stream's first SPREAD_TEST_STEPS, + step, ... steps, up to top."""
-    return min(detector.spread_z(a[:size], c[:size], req[:size])
-               for size in range(detector.SPREAD_TEST_STEPS, min(top, len(a)) + 1, step))
+    return min(calibration.spread_z(a[:size], c[:size], req[:size])
+               for size in range(calibration.SPREAD_TEST_STEPS, min(top, len(a)) + 1, step))
 
 
 def main() -> None:

@@ -38,7 +38,7 @@ from _common import machine
 
 from specmon.core import stats, theory
 from specmon.core.segments import segment_status
-from specmon.drift import detector
+from specmon.drift import calibration, detector
 
 RHOS = (0.0, 0.05, 0.2, 0.3)
 LENGTHS = ("geometric", "lognormal")
@@ -103,17 +103,17 @@ def false_alarm_cell(rng: np.random.Generator, rho: float, lengths: str, k: int,
                      shape: str = "beta") -> dict:
     """Each window: a fresh stream, the detector calibrated on its first REFERENCE_STEPS steps, then 10 x ARL0
     in-control steps watched (restarting after every alarm, as in use) by the self-starting detector (its reference
-    growing at the checkpoints, detector.watch) and, on the same steps, by the plain one (the first design throughout:
+    growing at the checkpoints, detector.run_cusum) and, on the same steps, by the plain one (the first design throughout:
     issue 11's sixth pass's detector), so the two are paired."""
     watched = 10 * arl0
     counts: dict[str, list[int]] = {"self_starting": [], "plain": []}
     episodes, hs, grown = 0, [], []
     for _ in range(windows):
         a, c, req = streams.steps(rng, detector.REFERENCE_STEPS + watched, P0, k, rho, lengths, shape)
-        d = detector.design_for(a, c, req, k, BREAK_EVEN, arl0)
-        grow = detector.redesigner(lambda _, held=(a, c, req): held, k, BREAK_EVEN, arl0)
-        _, raw, _, taken = detector.watch(a[detector.REFERENCE_STEPS:], c[detector.REFERENCE_STEPS:], detector.REFERENCE_STEPS,
-                                       detector.Watch.start(d), grow)
+        d = calibration.design_for(a, c, req, k, BREAK_EVEN, arl0)
+        grow = calibration.redesigner(lambda _, held=(a, c, req): held, k, BREAK_EVEN, arl0)
+        _, raw, _, taken = detector.run_cusum(a[detector.REFERENCE_STEPS:], c[detector.REFERENCE_STEPS:], detector.REFERENCE_STEPS,
+                                       detector.CusumState.start(d), grow)
         counts["self_starting"].append(len(raw))
         counts["plain"].append(len(detector.cusum(a[detector.REFERENCE_STEPS:], c[detector.REFERENCE_STEPS:], d)[1]))
         episodes += sum(1 for i, t in enumerate(raw) if i == 0 or t - raw[i - 1] > detector.EPISODE_GAP)
@@ -159,8 +159,8 @@ def delay_cell(rng: np.random.Generator, rho: float, lengths: str, k: int, strea
         a, c = np.concatenate([a0, a1]), np.concatenate([c0, c1])
         change = len(a0)
         req = np.concatenate([r0, r1 + r0.max() + 1])
-        d = detector.design_for(a, c, req, k, BREAK_EVEN, arl0)
-        grow = detector.redesigner(lambda _, held=(a, c, req): held, k, BREAK_EVEN, arl0)
+        d = calibration.design_for(a, c, req, k, BREAK_EVEN, arl0)
+        grow = calibration.redesigner(lambda _, held=(a, c, req): held, k, BREAK_EVEN, arl0)
         _, found, _ = detector.detect(a, c, d, detector.REFERENCE_STEPS, grow)
         if any(e.alarm_index < change for e in found):
             early += 1
@@ -189,7 +189,7 @@ def mixing_tail_cell(rng: np.random.Generator, rho: float, lengths: str, k: int,
     """How the threshold's calibration pictures request acceptance where false alarms come from: the share of
     requests below the true 1%, 5% and 10% quantiles of request acceptance (two-point: below the midpoint of the two
     kinds, truly one in ten) among the acceptances each group of a reference draws (its smoothed NPMLE, as
-    detector.calibrate draws them) and in the group's NPMLE weights before smoothing, over the true share: averaged
+    calibration.calibrate draws them) and in the group's NPMLE weights before smoothing, over the true share: averaged
     over the groups of each reference, then over references (with the standard error over references)."""
     mean = streams.mean_for_alpha(P0, rho, k, shape)
     if shape == "beta":
@@ -205,8 +205,8 @@ def mixing_tail_cell(rng: np.random.Generator, rho: float, lengths: str, k: int,
         a, c, req = streams.steps(rng, detector.REFERENCE_STEPS, P0, k, rho, lengths, shape)
         _, inverse = np.unique(req, return_inverse=True)
         g = int(inverse.max()) + 1
-        mixing = detector._Mixing(np.bincount(inverse, weights=a), np.bincount(inverse, weights=c))
-        for _ in range(detector.CALIBRATION_GROUPS):
+        mixing = calibration.Mixing(np.bincount(inverse, weights=a), np.bincount(inverse, weights=c))
+        for _ in range(calibration.CALIBRATION_GROUPS):
             rates = mixing.fit(np.bincount(rng.integers(0, g, g), minlength=g))
             r = rates.draw(rng, 4000)
             drawn[i] += [(r < x).mean() for x in cuts]
@@ -214,7 +214,7 @@ def mixing_tail_cell(rng: np.random.Generator, rho: float, lengths: str, k: int,
     out = {"shape": shape, "rho": rho, "lengths": lengths, "k": k, "references": references,
            "true_share": list(levels), "acceptance_below": cuts}
     for name, v in (("drawn", drawn), ("npmle", weights)):
-        ratio = v / detector.CALIBRATION_GROUPS / np.array(levels)
+        ratio = v / calibration.CALIBRATION_GROUPS / np.array(levels)
         out[f"{name}_over_true"] = ratio.mean(axis=0).tolist()
         out[f"{name}_over_true_se"] = (ratio.std(axis=0, ddof=1) / math.sqrt(references)).tolist()
     return out
@@ -300,7 +300,7 @@ def main() -> None:  # noqa: C901 (one branch per option and part: a flat list r
     windows = args.windows or windows
     fa_rhos = tuple(float(x) for x in args.rhos.split(",")) if args.rhos else RHOS
     results: dict = {"machine": machine(), "full": args.full, "reference_steps": detector.REFERENCE_STEPS,
-                     "calibration_version": detector.CALIBRATION_VERSION, "windows": windows,
+                     "calibration_version": calibration.CALIBRATION_VERSION, "windows": windows,
                      "sections": sections, "intervals": [], "false_alarms": [], "delays": []}
     if "intervals" in sections:
         rng = np.random.default_rng(2026)

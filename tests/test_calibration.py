@@ -1,4 +1,4 @@
-"""The drift threshold's calibration (specmon.drift.detector.calibrate and its parts): the rate it solves for is the one the
+"""The drift threshold's calibration (specmon.drift.calibration.calibrate and its parts): the rate it solves for is the one the
 stated figure promises (every alarm of the CUSUM restarted after each alarm), and its simulated steps and request
 lengths are what its docstrings say."""
 import math
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specmon.drift import detector
+from specmon.drift import calibration, detector
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import streams  # noqa: E402  (the study's request models, which are not the detector's own)
@@ -34,7 +34,7 @@ def test_restarted_rate_counts_every_alarm_of_the_restarted_cusum():
     for h in (6.0, 15.0, 30.0):
         brute = np.mean([sum(len(detector.cusum_increments(np.diff(row, prepend=0.0), h)[1]) for row in g) / g.size
                          for g in s])
-        assert detector._restarted_rate(s, h, 2000) == brute
+        assert calibration.restarted_rate(s, h, 2000) == brute
 
 
 def test_threshold_gives_the_stated_rate_of_the_restarted_cusum():
@@ -43,10 +43,10 @@ def test_threshold_gives_the_stated_rate_of_the_restarted_cusum():
     # alarm more often here (the earlier calibration extrapolated a restart correction from three thresholds)
     s = _bursty_groups(2)
     arl0 = 2000
-    h = detector._solve(s, arl0)
-    assert abs(math.log(detector._restarted_rate(s, h, arl0) * arl0)) < 0.03
+    h = calibration.solve_threshold(s, arl0)
+    assert abs(math.log(calibration.restarted_rate(s, h, arl0) * arl0)) < 0.03
     w = np.concatenate([g - np.minimum(np.minimum.accumulate(g, axis=1), 0.0) for g in s])
-    first = detector.first_alarm_steps(w, h)
+    first = calibration.first_alarm_steps(w, h)
     assert (first < w.shape[1]).sum() / first.sum() < 0.8 / arl0  # from a fresh start it alarms less often
 
 
@@ -66,8 +66,8 @@ def test_steps_keep_the_per_position_profile_and_shift_it_to_a_request_acceptanc
     request = np.repeat(np.arange(n_steps // 20), 20)
     _, inverse = np.unique(request, return_inverse=True)
     pool = np.arange(inverse.max() + 1)
-    mixing = detector._Mixing(np.bincount(inverse, weights=accepted), np.bincount(inverse, weights=checked))
-    process = detector._StepProcess(accepted.astype(float), checked.astype(float), inverse, pool,
+    mixing = calibration.Mixing(np.bincount(inverse, weights=accepted), np.bincount(inverse, weights=checked))
+    process = calibration.StepProcess(accepted.astype(float), checked.astype(float), inverse, pool,
                                  mixing.fit(np.ones(len(pool))))
     x = process.draw(np.random.default_rng(4), 2, 50_000)[0].ravel()
     for j in range(1, 5):
@@ -80,23 +80,23 @@ def test_steps_keep_the_per_position_profile_and_shift_it_to_a_request_acceptanc
 def test_length_tail_reaches_past_the_longest_but_keeps_the_bulk():
     rng = np.random.default_rng(8)
     lengths = streams.request_lengths(rng, 100, "lognormal")
-    drawn = detector._Lengths(lengths).draw(np.random.default_rng(9), 200_000, 10**6)
+    drawn = calibration.RequestLengths(lengths).draw(np.random.default_rng(9), 200_000, 10**6)
     assert drawn.min() >= 1
     assert abs(np.median(drawn) / np.median(lengths) - 1) < 0.15
     assert abs(drawn.mean() / lengths.mean() - 1) < 0.25
     beyond = (drawn > lengths.max()).mean()
     assert 0 < beyond < 0.02
-    assert detector._Lengths(lengths).draw(np.random.default_rng(9), 1000, 50).max() == 50  # capped
+    assert calibration.RequestLengths(lengths).draw(np.random.default_rng(9), 1000, 50).max() == 50  # capped
 
 
 def test_generalized_pareto_fit_recovers_the_tail_shape():
     # 2,000 excesses: the shape's standard error is about (1 + xi) / sqrt(2000) < 0.03, so 0.1 is over 3 of them
     rng = np.random.default_rng(10)
-    xi, sigma = detector.gpd_fit(rng.exponential(20.0, 2000))
+    xi, sigma = calibration.gpd_fit(rng.exponential(20.0, 2000))
     assert abs(xi) < 0.1 and abs(sigma / 20 - 1) < 0.15
-    xi, sigma = detector.gpd_fit(10 * rng.pareto(3.0, 2000))  # Lomax: xi = 1/3, sigma = 10/3
+    xi, sigma = calibration.gpd_fit(10 * rng.pareto(3.0, 2000))  # Lomax: xi = 1/3, sigma = 10/3
     assert abs(xi - 1 / 3) < 0.1 and abs(sigma / (10 / 3) - 1) < 0.2
-    xi, _ = detector.gpd_fit(rng.uniform(0, 5, 2000))  # bounded: xi = -1
+    xi, _ = calibration.gpd_fit(rng.uniform(0, 5, 2000))  # bounded: xi = -1
     assert xi < -0.7
 
 
@@ -108,10 +108,10 @@ def test_generalized_pareto_fit_survives_a_grid_point_at_theta_zero():
     rng = np.random.default_rng(12)
     x = np.sort(np.floor(rng.exponential(10, 200)) + 0.5)
     x = np.minimum(x, 3 * x[49])
-    xi, sigma = detector.gpd_fit(x)
+    xi, sigma = calibration.gpd_fit(x)
     assert math.isfinite(xi) and math.isfinite(sigma) and sigma > 0
     x[-1] += 1e-6
-    xi2, sigma2 = detector.gpd_fit(x)
+    xi2, sigma2 = calibration.gpd_fit(x)
     assert abs(xi - xi2) < 1e-3 and abs(sigma / sigma2 - 1) < 1e-3
 
 
@@ -128,19 +128,19 @@ def test_simulated_length_tail_matches_the_true_tail_past_the_reference(kind: st
         mu = math.log(streams.MEAN_STEPS) - streams.LOGNORMAL_SIGMA ** 2 / 2
         truth = 0.5 * math.erfc((math.log(beyond + 0.5) - mu) / streams.LOGNORMAL_SIGMA / math.sqrt(2))
     rng = np.random.default_rng(11)
-    tails = [(detector._Lengths(streams.request_lengths(rng, 100, kind)).draw(rng, 20_000, 10**6) > beyond).mean()
+    tails = [(calibration.RequestLengths(streams.request_lengths(rng, 100, kind)).draw(rng, 20_000, 10**6) > beyond).mean()
              for _ in range(200)]
     assert 0.75 < np.mean(tails) / truth < 1.3, np.mean(tails) / truth
 
 
-def _reference_process(rho: float, seed: int) -> tuple[float, detector._Rates, detector._StepProcess]:
+def _reference_process(rho: float, seed: int) -> tuple[float, calibration.Rates, calibration.StepProcess]:
     """A 2,000-step reference (k = 4, lognormal lengths) of the study's models: its per-token acceptance, its whole
     fit (every request once) and the step process drawn from it."""
     a, c, req = streams.steps(np.random.default_rng(seed), 2000, 0.8, 4, rho, "lognormal")
     _, inverse = np.unique(req, return_inverse=True)
     pool = np.arange(inverse.max() + 1)
-    rates = detector._Mixing(np.bincount(inverse, weights=a), np.bincount(inverse, weights=c)).fit(np.ones(len(pool)))
-    return a.sum() / c.sum(), rates, detector._StepProcess(a.astype(float), c.astype(float), inverse, pool, rates)
+    rates = calibration.Mixing(np.bincount(inverse, weights=a), np.bincount(inverse, weights=c)).fit(np.ones(len(pool)))
+    return a.sum() / c.sum(), rates, calibration.StepProcess(a.astype(float), c.astype(float), inverse, pool, rates)
 
 
 def test_a_request_drawn_at_r_accepts_r_and_simulated_steps_accept_what_the_reference_did():
@@ -151,7 +151,7 @@ def test_a_request_drawn_at_r_accepts_r_and_simulated_steps_accept_what_the_refe
     # r, 0.009 above it here
     alpha, rates, process = _reference_process(0.0, 1)
     r = np.linspace(0.05, 0.97, 200)
-    at_most = process._tilt(r).T  # P(at most j accepted), j = 0..k-1, a row per r
+    at_most = process.tilt(r).T  # P(at most j accepted), j = 0..k-1, a row per r
     p = np.diff(at_most, prepend=0.0, append=1.0, axis=1)  # P(exactly j accepted), j = 0..k
     kinds = process.kinds.astype(float)
     assert np.allclose((p @ kinds[:, 0]) / (p @ kinds[:, 1]), r, atol=1e-6)
@@ -178,10 +178,10 @@ def test_the_spread_test_is_standard_normal_without_a_spread_and_large_with_one(
     # standard normal (40 references: mean within 0.5, at least 34 below 2); one-in-ten hard requests at
     # correlation 0.05 on 4,000 steps give z above 2 in every reference (the least of 160 in the docs is 5.1)
     rng = np.random.default_rng(21)
-    null = np.array([detector.spread_z(*streams.steps(rng, 4000, 0.8, 4, 0.0, "lognormal")) for _ in range(40)])
-    assert abs(null.mean()) < 0.5 and (null < detector.SPREAD_Z).sum() >= 34
-    spread = [detector.spread_z(*streams.steps(rng, 4000, 0.8, 4, 0.05, "lognormal", "two-point")) for _ in range(20)]
-    assert min(spread) > detector.SPREAD_Z
+    null = np.array([calibration.spread_z(*streams.steps(rng, 4000, 0.8, 4, 0.0, "lognormal")) for _ in range(40)])
+    assert abs(null.mean()) < 0.5 and (null < calibration.SPREAD_Z).sum() >= 34
+    spread = [calibration.spread_z(*streams.steps(rng, 4000, 0.8, 4, 0.05, "lognormal", "two-point")) for _ in range(20)]
+    assert min(spread) > calibration.SPREAD_Z
 
 
 def test_requests_are_simulated_alike_only_where_the_reference_shows_no_spread(monkeypatch):
@@ -189,18 +189,18 @@ def test_requests_are_simulated_alike_only_where_the_reference_shows_no_spread(m
     # request at its group's pooled acceptance (the NPMLE's spread there is chance: h 0.2 too high at 32,000
     # steps); a reference with a spread, or a shorter one, keeps the fitted distribution
     fitted = []
-    real_fit = detector._Mixing.fit
-    monkeypatch.setattr(detector._Mixing, "fit", lambda self, counts: fitted.append(1) or real_fit(self, counts))
+    real_fit = calibration.Mixing.fit
+    monkeypatch.setattr(calibration.Mixing, "fit", lambda self, counts: fitted.append(1) or real_fit(self, counts))
     rng = np.random.default_rng(22)
-    for steps, rho, shape, uses_fit in ((detector.SPREAD_TEST_STEPS, 0.0, "beta", False),
-                                        (detector.SPREAD_TEST_STEPS - 1, 0.0, "beta", True),
-                                        (detector.SPREAD_TEST_STEPS, 0.05, "two-point", True)):
+    for steps, rho, shape, uses_fit in ((calibration.SPREAD_TEST_STEPS, 0.0, "beta", False),
+                                        (calibration.SPREAD_TEST_STEPS - 1, 0.0, "beta", True),
+                                        (calibration.SPREAD_TEST_STEPS, 0.05, "two-point", True)):
         while True:  # a null reference whose z falls below SPREAD_Z (about 19 in 20 do)
             a, c, req = streams.steps(rng, steps, 0.8, 4, rho, "geometric", shape)
-            z = detector.spread_z(a, c, req)
-            if rho or z < detector.SPREAD_Z:
+            z = calibration.spread_z(a, c, req)
+            if rho or z < calibration.SPREAD_Z:
                 break
         fitted.clear()
         p0 = a.sum() / c.sum()
-        h = detector.calibrate(a, c, req, p0, detector.target_p1(p0, 0.45), 2000, groups=4, streams_per_group=2)
+        h = calibration.calibrate(a, c, req, p0, calibration.target_p1(p0, 0.45), 2000, groups=4, streams_per_group=2)
         assert math.isfinite(h) and bool(fitted) == uses_fit, (steps, rho, z)

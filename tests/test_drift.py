@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specmon.drift import alarms, detector
+from specmon.drift import alarms, calibration, detector
 from specmon.ingest import demo
 from specmon.ingest.pipeline import ingest_file
 
@@ -26,7 +26,7 @@ def test_false_alarm_rate_on_streams_from_another_model():
     steps = alarms_seen = 0
     for _ in range(12):
         a, c, req = streams.steps(rng, detector.REFERENCE_STEPS + 10 * ARL0, P0, K, 0.2, "lognormal")
-        d = detector.design_for(a, c, req, K, P1, ARL0)
+        d = calibration.design_for(a, c, req, K, P1, ARL0)
         _, raw = detector.cusum(a[detector.REFERENCE_STEPS:], c[detector.REFERENCE_STEPS:], d)
         steps += len(a) - detector.REFERENCE_STEPS
         alarms_seen += len(raw)
@@ -38,8 +38,8 @@ def test_a_threshold_that_ignores_clustering_cries_wolf():
     a, c, req = streams.steps(rng, detector.REFERENCE_STEPS + 100_000, P0, K, 0.2, "geometric")
     ref = slice(0, detector.REFERENCE_STEPS)
     p0 = a[ref].sum() / c[ref].sum()
-    clustered = detector.calibrate(a[ref], c[ref], req[ref], p0, P1, ARL0)
-    naive = detector.calibrate(a[ref], c[ref], np.arange(detector.REFERENCE_STEPS), p0, P1, ARL0)  # steps independent
+    clustered = calibration.calibrate(a[ref], c[ref], req[ref], p0, P1, ARL0)
+    naive = calibration.calibrate(a[ref], c[ref], np.arange(detector.REFERENCE_STEPS), p0, P1, ARL0)  # steps independent
     assert naive < clustered / 2
     _, raw = detector.cusum(a[ref.stop:], c[ref.stop:], detector.Design(p0, P1, naive, ARL0, 1.0, K))
     assert len(raw) > 3 * 100_000 / ARL0  # at least three times the stated false-alarm rate
@@ -51,7 +51,7 @@ def test_a_drop_below_break_even_is_found_and_dated_by_maximum_likelihood():
     after_a, after_c, after_r = streams.steps(rng, 3000, 0.35, K, 0.1, "geometric")
     a, c = np.concatenate([before_a, after_a]), np.concatenate([before_c, after_c])
     req = np.concatenate([before_r, after_r + before_r.max() + 1])
-    design = detector.design_for(a, c, req, K, P1, 20_000)
+    design = calibration.design_for(a, c, req, K, P1, 20_000)
     _, found, _ = detector.detect(a, c, design)
     after = [e for e in found if e.last_alarm_index >= 5000]
     assert len(after) == 1 and len(found) <= 2  # (a false alarm before the change is possible, not likely)
@@ -78,7 +78,7 @@ def test_change_point_is_the_likelihood_maximum():
 def test_design_from_data():
     rng = np.random.default_rng(5)
     a, c, req = streams.steps(rng, 4000, P0, K, 0.1, "geometric")
-    d = detector.design_for(a, c, req, K, break_even=0.45, arl0_steps=ARL0)
+    d = calibration.design_for(a, c, req, K, break_even=0.45, arl0_steps=ARL0)
     assert abs(d.p0 - P0) < 0.05 and d.p1 == pytest.approx(0.45)
     assert d.h > 0 and d.design_effect > 1 and d.clusters > 20
 

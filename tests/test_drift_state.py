@@ -24,7 +24,8 @@ import pytest
 from test_drift_engines import vllm_log
 
 from specmon.analysis import summary
-from specmon.drift import alarms, detector
+from specmon.core.settings import DEFAULT_ARL0_STEPS
+from specmon.drift import alarms, calibration, detector
 from specmon.drift import state as drift_state
 from specmon.follow import watcher as watch
 from specmon.ingest.pipeline import ingest_file
@@ -44,7 +45,7 @@ def scratch(store: Store, run: str, c: float | None = None) -> alarms.RunDrift:
     stream = alarms.Stream(s["accepted"].to_numpy(float), s["checked"].to_numpy(float), s["ts_us"].to_numpy(np.int64),
                            s["cluster"].to_numpy(), s["template"].to_numpy(object), int(s["k"].max()), "steps")
     notes = alarms.run_annotations(store, run)
-    return alarms.whole_stream_drift(store, run, stream, c, detector.DEFAULT_ARL0_STEPS, notes)
+    return alarms.whole_stream_drift(store, run, stream, c, DEFAULT_ARL0_STEPS, notes)
 
 
 def assert_same(got, want, where: str) -> None:
@@ -199,11 +200,11 @@ def test_engine_windows_beside_a_step_log(store, tmp_path, lines):
 
 FRESH_PROCESS = """
 import sys
-from specmon.drift import alarms, detector
+from specmon.drift import alarms, calibration, detector
 from specmon.store.database import Store
 calls = []
-calibrate = detector.calibrate
-detector.calibrate = lambda *a, **k: calls.append(1) or calibrate(*a, **k)
+calibrate = calibration.calibrate
+calibration.calibrate = lambda *a, **k: calls.append(1) or calibrate(*a, **k)
 result = alarms.analyse_run(Store(sys.argv[1]), "prod")
 print(len(calls), len(result.alarms), result.design.h, repr(result.changes).replace(" ", ""))
 """
@@ -300,7 +301,7 @@ def test_saving_a_state_gives_way_to_another_process_holding_the_database(tmp_pa
         assert ingest_file(s, str(tmp_path / "log.jsonl"), run="prod").status == "stored"
         with s.reading():
             kept = alarms._Kept()
-            alarms._analyse(s, "prod", None, detector.DEFAULT_ARL0_STEPS, kept)  # the analysis, before its save
+            alarms._analyse(s, "prod", None, DEFAULT_ARL0_STEPS, kept)  # the analysis, before its save
         holder = _hold(db, 60)
         try:
             assert drift_state.save(s, "prod", kept.state, kept.calibrations) is False
@@ -317,7 +318,7 @@ def test_saving_a_state_gives_way_to_another_process_holding_the_database(tmp_pa
 def test_a_state_kept_by_another_state_version_is_passed_over_unread(store):
     # a state stored by an older specmon may hold fields this one does not (STATE_VERSION 2 kept the design in force
     # beside the list of designs): its design key names its version, so it is skipped before it is parsed
-    old_key = json.dumps([drift_state.STATE_VERSION - 1, detector.CALIBRATION_VERSION, 20_000, 0.45])
+    old_key = json.dumps([drift_state.STATE_VERSION - 1, calibration.CALIBRATION_VERSION, 20_000, 0.45])
     with store.transaction() as cur:
         cur.execute("INSERT INTO drift_states VALUES ('prod', ?, 'ref', 5000, ?, now()::TIMESTAMP)",
                     [old_key, json.dumps({"design_key": old_key, "design": {}, "a field of its own": 1})])

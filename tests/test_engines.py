@@ -8,8 +8,8 @@ from datetime import datetime
 import pytest
 
 from specmon.analysis.summary import summarize
-from specmon.engines import EngineLogReader
 from specmon.ingest.formats import engine_log
+from specmon.ingest.formats.engine_log import EngineLogReader
 from specmon.ingest.pipeline import detect_format, ingest_file
 
 VLLM_V1 = ("SpecDecoding metrics: Mean acceptance length: %.2f, Accepted throughput: %.2f tokens/s, Drafted "

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specmon.drift import detector
+from specmon.drift import calibration, detector
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import drift_study  # noqa: E402
@@ -42,7 +42,7 @@ def test_request_acceptance_distribution_keeps_the_mean_the_spread_and_the_shape
     for shape in ("beta", "two-point"):
         a, c, req = streams.steps(rng, 50_000, streams.per_token_alpha(mean, rho, k, shape), k, rho, "geometric",
                                   shape)
-        mixing = detector._Mixing(np.bincount(req, weights=a), np.bincount(req, weights=c))
+        mixing = calibration.Mixing(np.bincount(req, weights=a), np.bincount(req, weights=c))
         grid, w = mixing.grid, mixing.start
         m = w @ grid
         assert abs(m - mean) < 0.015, shape
@@ -60,8 +60,8 @@ def test_calibration_streams_keep_the_reference_acceptance_and_spread():
     a, c, req = streams.steps(rng, detector.REFERENCE_STEPS, 0.8, k, 0.2, "lognormal")
     _, inverse = np.unique(req, return_inverse=True)
     pool = np.arange(inverse.max() + 1)
-    mixing = detector._Mixing(np.bincount(inverse, weights=a), np.bincount(inverse, weights=c))
-    process = detector._StepProcess(a.astype(float), c.astype(float), inverse, pool, mixing.fit(np.ones(len(pool))))
+    mixing = calibration.Mixing(np.bincount(inverse, weights=a), np.bincount(inverse, weights=c))
+    process = calibration.StepProcess(a.astype(float), c.astype(float), inverse, pool, mixing.fit(np.ones(len(pool))))
     accepted, checked = process.draw(np.random.default_rng(1), 4, 50_000)
     assert abs(accepted.sum() / checked.sum() - a.sum() / c.sum()) < 0.02
     # requests differ: windows of 20 steps vary far more than independent steps would
@@ -78,7 +78,7 @@ def test_the_kernel_on_request_acceptance_keeps_the_mean_and_adds_nothing_withou
     rng = np.random.default_rng(11)
     for rho in (0.0, 0.3):
         a, c, req = streams.steps(rng, detector.REFERENCE_STEPS, 0.8, 4, rho, "geometric")
-        rates = detector._Mixing(np.bincount(req, weights=a), np.bincount(req, weights=c)).fit(np.ones(req.max() + 1))
+        rates = calibration.Mixing(np.bincount(req, weights=a), np.bincount(req, weights=c)).fit(np.ones(req.max() + 1))
         draws = rates.draw(rng, 200_000)
         mean = rates.weights @ rates.grid
         var = rates.weights @ (rates.grid - mean) ** 2

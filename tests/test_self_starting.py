@@ -1,4 +1,4 @@
-"""The self-starting drift design (detector.watch): the reference grows at the checkpoints, each taken only outside an
+"""The self-starting drift design (detector.run_cusum): the reference grows at the checkpoints, each taken only outside an
 alarm episode, a lasting drop never joins it, and the watch cut into pieces is the watch over the whole stream.
 One seeded stream, calibrated for real (a 500-step first reference and a stated 1,000 steps per false alarm keep it
 under a second or two)."""
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specmon.drift import detector
+from specmon.drift import calibration, detector
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import streams  # noqa: E402  (the study's request models, which are not the detector's own)
@@ -26,11 +26,11 @@ def stream() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def test_the_reference_grows_outside_alarm_episodes_and_a_lasting_drop_never_joins_it():
     a, c, req = stream()
-    first = detector.design_for(a, c, req, K, BREAK_EVEN, ARL0, FIRST)
-    redesign = detector.redesigner(lambda _: (a, c, req), K, BREAK_EVEN, ARL0)
+    first = calibration.design_for(a, c, req, K, BREAK_EVEN, ARL0, FIRST)
+    redesign = calibration.redesigner(lambda _: (a, c, req), K, BREAK_EVEN, ARL0)
     assert detector.checkpoints(FIRST) == [1000, 2000, 4000, 8000]
     w, found, designs = detector.detect(a, c, first, FIRST, redesign)
-    _, raw, _, _ = detector.watch(a[FIRST:], c[FIRST:], FIRST, detector.Watch.start(first), redesign)
+    _, raw, _, _ = detector.run_cusum(a[FIRST:], c[FIRST:], FIRST, detector.CusumState.start(first), redesign)
     # every checkpoint before the drop is taken (at its size, or later where an episode was open), none after it:
     # from the drop on the CUSUM keeps alarming, so the 8,000-step checkpoint waits for an episode's end
     assert [d.reference for _, d in designs] == [500, 1000, 2000, 4000]
@@ -49,15 +49,15 @@ def test_the_reference_grows_outside_alarm_episodes_and_a_lasting_drop_never_joi
 
 def test_the_watch_cut_into_pieces_is_the_watch_over_the_whole_stream():
     a, c, req = stream()
-    first = detector.design_for(a, c, req, K, BREAK_EVEN, ARL0, FIRST)
-    redesign = detector.redesigner(lambda _: (a, c, req), K, BREAK_EVEN, ARL0)
-    whole = detector.watch(a[FIRST:], c[FIRST:], FIRST, detector.Watch.start(first), redesign)
+    first = calibration.design_for(a, c, req, K, BREAK_EVEN, ARL0, FIRST)
+    redesign = calibration.redesigner(lambda _: (a, c, req), K, BREAK_EVEN, ARL0)
+    whole = detector.run_cusum(a[FIRST:], c[FIRST:], FIRST, detector.CusumState.start(first), redesign)
     taken = [t for t, _ in whole[3]]
     # cuts at, just before and just after each checkpoint taken, at a nominal one, and inside the drop's episode
     cuts = sorted({FIRST, *(t + d for t in taken for d in (-1, 0, 1)), 1000, 4000, DROP + 301, len(a)})
-    state, w, raw, designs = detector.Watch.start(first), [], [], []
+    state, w, raw, designs = detector.CusumState.start(first), [], [], []
     for lo, hi in zip(cuts, cuts[1:], strict=False):
-        piece = detector.watch(a[lo:hi], c[lo:hi], lo, state, redesign)
+        piece = detector.run_cusum(a[lo:hi], c[lo:hi], lo, state, redesign)
         w.append(piece[0])
         raw += piece[1]
         state = piece[2]

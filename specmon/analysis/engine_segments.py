@@ -1,4 +1,4 @@
-"""Segments from what serving engines report (specmon.engines, specmon.follow.prometheus_api), in the same shape as the
+"""Segments from what serving engines report (specmon.ingest.formats.engine_log, specmon.follow.prometheus_api), in the same shape as the
 step-log summaries, so pages and `specmon summary` show them side by side.
 
 Engines log counts, not distributions: beta is unknown (null) for them. Per-token alpha needs the per-position

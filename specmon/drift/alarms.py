@@ -22,7 +22,8 @@ from specmon.analysis import engine_segments, summary
 from specmon.core import stats, theory
 from specmon.core.faults import SpecmonError
 from specmon.core.segments import finite
-from specmon.drift import detector
+from specmon.core.settings import DEFAULT_ARL0_STEPS
+from specmon.drift import calibration, detector
 from specmon.drift import state as drift_state
 from specmon.drift.state import State
 from specmon.store.database import Store
@@ -255,7 +256,7 @@ def _break_even(store: Store, run: str, c: float | None, k: int) -> float | None
 
 
 def analyse_run(store: Store, run: str, c: float | None = None,
-                arl0_steps: int = detector.DEFAULT_ARL0_STEPS) -> RunDrift:
+                arl0_steps: int = DEFAULT_ARL0_STEPS) -> RunDrift:
     """Calibrate the detector on the run's first points, run it, date each drop, and judge every template change
     and annotation. Works on step logs, engine log windows and Prometheus samples alike. A step log's detector
     advances a kept state by the steps stored since (specmon.drift.state), saved afterwards where the database is
@@ -297,19 +298,19 @@ def _analyse(store: Store, run: str, c: float | None, arl0_steps: int, kept: _Ke
 def whole_stream_drift(store: Store, run: str, stream: Stream, c: float | None, arl0_steps: int,
                        notes: list[Event], threshold: Callable[..., float] | None = None) -> RunDrift:
     """The analysis of a stream held whole in memory: engine windows (few), and what a step log's kept state must
-    equal (tests/test_drift_state.py). threshold: as detector.design_for's."""
+    equal (tests/test_drift_state.py). threshold: as calibration.design_for's."""
     empty = pd.DataFrame(columns=["ts", "W"])
     break_even = _break_even(store, run, c, stream.k)
     events = _events(stream, notes)
     changes = _changes(run, stream, events, break_even)
     reference = detector.REFERENCE_STEPS if stream.unit == "steps" else detector.REFERENCE_WINDOWS
-    design = detector.design_for(stream.accepted, stream.checked, stream.cluster, stream.k, break_even, arl0_steps,
+    design = calibration.design_for(stream.accepted, stream.checked, stream.cluster, stream.k, break_even, arl0_steps,
                               reference, unit=stream.unit, threshold=threshold)
     if design is None:
         return RunDrift(run, None, [], changes, empty, stream.unit, "the reference window has no checked positions",
                         notes)
     # a step log's reference grows at the checkpoints; engine windows keep their first 30 (docs/drift.md)
-    grow = detector.redesigner(lambda c: (stream.accepted, stream.checked, stream.cluster), stream.k, break_even,
+    grow = calibration.redesigner(lambda c: (stream.accepted, stream.checked, stream.cluster), stream.k, break_even,
                             arl0_steps, stream.unit, threshold) if stream.unit == "steps" else None
     w, raw, designs = detector.detect(stream.accepted, stream.checked, design, reference, grow)
     found = []
@@ -399,13 +400,13 @@ def _current_state(cur, path: tuple, run: str, ids: list[int], total: int, k: in
     last point, where it still describes the stream, else built from every step. None if the reference has no
     checked positions."""
     # a checkpoint's thresholds are stored like the first's
-    redesign = detector.redesigner(functools.partial(_head, cur, ids), k, break_even, arl0_steps, "steps",
+    redesign = calibration.redesigner(functools.partial(_head, cur, ids), k, break_even, arl0_steps, "steps",
                                 drift_state.stored_threshold(cur, kept.calibrations))
     for state in drift_state.load_states(cur, path, run):
         # every design in force (the reference's, then each checkpoint's) must watch for the p1 asked for now
         designs = [d for _, d in state.designs]
-        if state.design_key != drift_state.design_key(detector.target_p1(designs[0].p0, break_even), arl0_steps) or any(
-                d.p1 != detector.target_p1(d.p0, break_even) for d in designs):
+        if state.design_key != drift_state.design_key(calibration.target_p1(designs[0].p0, break_even), arl0_steps) or any(
+                d.p1 != calibration.target_p1(d.p0, break_even) for d in designs):
             continue
         if state.points != total:
             # a state of fewer points than the reference would change its reference; steps that arrived before its
@@ -422,7 +423,7 @@ def _current_state(cur, path: tuple, run: str, ids: list[int], total: int, k: in
         return state
     first = drift_state.read_points(cur, ids, limit=drift_state.CHUNK_POINTS,
                                     before_us=next(drift_state.chunk_ends(cur, ids, None, drift_state.CHUNK_POINTS)))
-    design = detector.design_for(first.accepted, first.checked, first.cluster, k, break_even, arl0_steps,
+    design = calibration.design_for(first.accepted, first.checked, first.cluster, k, break_even, arl0_steps,
                               detector.REFERENCE_STEPS, unit="steps",
                               threshold=drift_state.stored_threshold(cur, kept.calibrations))
     if design is None:
@@ -510,7 +511,7 @@ def _step_changes(cur, run: str, names: dict[int, str], firsts: list[list], even
     return out
 
 
-def analyse(store: Store, c: float | None = None, arl0_steps: int = detector.DEFAULT_ARL0_STEPS) -> list[RunDrift]:
+def analyse(store: Store, c: float | None = None, arl0_steps: int = DEFAULT_ARL0_STEPS) -> list[RunDrift]:
     return [analyse_run(store, run, c, arl0_steps) for run in summary.run_names(store)]
 
 

@@ -4,14 +4,14 @@ per run and design, so an analysis reads only the steps stored after the last on
 
 A state holds what the whole-stream analysis (detector.detect over every step in (ts, step_id) order) would know after
 its last point: the CUSUM's W there, every design in force so far (the first reference's and each checkpoint's of
-the self-starting design, detector.watch) with the next checkpoint, the alarm episodes with their dates, each
+the self-starting design, detector.run_cusum) with the next checkpoint, the alarm episodes with their dates, each
 template's first step, running sums, and the downsampled W chart. Advancing it by the steps after that point gives
 what the whole stream gives, to float rounding (W is summed from the point it was kept at). It is used only while it
 still describes the stored stream: the run holds exactly the points it took in plus those after its last one (else
 steps arrived earlier than that point, and the state is built again from every step), and its design is the one
 asked for (false-alarm rate, p1, calibration and state versions; the first reference is fixed once 2,000 steps are
 in, each checkpoint's once its steps are, and an earlier step changes the count). Calibrated thresholds are stored
-too, keyed by the reference's points, p0, p1, the false-alarm rate and detector.CALIBRATION_VERSION, so a fresh process
+too, keyed by the reference's points, p0, p1, the false-alarm rate and calibration.CALIBRATION_VERSION, so a fresh process
 does not calibrate again (a checkpoint's reference is one more key).
 
 States are saved after an analysis, in a short write that is skipped when another process holds the database (the
@@ -32,7 +32,7 @@ import duckdb
 import numpy as np
 
 from specmon.core.faults import SpecmonError
-from specmon.drift import detector
+from specmon.drift import calibration, detector
 from specmon.store.database import Store
 
 STATE_VERSION = 3  # raised when what a state holds or means changes: older states are then rebuilt
@@ -109,7 +109,7 @@ class State:
     firsts: list[list] = field(default_factory=list)
     carry: float = 0.0  # W to continue from (0 after an alarm or a checkpoint)
     last_alarm: int = -detector.EPISODE_GAP - 1  # the latest alarm's index
-    checkpoint: int | None = None  # the next reference size the threshold is calibrated again at (detector.watch)
+    checkpoint: int | None = None  # the next reference size the threshold is calibrated again at (detector.run_cusum)
     # every design in force so far, [the index of its first point, design]: the reference's, then the checkpoints'
     # (the last is the one in force)
     designs: list[list] = field(default_factory=list)
@@ -147,7 +147,7 @@ class State:
 
 
 def design_key(p1: float, arl0_steps: int) -> str:
-    return json.dumps([STATE_VERSION, detector.CALIBRATION_VERSION, arl0_steps, p1])
+    return json.dumps([STATE_VERSION, calibration.CALIBRATION_VERSION, arl0_steps, p1])
 
 
 # -- reading points ------------------------------------------------------------------------------------------------
@@ -258,7 +258,7 @@ def advance(state: State, new: Points, older: Callable[[int, tuple[int, int]], P
     """The state after the points `new`, which follow the state's last point in stream order. older(since, key)
     gives the points taken in already from index `since` (at `key`) on, for dating a change that began before
     `new`; before(ts) the segment of the last point before ts; redesign(c) the design calibrated on the stream's
-    first c points (a checkpoint, detector.watch). A state with fewer points than the reference takes new points only
+    first c points (a checkpoint, detector.run_cusum). A state with fewer points than the reference takes new points only
     from scratch (the reference, and with it the design, would change)."""
     base, m = state.points, len(new)
     if not m:
@@ -277,10 +277,10 @@ def advance(state: State, new: Points, older: Callable[[int, tuple[int, int]], P
         s.since, s.since_key = reference, new.key(skip) if skip < m else None
         s.since_sums = (float(cum_a[skip - 1]), float(cum_n[skip - 1]))
         s.since_prev_ts = int(new.ts_us[skip - 1])
-        s.checkpoint = detector.Watch.start(s.design).checkpoint
+        s.checkpoint = detector.CusumState.start(s.design).checkpoint
     if skip < m:
-        at = detector.Watch(s.design, s.carry, s.last_alarm, s.checkpoint, reference)
-        w_tail, raw, at, taken = detector.watch(new.accepted[skip:], new.checked[skip:], base + skip, at, redesign)
+        at = detector.CusumState(s.design, s.carry, s.last_alarm, s.checkpoint, reference)
+        w_tail, raw, at, taken = detector.run_cusum(new.accepted[skip:], new.checked[skip:], base + skip, at, redesign)
         w[skip:] = w_tail
         for alarm in raw:
             # the design in force: the last one taken at or before the alarm
@@ -441,7 +441,7 @@ def save(store: Store, run: str, state: State | None, calibrations: dict[str, fl
 def calibration_key(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p0: float, p1: float,
                     arl0_steps: int) -> str:
     return hashlib.sha256(b"".join(np.ascontiguousarray(v).tobytes() for v in (accepted, checked, clusters))
-                          + repr((p0, p1, arl0_steps, detector.CALIBRATION_VERSION)).encode()).hexdigest()
+                          + repr((p0, p1, arl0_steps, calibration.CALIBRATION_VERSION)).encode()).hexdigest()
 
 
 def reference_hash(points: Points) -> str:
@@ -450,7 +450,7 @@ def reference_hash(points: Points) -> str:
 
 
 def stored_threshold(cur: duckdb.DuckDBPyConnection, found: dict[str, float]) -> Callable[..., float]:
-    """A threshold function for detector.design_for: a stored calibration, else calibrate (and note it in `found`, to
+    """A threshold function for calibration.design_for: a stored calibration, else calibrate (and note it in `found`, to
     be saved)."""
     def threshold(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p0: float, p1: float,
                   arl0_steps: int) -> float:
@@ -459,6 +459,6 @@ def stored_threshold(cur: duckdb.DuckDBPyConnection, found: dict[str, float]) ->
         if row:
             return float(row[0][0])
         # through drift's in-process memory: a process that opens several databases calibrates a reference once
-        found[key] = detector._calibrate_cached(accepted, checked, clusters, p0, p1, arl0_steps)
+        found[key] = calibration.calibrate_cached(accepted, checked, clusters, p0, p1, arl0_steps)
         return found[key]
     return threshold

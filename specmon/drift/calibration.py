@@ -1,0 +1,505 @@
+"""The drift detector's threshold, calibrated by simulation to a stated false-alarm rate (docs/math.md, "Drift").
+
+Acceptance is correlated within a request, so a threshold computed for independent tokens would alarm far too
+often; h is instead calibrated on simulated in-control streams built from the reference window (calibrate): its
+clusters resampled for their sizes, a cluster acceptance drawn from the distribution of cluster acceptance the
+reference implies (nonparametric maximum likelihood, smoothed), and points drawn to match it (steps from the
+reference's per-position profile shifted to that acceptance; windows binomial), until the simulated number of points
+per false alarm of the restarted CUSUM (every re-alarm counted) is the one asked for. Pure numpy; no I/O.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from specmon.core import stats
+from specmon.core.settings import DEFAULT_ARL0_STEPS
+from specmon.drift.detector import REFERENCE_STEPS, Design, llr_weights
+
+DEFAULT_DELTA = 0.10  # the drop to watch for when break-even is unknown or already above the reference
+
+CALIBRATION_GROUPS = 40  # x 5 streams
+
+TAIL_SHARE = 0.2  # the longest fifth of a group's requests fit the tail of request lengths (RequestLengths)
+
+TAIL_MIN = 10  # with fewer requests above the threshold, an exponential tail (xi = 0) is fitted
+
+MIXING_GRID = 100  # points of the grid of cluster acceptance (Mixing)
+
+MIXING_ITERATIONS = 40  # EM iterations per group, from the whole reference's fit (10 x as many)
+
+# Requests are simulated alike (no spread between them) where the reference's score test for a spread between
+# requests (spread_z) is below SPREAD_Z, once the reference holds at least SPREAD_TEST_STEPS steps: on the first
+# 2,000 the test misses a one-in-ten kind of hard request at correlation 0.05 in 4% of references, on 4,000 and more
+# in none of 160, its least z there 5.1 (docs/drift.md, "Where requests do not differ"), and a spread missed costs
+# more false alarms than one simulated where there is none.
+SPREAD_Z = 2.0
+
+SPREAD_TEST_STEPS = 2 * REFERENCE_STEPS
+
+# Raised whenever calibrate gives another threshold for the same input, so thresholds kept in a database
+# (specmon.drift.state) are calibrated again rather than reused.
+CALIBRATION_VERSION = 8
+
+def cluster_sums(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    _, inverse = np.unique(clusters, return_inverse=True)
+    return (np.bincount(inverse, weights=np.asarray(accepted, dtype=float)),
+            np.bincount(inverse, weights=np.asarray(checked, dtype=float)))
+
+def target_p1(p0: float, break_even: float | None, delta: float = DEFAULT_DELTA) -> float:
+    """p1, the acceptance the CUSUM watches for: break-even alpha* when it lies below p0 by more than 0.02, else
+    p0 - delta."""
+    p1 = break_even if break_even is not None and break_even < p0 - 0.02 else p0 - delta
+    return float(np.clip(p1, 0.005, p0 - 0.005))
+
+def calibrate(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p0: float, p1: float,
+              arl0_steps: int = DEFAULT_ARL0_STEPS, groups: int = CALIBRATION_GROUPS,
+              streams_per_group: int = 5, seed: int = 0) -> float:
+    """The threshold h at which the CUSUM from p0 to p1, restarted after every alarm, alarms once per arl0_steps
+    in-control points, averaged over the in-control processes the reference window leaves plausible (for engine
+    windows each window is its own cluster).
+
+    The in-control process is known only through the reference's G clusters, and the false-alarm rate depends
+    steeply on its acceptance and on how much that varies over a stretch of points. So each group is one
+    plausible process: G clusters drawn with replacement from the reference (the bootstrap's picture of the
+    sampling error). Its streams_per_group streams of 5 x arl0_steps points are clusters drawn from the group, each
+    given an acceptance r from the group's distribution of cluster acceptance (its nonparametric maximum-likelihood
+    estimate, Mixing) and points to match: an engine window keeps its checked count and gets accepted ~
+    Binomial(checked, r) (WindowProcess); a request gets a length from the group's lengths, its tail past the longest
+    fifth generalized Pareto with the shape those show (RequestLengths), and steps drawn from the group's per-position profile
+    shifted to r (StepProcess). Resampling the reference's clusters as they are, a hundred of them, would let the rare
+    poor request (or window) that sets off a false alarm once in thousands of points be missing or over-represented by
+    chance, and the threshold follow that luck; drawing r from the estimated distribution instead gives every group the
+    tail its clusters imply. The streams are watched with the reference's own p0 and p1, and h is solved for where the
+    groups' mean rate of the restarted CUSUM (every alarm, re-alarms included, over the points watched: the figure the
+    stated rate promises) is 1 / arl0_steps (solve_threshold). A step log's reference of at least SPREAD_TEST_STEPS steps whose
+    spread test (spread_z) is below SPREAD_Z has its requests simulated alike instead, each group's at the group's
+    pooled acceptance: the fitted distribution never comes out a single point, and the spread it keeps where requests
+    do not differ made h too high.
+    """
+    rng = np.random.default_rng(seed)
+    a = np.asarray(accepted, dtype=float)
+    n = np.asarray(checked, dtype=float)
+    _, inverse = np.unique(clusters, return_inverse=True)
+    n_clusters = int(inverse.max()) + 1
+    single = n_clusters == len(a)  # engine windows: every point its own cluster
+    per_a, per_n = np.bincount(inverse, weights=a), np.bincount(inverse, weights=n)
+    alike = not single and len(a) >= SPREAD_TEST_STEPS and request_spread_z(per_a, per_n, np.bincount(inverse)) < SPREAD_Z
+    mixing = None if alike else Mixing(per_a, per_n)  # its EM is the costly part of the set-up: only where used
+    points = []
+    for _ in range(groups):
+        pool = rng.integers(0, n_clusters, n_clusters)
+        counts = np.bincount(pool, minlength=n_clusters)
+        rates = Rates.single(float(counts @ per_a) / float(counts @ per_n)) if mixing is None else mixing.fit(counts)
+        process = WindowProcess(a, n, pool, rates) if single else StepProcess(a, n, inverse, pool, rates)
+        points.append(process.draw(rng, streams_per_group, 5 * arl0_steps))
+    return solve_threshold([cumulative_increments(pa, pn, p0, p1) for pa, pn in points], arl0_steps)
+
+def spread_z(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray) -> float:
+    """The spread test of a stream of steps (accepted and checked per step, clusters its request): request_spread_z of the
+    requests' sums."""
+    _, inverse = np.unique(clusters, return_inverse=True)
+    return request_spread_z(np.bincount(inverse, weights=np.asarray(accepted, dtype=float)),
+                     np.bincount(inverse, weights=np.asarray(checked, dtype=float)), np.bincount(inverse))
+
+def request_spread_z(accepted: np.ndarray, checked: np.ndarray, steps: np.ndarray) -> float:
+    """A score test of a spread of acceptance between requests (a request's accepted of checked positions over its
+    steps): z = sum_j t_j / sqrt(2 sum_j (p (1 - p) n_j / s_j)^2), t_j = ((a_j - p n_j)^2 - p (1 - p) n_j) / s_j, p
+    the pooled acceptance (Tarone's statistic for extra-binomial variation, each request's term divided by its s_j
+    steps). Where every request shares one acceptance, a_j - p n_j is a sum of mean-zero terms over the checked
+    positions whether or not drafting stopped at a rejection (the stopping rule depends only on outcomes already
+    seen), so E (a_j - p n_j)^2 = p (1 - p) E n_j and z is about standard normal; a spread makes it large. Dividing
+    by s_j gives every request a term of about the same variance: unweighted, a single long request (lognormal
+    lengths) could make up most of the denominator and hide a spread (z 0.5 at correlation 0.2 in one study reference).
+    Measured (docs/drift.md, "Where requests do not differ"): without a spread 96-100% of references below 2 at
+    every size from 2,000 to 32,000 steps (80 each), median -0.2 to 0.3; one-in-ten hard requests at correlation
+    0.05 below 2 in 4% of 2,000-step references, and at least 5.1 from 4,000 steps on."""
+    p = accepted.sum() / max(checked.sum(), 1.0)
+    v = p * (1 - p)
+    s = np.maximum(steps, 1)
+    scale = math.sqrt(2 * float(((v * checked / s) ** 2).sum()))
+    return float(((((accepted - p * checked) ** 2 - v * checked) / s).sum()) / scale) if scale > 0 else 0.0
+
+def cumulative_increments(accepted: np.ndarray, checked: np.ndarray, p0: float, p1: float) -> np.ndarray:
+    """Cumulative CUSUM increments of simulated streams (one a row) watched with p0 and p1."""
+    wa, wr = llr_weights(p0, p1)
+    x = (accepted * np.float32(wa - wr) + checked * np.float32(wr)).astype(np.float32)
+    return np.cumsum(x, axis=1, dtype=np.float64)
+
+def solve_threshold(s: list[np.ndarray], arl0_steps: int) -> float:
+    """h at which the groups' mean alarm rate of the restarted CUSUM is 1 / arl0_steps; s holds each group's
+    cumulative increments, one stream a row.
+
+    A start: h is bisected on the rate from a fresh start, (n - 1) / (sum of the n streams' run lengths to the
+    first alarm) per group (one vectorised pass per h). The restarted CUSUM usually alarms more often (after an
+    alarm the points that follow are often the rest of the same poor request), so from there h is moved in
+    steps of 25% until the restarted rate, counted exactly (restarted_rate), brackets the stated one, and found
+    inside that bracket by false position on log rate against h (an in-control CUSUM's alarm rate falls about
+    exponentially in h), to within 1% of the stated rate or 0.5% of h; where it stops short, the quieter end."""
+    target = math.log(1.0 / arl0_steps)
+    hi = fresh_start_threshold(s, arl0_steps)
+
+    def log_rate(h: float) -> float:
+        return math.log(max(restarted_rate(s, h, arl0_steps), 1e-3 / arl0_steps))
+
+    # bracket [lo, hi]: too many alarms at lo, few enough at hi, found in steps of 25% from the fresh-start h
+    # (usually upwards; downwards where the fresh-start estimate, from few streams per group, came out high)
+    h0, r0 = hi, log_rate(hi)
+    lo, r_lo, hi, r_hi = h0, r0, h0, r0
+    if r0 > target:
+        while r_hi > target and hi < 1e4:
+            lo, r_lo = hi, r_hi
+            hi *= 1.25
+            r_hi = log_rate(hi)
+    else:
+        while r_lo <= target and lo > 0.05:
+            hi, r_hi = lo, r_lo
+            lo /= 1.25
+            r_lo = log_rate(lo)
+        if r_lo <= target:
+            return float(hi)
+    side = 0
+    for _ in range(8):
+        if hi - lo < 5e-3 * hi or r_lo - r_hi < 0.02:
+            break
+        h = hi - (target - r_hi) * (hi - lo) / (r_lo - r_hi)
+        r = log_rate(h)
+        if abs(r - target) < 0.01:
+            return float(h)
+        if r > target:
+            lo, r_lo = h, r
+            if side == -1:
+                r_hi = (r_hi + target) / 2  # Illinois: keep the stale end from stalling the search
+            side = -1
+        else:
+            hi, r_hi = h, r
+            if side == 1:
+                r_lo = (r_lo + target) / 2
+            side = 1
+    return float(hi)
+
+def fresh_start_threshold(s: list[np.ndarray], arl0_steps: int) -> float:
+    """h (to 1%) at which the groups' mean rate from a fresh start, (n - 1) / (sum of the n streams' run lengths to
+    the first alarm) per group, is 1 / arl0_steps: one vectorised pass per h."""
+    w = [g - np.minimum(np.minimum.accumulate(g, axis=1), 0.0) for g in s]
+
+    def first_rate(h: float) -> float:
+        return float(np.mean([(len(g) - 1) / first_alarm_steps(g, h).sum() for g in w]))
+
+    lo, hi = 0.1, 1.0
+    while first_rate(hi) > 1.0 / arl0_steps and hi < 1e4:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1e-2 * hi:
+        mid = (lo + hi) / 2
+        if first_rate(mid) > 1.0 / arl0_steps:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+def restarted_rate(s: list[np.ndarray], h: float, arl0_steps: int) -> float:
+    """The groups' mean rate of alarms per point of the CUSUM restarted after every alarm, as in use: after a
+    restart at point r, W_t = S_t - min(S_r, min_{r<u<=t} S_u) for the cumulative increments S. Scanned in blocks
+    (a Python step per block and per alarm, not per point), the running minimum carried from block to block."""
+    block = max(256, arl0_steps // 4)
+    rates = []
+    for g in s:
+        alarms = 0
+        for row in g:
+            n, start, floor = len(row), 0, 0.0
+            while start < n:
+                seg = row[start:start + block]
+                low = np.minimum(np.minimum.accumulate(seg), floor)
+                hit = np.flatnonzero(seg - low >= h)
+                if hit.size:
+                    alarms += 1
+                    floor = float(seg[hit[0]])
+                    start += int(hit[0]) + 1
+                else:
+                    floor = float(low[-1])
+                    start += len(seg)
+        rates.append(alarms / g.size)
+    return float(np.mean(rates))
+
+class Mixing:
+    """The distribution of cluster acceptance r, estimated by nonparametric maximum likelihood (Kiefer and
+    Wolfowitz) on a grid: given r, a cluster's a accepted of n checked positions have likelihood r^a (1 - r)^(n - a)
+    (exact for a step log, whose drafting stops at the first rejection, a stopping rule the likelihood ignores, and
+    for windows), and the weights on the grid maximise the likelihood of the clusters (EM). Unlike a beta fitted by
+    moments it keeps the shape the data show (a cluster of hard requests one in ten), and where clusters do not
+    differ beyond chance it comes out nearly a single point instead of a spread the chance variation leaves."""
+
+    def __init__(self, pa: np.ndarray, pn: np.ndarray):
+        rate = pa / np.maximum(pn, 1)
+        slack = 4 * np.sqrt(0.25 / np.maximum(pn, 1))
+        self.grid = np.linspace(max(1e-3, float((rate - slack).min())), min(1 - 1e-3, float((rate + slack).max())),
+                                MIXING_GRID)
+        loglik = pa[:, None] * np.log(self.grid) + (pn - pa)[:, None] * np.log1p(-self.grid)
+        self.lik = np.exp(loglik - loglik.max(axis=1, keepdims=True))  # (clusters, grid)
+        self.start = self._em(np.ones(len(pa)), np.full(MIXING_GRID, 1 / MIXING_GRID), MIXING_ITERATIONS * 10)
+
+    def fit(self, counts: np.ndarray) -> Rates:
+        """The distribution for a group holding each reference cluster counts times (EM from the whole reference's
+        fit), smoothed (Rates)."""
+        w = self._em(counts.astype(float), self.start, MIXING_ITERATIONS)
+        logit = np.log(self.grid / (1 - self.grid))
+        mean = float(w @ logit)
+        cdf = np.cumsum(w)
+        iqr = logit[np.searchsorted(cdf, 0.75)] - logit[np.searchsorted(cdf, 0.25)]
+        var = max(float(w @ (logit - mean) ** 2), 0.0)
+        sd = math.sqrt(var)
+        spread = min(sd, iqr / 1.34) if iqr > 0 else sd
+        b = 0.9 * spread * len(counts) ** -0.2
+        if b <= 0:
+            return Rates(self.grid, w, 0.0, mean, 1.0, 0.0)
+        # shrink towards the weights' mean so that the kernel keeps their variance on the log-odds scale (Silverman
+        # 1986, 6.4.1): a widening alone would add b^2, simulated requests differing more than the data's
+        scale = 1 / math.sqrt(1 + b * b / var)
+        # the log-odds scale's mean is kept, that of r not quite (the logistic is curved); shift it back (Newton, on
+        # 20 Gauss-Hermite nodes), since the false-alarm rate is steep in the mean acceptance
+        nodes, node_w = np.polynomial.hermite_e.hermegauss(20)
+        node_w = node_w / node_w.sum()
+        target = w @ self.grid
+        base = mean + scale * (logit[:, None] - mean + b * nodes[None, :])
+        shift = 0.0
+        for _ in range(8):
+            e = 1 / (1 + np.exp(-(base + shift)))
+            shift += (target - w @ e @ node_w) / (w @ (e * (1 - e)) @ node_w)
+        return Rates(self.grid, w, b, mean, scale, shift)
+
+    def _em(self, counts: np.ndarray, w: np.ndarray, iterations: int) -> np.ndarray:
+        for _ in range(iterations):
+            # (a cluster the group does not hold may have no weight left near it: 0 / 0 must count as 0)
+            w = w * (self.lik.T @ (counts / np.maximum(self.lik @ w, 1e-300))) / counts.sum()
+        return w / w.sum()
+
+@dataclass(frozen=True)
+class Rates:
+    """Draws of cluster acceptance: a grid value g with its weight, moved on the log-odds scale to
+    center + scale (logit g - center + b z) + shift, z standard normal: a kernel with Silverman's bandwidth b from the
+    weights' own spread on that scale and the number of clusters, shrunk towards the weights' mean `center` by
+    scale = 1 / sqrt(1 + b^2 / s^2) (s^2 the weights' variance there) so that the draws keep that variance, and
+    shift keeping the mean of r. The maximum-likelihood weights sit on a few points inside the range of the
+    clusters' own rates; the kernel fills the gaps between them and beyond, without making the clusters differ more
+    than the weights say, and adds nothing where they do not differ (b = 0)."""
+
+    grid: np.ndarray
+    weights: np.ndarray
+    b: float
+    center: float
+    scale: float
+    shift: float
+
+    @classmethod
+    def single(cls, rate: float) -> Rates:
+        """Every cluster at one acceptance."""
+        return cls(np.array([rate]), np.array([1.0]), 0.0, 0.0, 1.0, 0.0)
+
+    def draw(self, rng: np.random.Generator, size: int | tuple) -> np.ndarray:
+        r = rng.choice(self.grid, size=size, p=self.weights)
+        if self.b <= 0:
+            return r
+        logit = np.log(r / (1 - r))
+        z = rng.standard_normal(size)
+        return 1 / (1 + np.exp(-(self.center + self.scale * (logit - self.center + self.b * z) + self.shift)))
+
+class WindowProcess:
+    """The in-control process of one group of engine windows: a drawn window keeps its checked count n and gets
+    accepted ~ Binomial(n, r), r drawn from the group's distribution of window acceptance (Mixing)."""
+
+    def __init__(self, a: np.ndarray, n: np.ndarray, pool: np.ndarray, rates: Rates):
+        self.pool, self.n, self.rates = pool, n, rates
+
+    def draw(self, rng: np.random.Generator, n_streams: int, n_points: int) -> tuple[np.ndarray, np.ndarray]:
+        """(accepted, checked) of n_streams streams of n_points windows, one a row."""
+        checked = self.n[rng.choice(self.pool, (n_streams, n_points))]
+        accepted = rng.binomial(checked.astype(np.int64), self.rates.draw(rng, checked.shape))
+        return accepted.astype(np.int32), checked.astype(np.int32)
+
+TILT_GRID = np.linspace(-8.0, 8.0, 161)  # shifts of the per-position log-odds of acceptance, for interpolation
+
+class StepProcess:
+    """The in-control process of one group of requests (pool: positions among the reference's requests, inverse
+    the request of each reference step), drawn as requests laid end to end.
+
+    A drawn request gets a length in steps from the group's lengths, with a generalized Pareto tail past its longest
+    fifth (RequestLengths), and an acceptance r from the group's distribution of request acceptance (Mixing). Its steps are
+    drawn independently from the group's per-position profile shifted to r: position i of a step is checked while all
+    before were accepted, and accepted with probability logistic(logit q_i + theta), q_i the group's own rate at
+    position i (accepted / checked there), theta the shift whose per-token acceptance is r (interpolated between
+    the points of TILT_GRID, then refined by a Newton step: a draw at the grid point at or above r, as before, made
+    every request a little easier than its r). So steps keep the shape of real steps (position 1 easier or harder
+    than position 4, as the logs have it) at the request's own acceptance; within a request whose positions share
+    one rate this is exactly the truncated geometric step. (A tilt of the group's mix of steps, which this replaced,
+    matched r but, at an r far below the mix, kept too many fully accepted steps from the easy requests in it: fewer
+    rejections per step, a CUSUM drifting up more slowly than in a poor request.)"""
+
+    def __init__(self, a: np.ndarray, n: np.ndarray, inverse: np.ndarray, pool: np.ndarray, rates: Rates):
+        self.rates = rates
+        n_requests = int(inverse.max()) + 1
+        k = max(int(n.max()), 1)
+        self.kinds = np.array([(j, min(j + 1, k)) for j in range(k + 1)], dtype=np.int8)  # (accepted, checked)
+        times = np.bincount(pool, minlength=n_requests)[inverse]  # how often the group holds each reference step
+        reached = np.array([times[n >= i].sum() for i in range(1, k + 1)])
+        passed = np.array([times[a >= i].sum() for i in range(1, k + 1)])
+        self.profile = np.log((passed + 0.5) / (reached - passed + 0.5))  # log-odds at each position
+        self.tilt_rate = self._acceptance(TILT_GRID)[0]  # increasing in theta
+        self.steps = np.bincount(inverse, minlength=n_requests)[pool]
+        self.lengths = RequestLengths(self.steps)
+
+    def _accept(self, theta: np.ndarray) -> np.ndarray:
+        """q_i(theta), the chance of accepting position i when all before were: a row per position, a column per
+        theta (so the products over positions run down short columns, vectorised across thetas)."""
+        return 1 / (1 + np.exp(-(self.profile[:, None] + theta[None, :])))
+
+    def _acceptance(self, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per-token acceptance of a step at each theta, and its derivative in theta."""
+        q = self._accept(theta)
+        reach = np.cumprod(q, axis=0)  # P(a step accepts at least j positions), j = 1..k
+        # E accepted = sum_{j>=1} P(accept >= j), E checked = 1 + sum_{1<=j<k} P(accept >= j), and
+        # d/dtheta P(accept >= j) = P(accept >= j) sum_{i<=j} (1 - q_i)
+        slope = reach * np.cumsum(1 - q, axis=0)
+        acc, chk = reach.sum(axis=0), 1 + reach[:-1].sum(axis=0)
+        d_acc, d_chk = slope.sum(axis=0), slope[:-1].sum(axis=0)
+        return acc / chk, (d_acc * chk - acc * d_chk) / chk ** 2
+
+    def tilt(self, rates: np.ndarray) -> np.ndarray:
+        """P(a step accepts at most j positions), j = 0..k-1 (a row each, a column per r), at the theta whose per-token
+        acceptance is each r: interpolated on TILT_GRID, then one Newton step (the rate is smooth in theta, so the
+        interpolation's error of about 1e-4 falls to about 1e-8)."""
+        theta = np.interp(rates, self.tilt_rate, TILT_GRID)
+        rate, slope = self._acceptance(theta)
+        theta = np.clip(theta + (rates - rate) / np.maximum(slope, 1e-12), TILT_GRID[0], TILT_GRID[-1])
+        return 1 - np.cumprod(self._accept(theta), axis=0)
+
+    def draw(self, rng: np.random.Generator, n_streams: int, n_points: int) -> tuple[np.ndarray, np.ndarray]:
+        """(accepted, checked) of n_streams streams of n_points steps, one a row."""
+        draws = int(n_points / self.steps.mean() * 1.5) + 16
+        picked = np.empty((n_streams, n_points), dtype=np.int8)
+        for i in range(n_streams):
+            filled = 0
+            while filled < n_points:
+                lengths = self.lengths.draw(rng, draws, n_points - filled)
+                rates = self.rates.draw(rng, draws)
+                used = min(int(np.searchsorted(np.cumsum(lengths), n_points - filled)) + 1, draws)  # those that fit
+                cdf = self.tilt(rates[:used])
+                row = np.repeat(np.arange(used), lengths[:used])[:n_points - filled]
+                u = rng.random(len(row))
+                kind = np.zeros(len(row), dtype=np.int8)
+                for column in cdf:
+                    kind += u > column[row]
+                picked[i, filled:filled + len(row)] = kind
+                filled += len(row)
+        return self.kinds[picked, 0], self.kinds[picked, 1]
+
+class RequestLengths:
+    """Request lengths of a group: a length at or below u (the group's lengths' (1 - TAIL_SHARE) quantile) drawn
+    from the group's own lengths as they are, one above u as u plus a generalized Pareto excess (math.md, "Drift",
+    step 3). A reference of a hundred requests holds none of the few longest requests the stated rate depends
+    on, so the tail past its longest is an extrapolation, and by the Pickands-Balkema-de Haan theorem excesses
+    over a high threshold are about generalized Pareto whatever the distribution: shape xi = 0 for an exponential
+    tail (a geometric length's, exactly), xi > 0 for a heavier one. Estimating xi lets the group's own longest
+    requests say how heavy the tail is; a fixed kernel on the log scale (what this replaced) gave every tail a
+    lognormal's, 2.6 x a geometric's at five times the mean length (tests/test_calibration.py)."""
+
+    def __init__(self, lengths: np.ndarray):
+        ordered = np.sort(lengths)
+        self.lengths = lengths
+        self.u = int(ordered[max(math.ceil((1 - TAIL_SHARE) * len(ordered)) - 1, 0)])
+        # an excess e = L - u >= 1 counts whole steps; e - 1/2 is the continuous excess it rounds up from
+        over = ordered[ordered > self.u] - self.u - 0.5
+        self.xi, self.sigma = (gpd_fit(over) if len(over) >= TAIL_MIN
+                               else (0.0, float(over.mean()) if len(over) else 0.0))
+
+    def draw(self, rng: np.random.Generator, size: int, cap: int) -> np.ndarray:
+        """size lengths, each at most cap (a longer request fills a stream of cap points all the same)."""
+        out = self.lengths[rng.integers(0, len(self.lengths), size)].astype(np.int64)
+        tail = np.flatnonzero(out > self.u)
+        if self.sigma > 0 and tail.size:
+            v = 1 - rng.random(tail.size)  # in (0, 1]
+            excess = (-self.sigma * np.log(v) if abs(self.xi) < 1e-9
+                      else self.sigma / self.xi * np.expm1(-self.xi * np.log(v)))
+            out[tail] = self.u + np.ceil(np.minimum(excess, cap)).astype(np.int64)
+        return np.clip(out, 1, cap)
+
+def gpd_fit(excess: np.ndarray) -> tuple[float, float]:
+    """(xi, sigma) of a generalized Pareto distribution, P(X > x) = (1 + xi x / sigma)^(-1/xi), fitted to positive
+    excesses by Zhang and Stephens' (2009) method: the profile likelihood in theta = -xi / sigma averaged over a
+    grid of theta by its own weights (a posterior mean), then xi = mean log(1 - theta x) and sigma = -xi / theta
+    there. Unlike the maximum-likelihood estimate it always exists and is stable with a few dozen excesses; it
+    assumes them independent. xi < 0 is a bounded tail, its end beyond the largest excess."""
+    x = np.sort(np.asarray(excess, dtype=float))
+    n = len(x)
+    m = 20 + int(math.sqrt(n))
+    theta = 1 / x[-1] + (1 - np.sqrt(m / (np.arange(1, m + 1) - 0.5))) / (3 * x[max(int(n / 4 + 0.5) - 1, 0)])
+    shape = np.log1p(-theta[:, None] * x[None, :]).mean(axis=1)  # the xi that maximises the likelihood at theta
+    # -theta / shape tends to 1 / mean(x) as theta -> 0 (the exponential's likelihood); a grid point can be exactly
+    # 0 (theta_j = 0 when x_(n) = 3 x_(q) and m / (j - 1/2) = 4, e.g. 200 excesses), where 0 / 0 would make every
+    # weight NaN
+    zero = theta == 0
+    rate = np.where(zero, 1 / x.mean(), -theta / np.where(zero, 1.0, shape))
+    loglik = n * (np.log(rate) - shape - 1)
+    weight = 1 / np.exp(np.clip(loglik[None, :] - loglik[:, None], -700, 700)).sum(axis=1)
+    th = float(weight @ theta)
+    if abs(th) * x[-1] < 1e-12:  # theta 0: the exponential tail
+        return 0.0, float(x.mean())
+    xi = float(np.log1p(-th * x).mean())
+    return xi, -xi / th
+
+def first_alarm_steps(w: np.ndarray, h: float) -> np.ndarray:
+    """Points to the first W >= h in each row (the row length where none came)."""
+    hit = w >= h
+    return np.where(hit.any(axis=1), hit.argmax(axis=1) + 1, w.shape[1])
+
+_CALIBRATIONS: OrderedDict[bytes, float] = OrderedDict()  # the watcher re-analyses a run after every batch
+
+def calibrate_cached(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p0: float, p1: float,
+                      arl0_steps: int) -> float:
+    key = hashlib.sha256(b"".join(np.ascontiguousarray(v).tobytes() for v in (accepted, checked, clusters))
+                         + repr((p0, p1, arl0_steps)).encode()).digest()
+    if key not in _CALIBRATIONS:
+        _CALIBRATIONS[key] = calibrate(accepted, checked, clusters, p0, p1, arl0_steps)
+        if len(_CALIBRATIONS) > 64:
+            _CALIBRATIONS.popitem(last=False)
+    return _CALIBRATIONS[key]
+
+def design_for(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, k: int,
+               break_even: float | None, arl0_steps: int = DEFAULT_ARL0_STEPS,
+               reference_steps: int = REFERENCE_STEPS, delta: float = DEFAULT_DELTA,
+               unit: str = "steps", threshold: Callable[..., float] | None = None) -> Design | None:
+    """Calibrate a detector on the first reference_steps points of a stream (clusters: the cluster of each of
+    those points, or of every point). None if the reference has no checks. threshold(accepted, checked, clusters,
+    p0, p1, arl0_steps) gives h for the reference (default: calibrate, remembered in this process; a caller that
+    keeps thresholds elsewhere passes its own).
+
+    p0 is the reference's per-token acceptance; p1 is break-even alpha* when it lies below p0 by more than 0.02,
+    else p0 - delta.
+    """
+    ref = slice(0, min(reference_steps, len(accepted)))
+    a = np.asarray(accepted[ref], dtype=float)
+    n = np.asarray(checked[ref], dtype=float)
+    if n.sum() == 0:
+        return None
+    p0 = float(np.clip(a.sum() / n.sum(), 0.01, 0.99))
+    p1 = target_p1(p0, break_even, delta)
+    ref_clusters = np.asarray(clusters)[ref]
+    h = (threshold or calibrate_cached)(a, n, ref_clusters, p0, p1, arl0_steps)
+    per_a, per_n = cluster_sums(a, n, ref_clusters)
+    iv = stats.cluster_robust_interval(per_a, per_n)
+    return Design(p0, p1, float(h), arl0_steps, float(iv.design_effect), int(k), len(per_n), unit, len(a))
+
+def redesigner(head: Callable[[int], tuple[np.ndarray, np.ndarray, np.ndarray]], k: int,
+               break_even: float | None, arl0_steps: int = DEFAULT_ARL0_STEPS, unit: str = "steps",
+               threshold: Callable[..., float] | None = None) -> Callable[[int], Design]:
+    """watch's redesign: the design calibrated on a stream's first c points (a checkpoint), head(c) giving accepted,
+    checked and clusters of at least those (a stream held whole gives all of it; a kept state reads them back)."""
+    def redesign(c: int) -> Design:
+        design = design_for(*head(c), k, break_even, arl0_steps, c, unit=unit, threshold=threshold)
+        assert design is not None, "a reference that holds the first one has checked positions"
+        return design
+    return redesign
