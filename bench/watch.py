@@ -185,7 +185,7 @@ def latency_and_cpu(seconds: float, steps_per_s: float, engine_per_s: float) -> 
 REFRESH = r"""
 import json, sys, time
 from specmon.analysis import summary
-from specmon.follow import watcher as watch
+from specmon.analysis.sources import source_health, watched_sources
 from specmon.store.database import Store
 s = Store(sys.argv[1])
 def best(fn, n=7):
@@ -193,7 +193,7 @@ def best(fn, n=7):
     for _ in range(n):
         t = time.perf_counter(); fn(); out.append(time.perf_counter() - t)
     return min(out)
-check = best(lambda: (s.generation, watch.source_health(watch.watched_sources(s))))
+check = best(lambda: (s.generation, source_health(watched_sources(s))))
 generation = best(lambda: s.generation, 50)
 overview = best(lambda: summary.summarize(s), 3)
 print(json.dumps({"positions": s.query("SELECT count(*) FROM position_rows")[0][0], "generation_check_s": generation,

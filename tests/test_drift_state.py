@@ -27,7 +27,8 @@ from specmon.analysis import summary
 from specmon.core.settings import DEFAULT_ARL0_STEPS
 from specmon.drift import alarms, calibration, detector
 from specmon.drift import state as drift_state
-from specmon.follow import watcher as watch
+from specmon.follow.config import SourceConfig, WatchConfig
+from specmon.follow.watcher import Watcher
 from specmon.ingest.pipeline import ingest_file
 from specmon.store.database import Store
 
@@ -174,7 +175,7 @@ def test_hours_holding_more_points_than_one_read_are_read_in_several(store, tmp_
 def test_a_watched_log_growing_advances_the_state_in_the_watcher(store, tmp_path, lines):
     followed = tmp_path / "followed.jsonl"
     followed.write_text("")
-    watcher = watch.Watcher(store, watch.WatchConfig([watch.SourceConfig("steplog", str(followed), run="watched")],
+    watcher = Watcher(store, WatchConfig([SourceConfig("steplog", str(followed), run="watched")],
                                                      interval_s=0.1, alarm_every_s=0), log=lambda _: None)
     done = 0
     for cut in (2300, 3100, 5800, len(lines)):

@@ -18,7 +18,8 @@ import pytest
 from specmon.analysis import lossless, summary
 from specmon.core import resources
 from specmon.core.settings import BUCKETS
-from specmon.follow import watcher as watch
+from specmon.follow.config import SourceConfig, WatchConfig
+from specmon.follow.watcher import Watcher
 from specmon.ingest import demo
 from specmon.ingest.pipeline import ingest_file
 from specmon.store import database as store_mod
@@ -228,7 +229,7 @@ def test_rollups_give_the_full_scan_figures_on_random_data(store, tmp_path):
     lines = whole.read_text().splitlines(keepends=True)
     followed = tmp_path / "followed.jsonl"
     followed.write_text("")
-    watcher = watch.Watcher(store, watch.WatchConfig([watch.SourceConfig("steplog", str(followed), run="watched")],
+    watcher = Watcher(store, WatchConfig([SourceConfig("steplog", str(followed), run="watched")],
                                                      interval_s=0.1), log=lambda _: None)
     for cut in (len(lines) // 3, 2 * len(lines) // 3, len(lines)):
         with followed.open("a") as out:

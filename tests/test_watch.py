@@ -14,8 +14,10 @@ import pytest
 from streamlit.testing.v1 import AppTest
 from waiting import until
 
+from specmon.analysis.sources import source_health, watched_sources
 from specmon.core.faults import SpecmonError
-from specmon.follow import watcher as watch
+from specmon.follow.config import SourceConfig, WatchConfig, load_config
+from specmon.follow.watcher import Watcher
 from specmon.store.database import Store
 
 # The shape of a real vLLM V1 line (tests/data/engines/vllm-v1-current-1.log), with figures filled in.
@@ -45,7 +47,7 @@ def totals(store: Store) -> tuple[float, float]:
 def test_a_followed_log_counts_every_line_once_through_half_lines_rotation_and_truncation(tmp_path):
     log = tmp_path / "vllm.log"
     store = Store(str(tmp_path / "w.duckdb"))
-    w = watch.Watcher(store, watch.WatchConfig([watch.SourceConfig("log", str(log), run="prod")], interval_s=0.1))
+    w = Watcher(store, WatchConfig([SourceConfig("log", str(log), run="prod")], interval_s=0.1))
     want_acc = want_drafted = 0
 
     def write(path: Path, i: int, mode: str = "a", cut: int | None = None) -> str:
@@ -116,14 +118,14 @@ def test_a_bad_line_stops_its_source_with_a_message_and_nothing_else(tmp_path):
     line, acc, drafted = v1_line(0, 10, [5, 3, 1])
     log.write_text(line)
     store = Store(db)
-    sources = [watch.SourceConfig("steplog", str(steps), run="s"), watch.SourceConfig("log", str(log), run="e"),
-               watch.SourceConfig("log", str(tmp_path / "missing.log"), run="m"),
-               watch.SourceConfig("prometheus", "http://127.0.0.1:9", run="p")]
+    sources = [SourceConfig("steplog", str(steps), run="s"), SourceConfig("log", str(log), run="e"),
+               SourceConfig("log", str(tmp_path / "missing.log"), run="m"),
+               SourceConfig("prometheus", "http://127.0.0.1:9", run="p")]
     lines: list[str] = []
-    w = watch.Watcher(store, watch.WatchConfig(sources, interval_s=0.1), log=lines.append)
+    w = Watcher(store, WatchConfig(sources, interval_s=0.1), log=lines.append)
     w.poll_once()
     assert totals(store) == (acc, drafted)  # the good source went on
-    health = watch.source_health(watch.watched_sources(store)).set_index("location")
+    health = source_health(watched_sources(store)).set_index("location")
     assert health.loc[str(steps), "status"] == "stopped"
     last_error = health.loc[str(steps), "last_error"]
     assert f"{steps}:2" in last_error and "invalid JSON" in last_error
@@ -135,7 +137,7 @@ def test_a_bad_line_stops_its_source_with_a_message_and_nothing_else(tmp_path):
     assert any("failing" in x for x in lines)
     # With skip_bad the same source stores the good line and reports the bad one.
     sources[0].skip_bad = True
-    w2 = watch.Watcher(store, watch.WatchConfig(sources[:1], interval_s=0.1), log=lines.append)
+    w2 = Watcher(store, WatchConfig(sources[:1], interval_s=0.1), log=lines.append)
     w2.poll_once()
     assert store.query("SELECT count(*) FROM steps")[0][0] == 1
     assert Path(f"{steps}.rejected.jsonl").exists()
@@ -148,7 +150,7 @@ def test_an_inbox_ingests_each_complete_file_once_and_files_it(tmp_path):
     (inbox / "bad.jsonl").write_text('{"request_id": "a", "draft_tokens": [1, 2], "accepted": 7}\n')
     (inbox / "coming.jsonl.part").write_text("{")
     store = Store(str(tmp_path / "w.duckdb"))
-    w = watch.Watcher(store, watch.WatchConfig([watch.SourceConfig("inbox", str(inbox))], interval_s=0.1),
+    w = Watcher(store, WatchConfig([SourceConfig("inbox", str(inbox))], interval_s=0.1),
                       log=lambda s: None)
     w.poll_once()  # first look: files may still be growing
     assert store.query("SELECT count(*) FROM steps")[0][0] == 0
@@ -193,9 +195,9 @@ def test_a_segment_turning_losing_reaches_the_webhook_once(tmp_path, receiver):
     url, received = receiver
     log = tmp_path / "vllm.log"
     store = Store(str(tmp_path / "w.duckdb"))
-    config = watch.WatchConfig([watch.SourceConfig("log", str(log), run="prod", c=0.3)], interval_s=0.1,
+    config = WatchConfig([SourceConfig("log", str(log), run="prod", c=0.3)], interval_s=0.1,
                                webhook=url, dashboard_url="http://127.0.0.1:8501", alarm_every_s=0)
-    w = watch.Watcher(store, config, log=lambda s: None)
+    w = Watcher(store, config, log=lambda s: None)
     with open(log, "w") as fh:
         for i in range(20):
             fh.write(v1_line(i, 100, [90, 80, 70])[0])
@@ -216,7 +218,7 @@ def test_a_segment_turning_losing_reaches_the_webhook_once(tmp_path, receiver):
     assert notice["alpha_hi"] < notice["break_even"]
     assert notice["link"].startswith("http://127.0.0.1:8501/")
     w.poll_once()  # nothing new: nothing sent again
-    restarted = watch.Watcher(store, config, log=lambda s: None)
+    restarted = Watcher(store, config, log=lambda s: None)
     with open(log, "a") as fh:
         fh.write(v1_line(400, 100, [20, 5, 1])[0])
     restarted.poll_once()
@@ -228,19 +230,19 @@ def test_the_config_file_names_sources_and_bad_ones_are_clear(tmp_path):
     cfg = tmp_path / "watch.toml"
     cfg.write_text('interval = 0.5\nwebhook = "http://127.0.0.1:1/x"\n[[log]]\npath = "a.log"\nrun = "prod"\n'
                    'template = "v7"\nc = 0.1\n[[prometheus]]\nurl = "http://127.0.0.1:9090"\nstep = 30\n')
-    config = watch.load_config(str(cfg))
+    config = load_config(str(cfg))
     assert config.interval_s == 0.5 and config.webhook == "http://127.0.0.1:1/x"
     assert [(s.kind, s.location, s.run_name, s.template, s.c) for s in config.sources] == [
         ("log", "a.log", "prod", "v7", 0.1), ("prometheus", "http://127.0.0.1:9090", "prometheus", None, None)]
     cfg.write_text('[[log]]\nrun = "x"\n')
     with pytest.raises(SpecmonError, match=r"\[\[log\]\] #1: needs path"):
-        watch.load_config(str(cfg))
+        load_config(str(cfg))
     cfg.write_text('[[log]]\npath = "a"\nc = "high"\n')
     with pytest.raises(SpecmonError, match="c must be a number"):
-        watch.load_config(str(cfg))
+        load_config(str(cfg))
     cfg.write_text("[[log]\n")
     with pytest.raises(SpecmonError, match="not valid TOML"):
-        watch.load_config(str(cfg))
+        load_config(str(cfg))
 
 
 def test_the_sources_page_lists_sources_and_flags_a_stale_one(tmp_path, monkeypatch):
@@ -249,7 +251,7 @@ def test_the_sources_page_lists_sources_and_flags_a_stale_one(tmp_path, monkeypa
     log = tmp_path / "vllm.log"
     log.write_text(v1_line(0, 10, [5, 3, 1])[0])
     store = Store(db)
-    w = watch.Watcher(store, watch.WatchConfig([watch.SourceConfig("log", str(log), run="prod")],
+    w = Watcher(store, WatchConfig([SourceConfig("log", str(log), run="prod")],
                                                stale_after_s=0.5), log=lambda s: None)
     w.poll_once()
     time.sleep(1.0)

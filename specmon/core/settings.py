@@ -1,7 +1,7 @@
 """Statistical levels, defaults and the database's memory cap, defined once; the CLI, the pages and the summaries import
 them from here.
 
-Pure constants and one settings dataclass: no I/O, nothing imported from the rest of specmon. drift.py keeps its
+Pure constants and one settings dataclass: no I/O, nothing imported from the rest of specmon. specmon.drift keeps its
 detector's own tuning (reference sizes, change-verdict level) beside the detector; the false-alarm rate a user
 may change is here.
 """
@@ -44,6 +44,8 @@ DEFAULT_DB = "specmon.duckdb"
 DB_ENV = "SPECMON_DB"
 LOCK_TIMEOUT_ENV = "SPECMON_LOCK_TIMEOUT"
 DEFAULT_LOCK_TIMEOUT_S = 60.0
+# A watched source that reads fine but delivers no new data for this long is shown stale (`stale_after`).
+DEFAULT_STALE_AFTER_S = 300.0
 # How far a logged distribution may sum from 1 before a step is rejected (`ingest --sum-tol`; a float32 softmax
 # over a 150k vocabulary stays well inside).
 DEFAULT_SUM_TOLERANCE = 1e-3

@@ -14,23 +14,20 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO
 
 import duckdb
 
 from specmon.core.faults import Fault, SpecmonError
+from specmon.core.times import utc_now
 from specmon.ingest import formats, steplog
 from specmon.ingest.formats.base import MAX_FAULTS_KEPT, Job, Progress, Rejected, RejectReport
-from specmon.ingest.formats.engine_window import store_windows  # noqa: F401  (the watcher stores windows through ingest)
 from specmon.ingest.formats.prometheus_text import write_samples
 from specmon.store.database import Store
 from specmon.store.locks import pid_alive
 from specmon.store.rollups import refresh_rollups
 from specmon.store.rows import add_ingest, get_or_create_run, get_or_create_segment
-
-FORMATS = formats.names()
 
 
 @dataclass
@@ -66,10 +63,6 @@ def file_sha256(path: str) -> str:
         while chunk := fh.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()
-
-
-def utc_now() -> datetime:
-    return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
 InTransaction = Callable[[duckdb.DuckDBPyConnection, "IngestResult"], None]

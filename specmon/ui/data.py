@@ -14,8 +14,8 @@ import pandas as pd
 import streamlit as st
 
 from specmon.analysis import lossless, summary
+from specmon.analysis.sources import source_health, watched_sources
 from specmon.drift import alarms
-from specmon.follow import watcher as watch
 from specmon.ingest import demo, pipeline
 from specmon.store.database import Store, default_db_path
 from specmon.ui.widgets import md_text
@@ -110,13 +110,13 @@ def drift(run: str) -> alarms.RunDrift:
 
 @st.cache_data(max_entries=4)
 def _sources(path: str, generation: tuple) -> pd.DataFrame:
-    return watch.watched_sources(_store(path))
+    return watched_sources(_store(path))
 
 
 def sources() -> pd.DataFrame:
     """Every watched source with its health now (lag and staleness move with the clock, not with the data)."""
     store = get_store()
-    return watch.source_health(_sources(store.path, store.generation))
+    return source_health(_sources(store.path, store.generation))
 
 
 # How often an open page looks for new data (seconds); one stat of the database file per look.

@@ -56,7 +56,6 @@ _CASTS_TO = {
     "DOUBLE": ("FLOAT", "DOUBLE", *_INTEGERS),
 }
 _PROBABILITY_COLUMNS = ("beta", "beta_lo", "beta_hi", "p_token", "q_token")
-_CSV_LINE = re.compile(r"Line: (\d+)")
 
 
 @dataclass

@@ -1,0 +1,126 @@
+"""What `specmon watch` follows: one SourceConfig per source, from the command line or a TOML file."""
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specmon.core.faults import SpecmonError
+from specmon.core.settings import DEFAULT_STALE_AFTER_S
+
+KINDS = ("log", "steplog", "inbox", "prometheus")
+# Where the watcher writes its log lines (the CLI: stdout with a time stamp).
+Log = Callable[[str], None]
+
+
+DEFAULT_INTERVAL_S = 1.0
+
+
+DEFAULT_PROMETHEUS_LOOKBACK_S = 6 * 3600.0
+
+
+DEFAULT_PROMETHEUS_STEP_S = 15.0
+
+
+# Alarms and statuses are re-evaluated at most this often per run (an analysis reads the whole run).
+DEFAULT_ALARM_EVERY_S = 5.0
+
+
+@dataclass
+class SourceConfig:
+    """One followed source. kind: log (an engine's log), steplog, inbox (a folder) or prometheus (a URL)."""
+
+    kind: str
+    location: str
+    run: str | None = None
+    template: str | None = None
+    c: float | None = None
+    skip_bad: bool = False
+    step_s: float = DEFAULT_PROMETHEUS_STEP_S  # prometheus: sample spacing
+    lookback_s: float = DEFAULT_PROMETHEUS_LOOKBACK_S  # prometheus: how far back the first pull reaches
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}:{self.location}"
+
+    @property
+    def run_name(self) -> str:
+        if self.run:
+            return self.run
+        if self.kind == "prometheus":
+            return "prometheus"
+        return Path(self.location).stem or "default"
+
+
+@dataclass
+class WatchConfig:
+    sources: list[SourceConfig] = field(default_factory=list)
+    interval_s: float = DEFAULT_INTERVAL_S
+    stale_after_s: float = DEFAULT_STALE_AFTER_S
+    webhook: str | None = None
+    dashboard_url: str = ""  # prefixed to the link path in webhooks, e.g. http://host:8501
+    alarm_every_s: float = DEFAULT_ALARM_EVERY_S
+
+
+def load_config(path: str) -> WatchConfig:
+    """A TOML file: top-level interval, stale_after, alarm_every (seconds), webhook, dashboard_url (all optional),
+    and one table per
+    source, as arrays of tables named by kind:
+
+        [[log]]
+        path = "/var/log/vllm/server.log"
+        run = "prod"
+        template = "v7"
+        c = 0.1
+
+    Tables: [[log]] and [[steplog]] and [[inbox]] take `path`, [[prometheus]] takes `url` (and `step`,
+    `lookback` in seconds); every table takes run, template, c and skip_bad."""
+    try:
+        with open(path, "rb") as fh:
+            doc = tomllib.load(fh)
+    except OSError as exc:
+        raise SpecmonError(f"{path}: cannot read the watch configuration ({exc.strerror})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecmonError(f"{path}: not valid TOML ({exc})") from None
+    config = WatchConfig()
+    known = {"interval", "stale_after", "alarm_every", "webhook", "dashboard_url", *KINDS}
+    unknown = set(doc) - known
+    if unknown:
+        raise SpecmonError(f"{path}: unknown key(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(known))})")
+    config.interval_s = _number(doc, "interval", DEFAULT_INTERVAL_S, path)
+    config.stale_after_s = _number(doc, "stale_after", DEFAULT_STALE_AFTER_S, path)
+    config.alarm_every_s = _number(doc, "alarm_every", DEFAULT_ALARM_EVERY_S, path)
+    config.webhook = doc.get("webhook")
+    config.dashboard_url = doc.get("dashboard_url", "")
+    for kind in KINDS:
+        tables = doc.get(kind, [])
+        if isinstance(tables, dict):
+            tables = [tables]
+        for i, table in enumerate(tables, start=1):
+            where = f"{path}: [[{kind}]] #{i}"
+            loc_key = "url" if kind == "prometheus" else "path"
+            if not isinstance(table, dict) or not isinstance(table.get(loc_key), str):
+                raise SpecmonError(f"{where}: needs {loc_key} = \"...\"")
+            allowed = {loc_key, "run", "template", "c", "skip_bad", "step", "lookback"}
+            extra = set(table) - allowed
+            if extra:
+                raise SpecmonError(f"{where}: unknown key(s) {', '.join(sorted(extra))}")
+            config.sources.append(SourceConfig(
+                kind, table[loc_key], table.get("run"), table.get("template"),
+                _optional_number(table, "c", where), bool(table.get("skip_bad", False)),
+                _number(table, "step", DEFAULT_PROMETHEUS_STEP_S, where),
+                _number(table, "lookback", DEFAULT_PROMETHEUS_LOOKBACK_S, where)))
+    return config
+
+
+def _optional_number(table: dict, key: str, where: str) -> float | None:
+    value = table.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
+        raise SpecmonError(f"{where}: {key} must be a number >= 0, got {value!r}")
+    return None if value is None else float(value)
+
+
+def _number(table: dict, key: str, default: float, where: str) -> float:
+    value = _optional_number(table, key, where)
+    return default if value is None else value

@@ -1,0 +1,175 @@
+"""One poll of each kind of source: an engine log, a step log, an inbox folder, a Prometheus server. What a poll reads
+is stored through the ingest pipeline with the source's new read position in the same transaction."""
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import orjson
+
+from specmon.core.faults import Fault, SpecmonError
+from specmon.core.times import utc_now
+from specmon.follow import prometheus_api
+from specmon.follow.config import Log, SourceConfig
+from specmon.follow.positions import load_position, mark, save_position
+from specmon.follow.tail import Chunk, Position, next_chunk, position_after
+from specmon.ingest.formats.engine_log import EngineLogReader
+from specmon.ingest.formats.engine_window import store_windows
+from specmon.ingest.pipeline import IngestResult, ingest_file, ingest_samples
+from specmon.store.database import Store
+from specmon.store.rows import add_ingest, get_or_create_run, get_or_create_segment
+
+# Suffixes of files still being written into an inbox; they are left alone.
+_PARTIAL_SUFFIXES = (".part", ".tmp", ".partial", ".crdownload")
+
+
+
+def annotated_template(cur, run: str, ts: datetime) -> str | None:
+    """The template a rollout annotation put in force for this run at time ts, if any."""
+    rows = cur.execute(
+        "SELECT a.template FROM annotations a JOIN runs r USING (run_id) WHERE r.name = ? AND a.starts_at <= ? "
+        "ORDER BY a.starts_at DESC, a.annotation_id DESC LIMIT 1", [run, ts]).fetchall()
+    return rows[0][0] if rows else None
+
+
+class SourceStopped(SpecmonError):
+    """A source that cannot go on by itself (a bad line without skip_bad): retried only after back-off."""
+
+
+@dataclass
+class PollResult:
+    rows: int = 0  # windows, steps or samples stored
+    faults: list[Fault] = field(default_factory=list)
+    more: bool = False  # a backlog remains: poll again at once
+
+
+def next_piece(store: Store, source: SourceConfig) -> tuple[Chunk | None, Position]:
+    return next_chunk(source.location, load_position(store, source))
+
+
+def poll_log(store: Store, source: SourceConfig, log: Log) -> PollResult:
+    """Read the engine log's new complete lines into engine windows, committed with the new position."""
+    chunk, pos = next_piece(store, source)
+    if chunk is None:
+        return PollResult()
+    now = utc_now()
+    reader = EngineLogReader(source.location, now, state=pos.state or None)
+    for line_no, raw in chunk.lines():
+        reader.feed(line_no, raw.decode("utf-8", "replace"))
+    windows, faults = reader.take()
+    if faults and not source.skip_bad:
+        raise SourceStopped(f"{faults[0]} (the source stops here; fix the log or watch it with skip_bad)")
+    for fault in faults:
+        log(f"skipped {fault}")
+    new_pos = position_after(chunk, pos, reader.state())
+    dedupe = chunk.dedupe_key(source.key)
+    with store.transaction() as cur:
+        if not cur.execute("SELECT 1 FROM ingests WHERE sha256 = ?", [dedupe]).fetchall():
+            run_id = get_or_create_run(cur, source.run_name, "engine", False, None)
+            ingest_id = add_ingest(cur, file_name=Path(source.location).name, sha256=dedupe, ingested_at=now,
+                                   source_format="engine-log", run_id=run_id, rows_read=len(windows),
+                                   steps=len(windows))
+            by_template: dict[str, list] = {}
+            for w in windows:
+                template = source.template or annotated_template(cur, source.run_name, w.end_ts or now) or ""
+                by_template.setdefault(template, []).append(w)
+            for template, group in by_template.items():
+                store_windows(cur, group, ingest_id, get_or_create_segment(cur, run_id, template), now)
+        save_position(cur, source, new_pos, len(windows), now)
+    return PollResult(len(windows), faults, more=chunk.backlog)
+
+
+def poll_steplog(store: Store, source: SourceConfig, log: Log) -> PollResult:
+    """Ingest the step log's new complete lines (the ingest's rules and messages), committed with the position."""
+    chunk, pos = next_piece(store, source)
+    if chunk is None:
+        return PollResult()
+    now = utc_now()
+    new_pos = position_after(chunk, pos, {})
+    fd, piece = tempfile.mkstemp(prefix="specmon-watch-", suffix=".jsonl")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(chunk.data)
+        with store.cursor() as cur:
+            template = source.template or annotated_template(cur, source.run_name, now)
+        result = ingest_file(
+            store, piece, name=source.location, run=source.run_name, template=template, fmt="steplog-jsonl",
+            skip_bad=source.skip_bad, report_path=f"{source.location}.rejected.jsonl",
+            dedupe_key=chunk.dedupe_key(source.key),
+            first_line=chunk.first_line,
+            in_transaction=lambda cur, r: save_position(cur, source, new_pos, r.steps, now))
+    finally:
+        os.unlink(piece)
+    if result.status == "rejected":
+        raise SourceStopped(f"{result.faults[0]} ({result.fault_count} fault(s) in lines {chunk.first_line}-"
+                            f"{new_pos.line_no}; the source stops here; fix the log or watch it with skip_bad)")
+    if result.rejected:
+        log(f"{source.location}: {result.rejected} bad line(s) skipped, see {result.report_path}")
+    return PollResult(result.steps, result.faults, more=chunk.backlog)
+
+
+def poll_inbox(store: Store, source: SourceConfig, log: Log, seen: dict[str, tuple[int, int]]) -> PollResult:
+    """Ingest every complete file in the folder once, then move it to done/ or rejected/ with its report.
+
+    A file is complete when its size and modification time did not change between two polls (seen holds the
+    last look) and it does not end in a partial-download suffix. Ingest is deduplicated by content, so a
+    watcher killed between storing a file and moving it stores nothing twice when it sees the file again."""
+    folder = Path(source.location)
+    if not folder.is_dir():
+        raise SpecmonError(f"{folder}: no such folder")
+    done_dir, rejected_dir = folder / "done", folder / "rejected"
+    stored = 0
+    faults: list[Fault] = []
+    for entry in sorted(folder.iterdir()):
+        if not entry.is_file() or entry.name.startswith(".") or entry.name.endswith(_PARTIAL_SUFFIXES):
+            continue
+        st = entry.stat()
+        look = (st.st_size, st.st_mtime_ns)
+        if seen.get(str(entry)) != look:
+            seen[str(entry)] = look  # seen once: take it at the next poll if it did not change
+            continue
+        del seen[str(entry)]
+        report = rejected_dir / f"{entry.name}.rejected.jsonl"
+        rejected_dir.mkdir(exist_ok=True)
+        with store.cursor() as cur:
+            template = source.template or annotated_template(cur, source.run or entry.stem, utc_now())
+        result = ingest_file(store, str(entry), run=source.run, template=template, skip_bad=source.skip_bad,
+                             report_path=str(report))
+        target = rejected_dir if result.status == "rejected" else done_dir
+        target.mkdir(exist_ok=True)
+        (target / f"{entry.name}.report.json").write_bytes(orjson.dumps(result.as_dict(), option=orjson.OPT_INDENT_2))
+        os.replace(entry, target / entry.name)
+        if result.status == "rejected":
+            faults += result.faults
+            log(f"{entry}: rejected ({result.fault_count} fault(s), first: {result.faults[0]}); moved to {target}")
+        else:
+            stored += result.steps
+            log(f"{entry}: {result.status} ({result.steps} rows); moved to {target}")
+    now = utc_now()
+    with store.transaction() as cur:
+        save_position(cur, source, Position(), stored, now)
+    return PollResult(stored, faults)
+
+
+def poll_prometheus(store: Store, source: SourceConfig, log: Log) -> PollResult:
+    """Pull the samples since the last pull (the first reaches lookback_s back), committed with the new start."""
+    pos = load_position(store, source)
+    end = utc_now()
+    last = pos.state.get("last_ts")
+    start = datetime.fromisoformat(last) if last else end - timedelta(seconds=source.lookback_s)
+    samples = prometheus_api.pull(source.location, start, end, source.step_s)
+    if not samples:
+        mark(store, source, "ok", None, end)
+        return PollResult()
+    newest = max(s.ts for s in samples)
+    new_pos = Position(state={"last_ts": newest.isoformat()})
+    result: IngestResult = ingest_samples(
+        store, samples, f"{source.location} {start:%Y-%m-%dT%H:%M:%S}..{end:%H:%M:%S}", source.run_name,
+        source.template, in_transaction=lambda cur, r: save_position(cur, source, new_pos, r.steps, end))
+    if result.status == "already ingested":
+        mark(store, source, "ok", None, end)
+        return PollResult()
+    return PollResult(result.steps)
