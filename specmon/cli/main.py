@@ -204,61 +204,29 @@ def parse_since(text: str | None, flag: str = "--since") -> datetime | None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from specmon.analysis import summary
-    from specmon.core.segments import is_problem, why_unknown
-    from specmon.drift import alarms
+    from specmon.verdicts import findings
 
     since = parse_since(args.since)
     with _open_store(args) as store:
-        rows = summary.summarize(store, by="template", c=args.c, since=since, per_position=False)
-        if not rows or rows[0]["demo"]:
-            window = f" since {since:%Y-%m-%d %H:%M} UTC" if since else ""
-            _err(f"nothing of yours to judge: {store.path} holds no steps of your own{window}"
-                 + (" (only the demo data)" if rows else "") + " (specmon ingest FILE)")
-            return EXIT_ERROR
-        runs = alarms.analyse(store, c=args.c, arl0_steps=args.false_alarm_steps)
-    found = [a for r in runs for a in r.alarms if since is None or a.last_alarm_ts >= since]
-    hurt = [ch for r in runs for ch in r.changes if ch.hurt and (since is None or ch.first_ts >= since)]
-    unknown = [r for r in rows if r["status"] == "unknown"]
-    bad = [r for r in rows if is_problem(r["status"])]
-    problems = [
-        f"{r['status'].upper()}: run {r['run']!r}, template {r['template'] or '-'!r}: alpha = {r['alpha']:.3f} "
-        f"[95% CI {r['alpha_lo']:.3f}, {r['alpha_hi']:.3f}] vs break-even alpha* = {_fmt(r['break_even_alpha'])} "
-        f"at k = {r['k']}, c = {r['c']:.3f}" for r in bad
-    ] + [f"DRIFT: {a.describe()}" for a in found] + [f"TEMPLATE CHANGE: {ch.describe()}" for ch in hurt]
+        verdict = findings.gather(store, since=since, c=args.c, arl0_steps=args.false_alarm_steps)
+    if verdict.demo_only:
+        window = f" since {since:%Y-%m-%d %H:%M} UTC" if since else ""
+        _err(f"nothing of yours to judge: {store.path} holds no steps of your own{window}"
+             + (" (only the demo data)" if verdict.segments else "") + " (specmon ingest FILE)")
+        return EXIT_ERROR
     if args.json:
-        print(json.dumps({
-            "since": since.isoformat() if since else None,
-            "problems": problems,
-            "segments": [{k: r[k] for k in ("run", "template", "status", "alpha", "alpha_lo", "alpha_hi",
-                                            "break_even_alpha", "c", "k", "steps")} for r in rows],
-            "alarms": [{"run": a.run, "template": a.template, "change_ts": a.change_ts.isoformat(),
-                        "change_lo_ts": a.change_lo_ts.isoformat() if a.change_lo_ts else None,
-                        "change_hi_ts": a.change_hi_ts.isoformat() if a.change_hi_ts else None,
-                        "near": [e.describe() for e in a.near], "unit": a.design.unit,
-                        "alarm_ts": a.alarm_ts.isoformat(), "last_alarm_ts": a.last_alarm_ts.isoformat(),
-                        "alarms": a.alarms, "open": a.open, "alpha_before": a.alpha_before,
-                        "alpha_after": a.alpha_after, "p0": a.design.p0, "p1": a.design.p1, "h": a.design.h,
-                        "false_alarm_steps": a.design.arl0_steps, "reference_points": a.design.reference}
-                       for a in found],
-            "template_changes": [{"run": ch.run, "template": ch.template, "previous": ch.previous,
-                                  "first_ts": ch.first_ts.isoformat(), "verdict": ch.comparison.verdict,
-                                  "z": ch.comparison.z, "alpha_before": ch.comparison.before.estimate,
-                                  "alpha_after": ch.comparison.after.estimate,
-                                  "below_break_even": ch.below_break_even, "source": ch.source, "note": ch.note}
-                                 for r in runs for ch in r.changes],
-        }, indent=2, default=_json_scalar))
+        print(json.dumps(verdict.to_json(), indent=2, default=_json_scalar))
     else:
-        for line in problems:
-            print(line)
-    for r in unknown:
-        _err(f"cannot judge run {r['run']!r}, template {r['template'] or '-'!r}: {why_unknown(r)}; pass --c")
-    if problems:
+        for f in verdict.problems:
+            print(f.headline)
+    for row, why in verdict.unknown:
+        _err(f"cannot judge run {row['run']!r}, template {row['template'] or '-'!r}: {why}; pass --c")
+    if verdict.problems:
         return EXIT_FINDING
-    if unknown:
+    if verdict.unknown:
         return EXIT_ERROR
     if not args.json:
-        print(f"all {len(rows)} segment(s) healthy: acceptance above break-even, no drift alarm, "
+        print(f"all {len(verdict.segments)} segment(s) healthy: acceptance above break-even, no drift alarm, "
               "no template change that hurt")
     return EXIT_OK
 
@@ -452,15 +420,16 @@ def cmd_replay(args: argparse.Namespace) -> int:
               f"{_fmt(r['beta'])} [95% CI {_fmt(r['beta_lo'])}, {_fmt(r['beta_hi'])}] over {r['requests']} "
               f"transcripts" + (f"; predicted speedup at k = {args.k}: {r['speedup_iid']:.2f}x" if r["speedup_iid"]
                                 else ""))
-    print(f"{n} completion positions scored and stored")
+    print(f"{n} completion positions scored and stored" if n is not None else
+          f"these transcripts were replayed into run {run!r} with this pair and temperature before; nothing changed")
     return EXIT_OK
 
 
 def cmd_alert_rule(args: argparse.Namespace) -> int:
-    from specmon.drift import alarms
+    from specmon.follow.alert_rule import prometheus_alert_rule
 
-    print(alarms.prometheus_alert_rule(args.k, args.c, window=args.window, for_=args.for_,
-                                       metric_prefix=args.prefix), end="")
+    print(prometheus_alert_rule(args.k, args.c, window=args.window, for_=args.for_, metric_prefix=args.prefix),
+          end="")
     return EXIT_OK
 
 

@@ -10,71 +10,38 @@ from dataclasses import dataclass
 
 import orjson
 
-from specmon.analysis import summary
 from specmon.core.times import utc_now
-from specmon.drift import alarms
 from specmon.follow.config import Log
-from specmon.store.database import Store
+from specmon.verdicts.findings import Finding
 
 
 @dataclass(frozen=True)
 class Notice:
-    """One webhook document: what changed, for which run and template, and the figures behind it."""
+    """One webhook document: what changed (a finding's new state), for which run and template, and the figures."""
 
-    event: str  # alarm_opened, alarm_closed, segment_losing, segment_recovered
+    event: str  # specmon.verdicts.findings.EVENTS: segment_losing, segment_at_risk, segment_recovered, ...
     run: str
     template: str
-    status: str
+    status: str  # the segment's status
     alpha: float | None
     alpha_lo: float | None
     alpha_hi: float | None
     break_even: float | None
     time: str  # ISO-8601 UTC
-    link: str  # path of the dashboard page that shows it
-    detail: str
+    link: str  # the dashboard page that shows it
+    detail: str  # the finding in words, as `specmon check` prints it
+
+    @staticmethod
+    def of(finding: Finding, event: str, status: str, dashboard_url: str = "") -> Notice:
+        link = f"{dashboard_url.rstrip('/')}/{finding.page}?run={urllib.parse.quote(finding.run)}"
+        return Notice(event, finding.run, finding.template, status, finding.alpha, finding.alpha_lo,
+                      finding.alpha_hi, finding.break_even, utc_now().isoformat() + "Z", link, finding.headline)
 
     def as_json(self) -> bytes:
         return orjson.dumps(self.__dict__, option=orjson.OPT_SERIALIZE_NUMPY)
 
     def line(self) -> str:
         return f"{self.event}: run {self.run!r} template {self.template or '-'!r}: {self.detail}"
-
-
-def _link(page: str, run: str, base: str) -> str:
-    return f"{base.rstrip('/')}/{page}?run={urllib.parse.quote(run)}"
-
-
-def notices_for(store: Store, run: str, dashboard_url: str = "") -> tuple[dict[str, str], list]:
-    """The run's current alarm and status facts, keyed by subject, with what each would announce. The verdicts
-    are the pages' and `check`'s own (c: measured, else declared for the run's watched sources).
-
-    Returns (facts, candidates): facts maps a subject ("alarm:<change time>", "status:<template>") to its state,
-    candidates are (subject, state, Notice) for the watcher to send where the state is new."""
-    segments = summary.summarize(store, by="template", run=run, per_position=False)
-    drift_result = alarms.analyse_run(store, run)  # on a connection of its own, then saves its state
-    now = utc_now().isoformat() + "Z"
-    facts: dict[str, str] = {}
-    out: list[tuple[str, str, Notice]] = []
-    for seg in segments:
-        subject = f"status:{seg['template']}"
-        losing = seg["status"] == "losing"
-        facts[subject] = "losing" if losing else "not losing"
-        detail = (f"alpha {seg['alpha']:.3f} [{seg['alpha_lo']:.3f}, {seg['alpha_hi']:.3f}] against break-even "
-                  f"{seg['break_even_alpha']:.3f}" if seg.get("alpha") is not None and seg.get("break_even_alpha")
-                  is not None else f"status {seg['status']}")
-        out.append((subject, facts[subject], Notice(
-            "segment_losing" if losing else "segment_recovered", run, seg["template"], seg["status"],
-            seg.get("alpha"), seg.get("alpha_lo"), seg.get("alpha_hi"), seg.get("break_even_alpha"), now,
-            _link("overview", run, dashboard_url), detail)))
-    for alarm in drift_result.alarms:
-        subject = f"alarm:{alarm.change_ts.isoformat()}"
-        facts[subject] = "open" if alarm.open else "closed"
-        seg = next((s for s in segments if s["template"] == alarm.template), {})
-        out.append((subject, facts[subject], Notice(
-            "alarm_opened" if alarm.open else "alarm_closed", run, alarm.template, seg.get("status", "unknown"),
-            alarm.alpha_after, seg.get("alpha_lo"), seg.get("alpha_hi"), alarm.break_even, now,
-            _link("drift", run, dashboard_url), alarm.describe())))
-    return facts, out
 
 
 class Webhook:

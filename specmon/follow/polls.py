@@ -18,9 +18,9 @@ from specmon.follow.positions import load_position, mark, save_position
 from specmon.follow.tail import Chunk, Position, next_chunk, position_after
 from specmon.ingest.formats.engine_log import EngineLogReader
 from specmon.ingest.formats.engine_window import store_windows
-from specmon.ingest.pipeline import IngestResult, ingest_file, ingest_samples
+from specmon.ingest.pipeline import Counts, Delivery, IngestResult, ingest_file, ingest_samples, store_read
 from specmon.store.database import Store
-from specmon.store.rows import add_ingest, get_or_create_run, get_or_create_segment
+from specmon.store.rows import get_or_create_segment
 
 # Suffixes of files still being written into an inbox; they are left alone.
 _PARTIAL_SUFFIXES = (".part", ".tmp", ".partial", ".crdownload")
@@ -65,20 +65,23 @@ def poll_log(store: Store, source: SourceConfig, log: Log) -> PollResult:
     for fault in faults:
         log(f"skipped {fault}")
     new_pos = position_after(chunk, pos, reader.state())
-    dedupe = chunk.dedupe_key(source.key)
-    with store.transaction() as cur:
-        if not cur.execute("SELECT 1 FROM ingests WHERE sha256 = ?", [dedupe]).fetchall():
-            run_id = get_or_create_run(cur, source.run_name, "engine", False, None)
-            ingest_id = add_ingest(cur, file_name=Path(source.location).name, sha256=dedupe, ingested_at=now,
-                                   source_format="engine-log", run_id=run_id, rows_read=len(windows),
-                                   steps=len(windows))
-            by_template: dict[str, list] = {}
-            for w in windows:
-                template = source.template or annotated_template(cur, source.run_name, w.end_ts or now) or ""
-                by_template.setdefault(template, []).append(w)
-            for template, group in by_template.items():
-                store_windows(cur, group, ingest_id, get_or_create_segment(cur, run_id, template), now)
-        save_position(cur, source, new_pos, len(windows), now)
+    delivery = Delivery(chunk.dedupe_key(source.key), Path(source.location).name, "engine-log", source.run_name,
+                        "engine", now)
+
+    def write(cur, run_id: int, ingest_id: int) -> Counts:
+        by_template: dict[str, list] = {}
+        for w in windows:
+            template = source.template or annotated_template(cur, source.run_name, w.end_ts or now) or ""
+            by_template.setdefault(template, []).append(w)
+        for template, group in by_template.items():
+            store_windows(cur, group, ingest_id, get_or_create_segment(cur, run_id, template), now)
+        return Counts(rows_read=len(windows), steps=len(windows))
+
+    stored = store_read(store, delivery, write, in_transaction=lambda cur, c: save_position(cur, source, new_pos,
+                                                                                           c.steps, now))
+    if stored is None:  # this piece was stored before the watcher stopped: move on past it
+        with store.transaction() as cur:
+            save_position(cur, source, new_pos, 0, now)
     return PollResult(len(windows), faults, more=chunk.backlog)
 
 

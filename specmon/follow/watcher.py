@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from specmon.core.faults import SpecmonError
 from specmon.core.times import utc_now
 from specmon.follow.config import Log, SourceConfig, WatchConfig
-from specmon.follow.notify import Webhook, notices_for
+from specmon.follow.notify import Notice, Webhook
 from specmon.follow.polls import PollResult, SourceStopped, poll_inbox, poll_log, poll_prometheus, poll_steplog
 from specmon.follow.positions import mark, register
 from specmon.store.database import Store
+from specmon.verdicts import findings
 
 _MAX_BACKOFF_S = 60.0
 
@@ -97,30 +98,25 @@ class Watcher:
 
     def _announce(self, run: str) -> None:
         """Send what changed since the last announcement for this run (remembered in the database, so a
-        restarted watcher does not repeat itself)."""
+        restarted watcher does not repeat itself). The findings are `specmon check`'s own (c: measured, else
+        declared for the run's watched sources)."""
         try:  # the analysis reads (the dashboard reads beside it), then saves the detector's state in a short write
-            facts, candidates = notices_for(self.store, run, self.config.dashboard_url)
+            verdict = findings.gather(self.store, run=run)
             known = dict(self.store.query("SELECT subject, state FROM watch_notices WHERE run = ?", [run]))
         except SpecmonError as exc:
             self.log(f"run {run!r}: could not evaluate alarms ({exc})")
             return
-        fresh = []
-        for subject, state, notice in candidates:
-            previous = known.get(subject)
-            if previous == state:
-                continue
-            # A segment first seen healthy, or an alarm first seen already closed, is nothing to announce.
-            if previous is None and notice.event in ("segment_recovered", "alarm_closed"):
-                continue
-            fresh.append((subject, state, notice))
-        if not facts:
+        if not verdict.findings:
             return
+        status = {r["template"]: r["status"] for r in verdict.segments}
+        fresh = [Notice.of(f, event, status.get(f.template, "unknown"), self.config.dashboard_url)
+                 for f, event in findings.announcements(verdict.findings, known)]
         with self.store.transaction() as cur:
-            for subject, state in facts.items():
+            for f in verdict.findings:
                 cur.execute("INSERT INTO watch_notices VALUES (?, ?, ?, ?) ON CONFLICT (run, subject) DO UPDATE "
                             "SET state = excluded.state, changed_at = excluded.changed_at "
-                            "WHERE watch_notices.state <> excluded.state", [run, subject, state, utc_now()])
-        for _, _, notice in fresh:
+                            "WHERE watch_notices.state <> excluded.state", [run, f.subject, f.state, utc_now()])
+        for notice in fresh:
             self.log(notice.line())
             if self.webhook:
                 self.webhook.send(notice)

@@ -14,6 +14,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import IO
 
@@ -65,8 +66,72 @@ def file_sha256(path: str) -> str:
     return h.hexdigest()
 
 
-InTransaction = Callable[[duckdb.DuckDBPyConnection, "IngestResult"], None]
 Stage = Callable[[str], None]  # told what an ingest is doing once its reading is done
+
+
+@dataclass
+class Counts:
+    """What one delivery stored, as its ingest row records it."""
+
+    rows_read: int = 0
+    steps: int = 0  # steps, engine windows or samples
+    positions: int = 0
+    rejected: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+InTransaction = Callable[[duckdb.DuckDBPyConnection, Counts], None]
+# writes a delivery's rows: (cursor, run id, ingest id) -> what it stored
+Write = Callable[[duckdb.DuckDBPyConnection, int, int], Counts]
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What one read delivers to the store, from any entry (a file, an upload, the demo, a live run, a watched log's
+    new lines, a Prometheus pull, a replay): the key that makes storing it twice a no-op (the content's sha256, or a
+    watched piece's source and byte range), the ingest's name and format, and the run it goes into."""
+
+    key: str
+    name: str
+    source_format: str
+    run: str
+    source: str  # the run's kind: steplog, engine, live, replay
+    ingested_at: datetime
+    demo: bool = False
+    meta: str | None = None  # the run's metadata (a live run's pair, k, temperature, prompts)
+
+
+def already_stored(store: Store, key: str) -> bool:
+    """Whether a delivery with this key was stored before (the publishing transaction checks again)."""
+    return bool(store.query("SELECT 1 FROM ingests WHERE sha256 = ?", [key]))
+
+
+def store_read(store: Store, delivery: Delivery, write: Write, *, attach: dict[str, str] | None = None,
+               in_transaction: InTransaction | None = None, stage: Stage | None = None) -> Counts | None:
+    """The one transaction that makes what was read visible, whatever read it: the duplicate check by key, the run,
+    the ingest record, the rows (write), their rollups, the ingest's counts, and whatever the caller commits with
+    them (in_transaction: a watched source's read position). Returns what was stored, or None when the same key was
+    stored before (nothing changed). `attach`: DuckDB files the transaction reads (a load's staging file); stage(what)
+    names each step ("storing", "rollups", "committing"). Raises whatever write raises, with nothing stored."""
+    stage = stage or _no_stage
+    with store.transaction(attach=attach) as cur:
+        if cur.execute("SELECT 1 FROM ingests WHERE sha256 = ?", [delivery.key]).fetchall():
+            return None  # stored before, perhaps by another process meanwhile
+        run_id = get_or_create_run(cur, delivery.run, delivery.source, delivery.demo, delivery.meta)
+        ingest_id = add_ingest(cur, file_name=delivery.name, sha256=delivery.key, ingested_at=delivery.ingested_at,
+                               source_format=delivery.source_format, run_id=run_id)
+        stage("storing")
+        counts = write(cur, run_id, ingest_id)
+        stage("rollups")
+        refresh_rollups(cur, ingest_id)
+        cur.execute(
+            "UPDATE ingests SET rows_read = ?, steps = ?, positions = ?, rejected = ?, notes = ? WHERE ingest_id = ?",
+            [counts.rows_read, counts.steps, counts.positions, counts.rejected, "; ".join(counts.notes) or None,
+             ingest_id])
+        if in_transaction:
+            in_transaction(cur, counts)
+        stage("committing")
+    return counts
 
 
 def ingest_file(
@@ -92,7 +157,7 @@ def ingest_file(
 
     For a watched source, which ingests a followed file piece by piece: `dedupe_key` replaces the content hash as
     what makes an ingest a no-op when repeated, `first_line` numbers the piece's lines as in the whole file, and
-    `in_transaction(cur, result)` runs inside the publishing transaction (to commit the read position with the
+    `in_transaction(cur, counts)` runs inside the publishing transaction (to commit the read position with the
     data it covers); it is not called when the file is rejected or was already ingested.
 
     progress(done, total) follows the reading in bytes; stage(what) names each step after it ("storing", "rollups",
@@ -120,11 +185,21 @@ def ingest_file(
     try:
         # Checked here only to spare a reader's work before the transaction, which checks again: a reader without
         # any is spared a connection (opening one costs about a tenth of a million-row file's ingest).
-        if getattr(reader, "prepares", True) and store.query("SELECT 1 FROM ingests WHERE sha256 = ?", [sha]):
+        if getattr(reader, "prepares", True) and already_stored(store, sha):
             return _already(result)
         reader.prepare(store)
-        return _publish(store, reader, job, result, sha, demo=demo, run_meta=run_meta, in_transaction=in_transaction,
-                        stage=stage or _no_stage)
+        module = formats.module(fmt)
+        delivery = Delivery(key=sha, name=Path(name).name, source_format=fmt, run=result.run,
+                            source="live" if run_meta else module.SOURCE, ingested_at=job.ingest_time, demo=demo,
+                            meta=run_meta)
+
+        def write(cur: duckdb.DuckDBPyConnection, run_id: int, ingest_id: int) -> Counts:
+            reader.publish(cur, run_id, ingest_id)
+            return _counts(result, job, module.SOURCE)
+
+        stored = store_read(store, delivery, write, attach=reader.attach(), in_transaction=in_transaction,
+                            stage=stage)
+        return result if stored is not None else _already(result)
     except Rejected as rej:
         _fill(result, job)
         return _rejected(result, rej.args[0])
@@ -147,42 +222,14 @@ def _no_stage(what: str) -> None:
     """The stage callback of an ingest nobody watches."""
 
 
-def _publish(store: Store, reader, job: Job, result: IngestResult, sha: str, *, demo: bool, run_meta: str | None,
-             in_transaction: InTransaction | None, stage: Stage) -> IngestResult:
-    """The one transaction that makes a read file visible: its run, its ingest record, its rows, their rollups,
-    and whatever the caller commits with them. Raises Rejected (nothing is stored) when the reader finds a fault."""
-    module = formats.module(job.fmt)
-    with store.transaction(attach=reader.attach()) as cur:
-        if cur.execute("SELECT 1 FROM ingests WHERE sha256 = ?", [sha]).fetchall():
-            return _already(result)  # another process stored the same file meanwhile
-        source = "live" if run_meta else module.SOURCE
-        run_id = get_or_create_run(cur, result.run, source, demo, run_meta)
-        ingest_id = add_ingest(cur, file_name=Path(job.name).name, sha256=sha, ingested_at=job.ingest_time,
-                               source_format=job.fmt, run_id=run_id)
-        stage("storing")
-        reader.publish(cur, run_id, ingest_id)
-        stage("rollups")
-        refresh_rollups(cur, ingest_id)
-        _record_counts(cur, result, job, ingest_id, module.SOURCE)
-        if in_transaction:
-            in_transaction(cur, result)
-        stage("committing")
-    return result
-
-
-def _record_counts(cur: duckdb.DuckDBPyConnection, result: IngestResult, job: Job, ingest_id: int,
-                   source: str) -> None:
-    """Copy the reader's counts and notes into the result and onto the ingest's row."""
+def _counts(result: IngestResult, job: Job, source: str) -> Counts:
+    """Copy the reader's counts and notes into the result, and say what the ingest row records."""
     _fill(result, job)
     if job.no_time:
         what = "steps had no ts" if source == "steplog" else "windows had no time of their own"
         result.notes.append(f"{job.no_time} {what}; the ingest time {job.ingest_time:%Y-%m-%d %H:%M:%S} UTC "
                             "was used")
-    cur.execute(
-        "UPDATE ingests SET rows_read = ?, steps = ?, positions = ?, rejected = ?, notes = ? WHERE ingest_id = ?",
-        [result.rows_read, result.steps, result.positions, result.rejected, "; ".join(result.notes) or None,
-         ingest_id],
-    )
+    return Counts(result.rows_read, result.steps, result.positions, result.rejected, result.notes)
 
 
 def _fill(result: IngestResult, job: Job) -> None:
@@ -249,20 +296,18 @@ def ingest_history(store: Store):
 def ingest_samples(store: Store, samples: list, name: str, run: str, template: str | None = None,
                    in_transaction: InTransaction | None = None) -> IngestResult:
     """Store samples pulled from a Prometheus server as one ingest; samples already stored are skipped, and a
-    pull that brings nothing new is reported as already ingested. in_transaction: as for ingest_file."""
+    pull that brings nothing new is reported as already ingested. in_transaction: as for store_read."""
     result = IngestResult(file=name, status="stored", source_format="prometheus-api", run=run)
     digest = hashlib.sha256(b"".join(f"{s.metric}{s.series}{s.ts.isoformat()}{s.value!r}\n".encode()
                                      for s in samples)).hexdigest()
-    with store.transaction() as cur:
-        if cur.execute("SELECT 1 FROM ingests WHERE sha256 = ?", [digest]).fetchall():
-            return _already(result)
-        run_id = get_or_create_run(cur, run, "engine", False, None)
-        ingest_id = add_ingest(cur, file_name=name, sha256=digest, ingested_at=utc_now(),
-                               source_format="prometheus-api", run_id=run_id, rows_read=len(samples))
+
+    def write(cur: duckdb.DuckDBPyConnection, run_id: int, ingest_id: int) -> Counts:
         new = write_samples(cur, samples, ingest_id, get_or_create_segment(cur, run_id, template or ""))
-        cur.execute("UPDATE ingests SET steps = ? WHERE ingest_id = ?", [new, ingest_id])
-        result.rows_read, result.steps = len(samples), new
-        result.notes.append(f"{new} new samples of {len(samples)} pulled")
-        if in_transaction:
-            in_transaction(cur, result)
+        return Counts(rows_read=len(samples), steps=new, notes=[f"{new} new samples of {len(samples)} pulled"])
+
+    stored = store_read(store, Delivery(digest, name, "prometheus-api", run, "engine", utc_now()), write,
+                        in_transaction=in_transaction)
+    if stored is None:
+        return _already(result)
+    result.rows_read, result.steps, result.notes = stored.rows_read, stored.steps, stored.notes
     return result

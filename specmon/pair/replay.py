@@ -12,17 +12,20 @@ for comparing drafts or templates on the same traffic, not as a measurement.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 
 import numpy as np
+import orjson
 import torch
 
 from specmon.core import theory, times
 from specmon.core.faults import Fault, SpecmonError
 from specmon.ingest.formats import jsonlines
+from specmon.ingest.pipeline import Counts, Delivery, already_stored, store_read
 from specmon.pair.live import Pair, distribution
 from specmon.store.database import Store
-from specmon.store.rows import add_ingest, get_or_create_run, get_or_create_segment
+from specmon.store.rows import get_or_create_segment
 
 
 def read_transcripts(path: str) -> list[dict]:
@@ -79,8 +82,13 @@ def score(pair: Pair, prompt: str, completion: str, temperature: float = 1.0, to
 
 
 def store_replay(store: Store, pair: Pair, transcripts: list[dict], *, run: str, template: str | None,
-                 temperature: float, meta: str, name: str, progress=None) -> int:
-    """Score every transcript and store its positions as a replay run. Returns positions stored."""
+                 temperature: float, meta: str, name: str, progress=None) -> int | None:
+    """Score every transcript and store its positions as a replay run. Returns positions stored, or None when the
+    same transcripts were replayed into this run with the same pair and settings before (nothing changed)."""
+    key = "replay:" + hashlib.sha256(orjson.dumps([run, meta, temperature, template, transcripts],
+                                                  default=str)).hexdigest()
+    if already_stored(store, key):
+        return None
     rows = []
     now = times.utc_now()
     for i, tr in enumerate(transcripts):
@@ -91,11 +99,12 @@ def store_replay(store: Store, pair: Pair, transcripts: list[dict], *, run: str,
                  for j, (tok, b, pp, qq) in enumerate(zip(tokens, beta, p_tok, q_tok, strict=True))]
         if progress:
             progress(i + 1, len(transcripts))
-    with store.transaction() as cur:
-        run_id = get_or_create_run(cur, run, "replay", False, meta)
-        ingest_id = add_ingest(cur, file_name=name, sha256=f"replay:{run}:{now.isoformat()}", ingested_at=now,
-                               source_format="replay", run_id=run_id, rows_read=len(transcripts), positions=len(rows))
+
+    def write(cur, run_id: int, ingest_id: int) -> Counts:
         segments = {label: get_or_create_segment(cur, run_id, label) for label in {r[1] for r in rows}}
         cur.executemany("INSERT INTO replay_positions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         [(ingest_id, segments[r[1]], r[0], r[2], r[3], r[4], r[5], r[6], r[7]) for r in rows])
-    return len(rows)
+        return Counts(rows_read=len(transcripts), positions=len(rows))
+
+    stored = store_read(store, Delivery(key, name, "replay", run, "replay", now, meta=meta), write)
+    return None if stored is None else len(rows)

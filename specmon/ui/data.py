@@ -16,12 +16,18 @@ import streamlit as st
 from specmon.analysis import lossless, summary
 from specmon.analysis.sources import source_health, watched_sources
 from specmon.drift import alarms
+from specmon.drift.detector import REFERENCE_STEPS, REFERENCE_WINDOWS
 from specmon.ingest import demo, pipeline
 from specmon.store.database import Store, default_db_path
 from specmon.ui.widgets import md_text
 
 
-@st.cache_resource
+# What the Drift page's first visit of a run waits for: the detector's threshold is calibrated by simulation.
+DRIFT_SPINNER = (f"Calibrating the drift detector on the run's first {REFERENCE_STEPS:,} steps (or "
+                 f"{REFERENCE_WINDOWS} engine windows) and running it over the run ...")
+
+
+@st.cache_resource(show_spinner="Opening the database (and loading the demo data into an empty one) ...")
 def _store(path: str) -> Store:
     store = Store(path)
     demo.ensure_demo(store)
@@ -32,7 +38,7 @@ def get_store() -> Store:
     return _store(default_db_path())
 
 
-@st.cache_data(max_entries=64)
+@st.cache_data(max_entries=64, show_spinner="Summarising acceptance per segment ...")
 def _summaries(path: str, generation: tuple, by: str, run: str | None, bucket: str | None) -> list[dict]:
     # Timelines (bucketed) show alpha per bucket only: skip the per-position scan.
     with _store(path).reading():
@@ -44,7 +50,7 @@ def summaries(by: str = "template", run: str | None = None, bucket: str | None =
     return _summaries(store.path, store.generation, by, run, bucket)
 
 
-@st.cache_data(max_entries=4)
+@st.cache_data(max_entries=4, show_spinner="Listing the runs ...")
 def _run_names(path: str, generation: tuple) -> list[str]:
     return summary.run_names(_store(path))
 
@@ -54,7 +60,7 @@ def run_names() -> list[str]:
     return _run_names(store.path, store.generation)
 
 
-@st.cache_data(max_entries=16)
+@st.cache_data(max_entries=16, show_spinner="Finding where templates changed ...")
 def _template_changes(path: str, generation: tuple, run: str | None) -> pd.DataFrame:
     return summary.template_changes(_store(path), run)
 
@@ -64,7 +70,7 @@ def template_changes(run: str | None = None) -> pd.DataFrame:
     return _template_changes(store.path, store.generation, run)
 
 
-@st.cache_data(max_entries=4)
+@st.cache_data(max_entries=4, show_spinner="Reading the past ingests ...")
 def _ingest_history(path: str, generation: tuple) -> pd.DataFrame:
     return pipeline.ingest_history(_store(path))
 
@@ -74,7 +80,7 @@ def ingest_history() -> pd.DataFrame:
     return _ingest_history(store.path, store.generation)
 
 
-@st.cache_data(max_entries=4)
+@st.cache_data(max_entries=4, show_spinner="Finding the segments whose full distributions were logged ...")
 def _lossless_segments(path: str, generation: tuple) -> list[tuple[str, str, int]]:
     return lossless.segments_with_distributions(_store(path))
 
@@ -84,7 +90,7 @@ def lossless_segments() -> list[tuple[str, str, int]]:
     return _lossless_segments(store.path, store.generation)
 
 
-@st.cache_data(max_entries=16)
+@st.cache_data(max_entries=16, show_spinner="Testing that the output is still the target's (randomized PIT, chi-square) ...")
 def _lossless_checks(path: str, generation: tuple, run: str, template: str):
     s = _store(path)
     with s.reading():
@@ -96,7 +102,7 @@ def lossless_checks(run: str, template: str):
     return _lossless_checks(store.path, store.generation, run, template)
 
 
-@st.cache_data(max_entries=16)
+@st.cache_data(max_entries=16, show_spinner=DRIFT_SPINNER)
 def _drift(path: str, generation: tuple, run: str) -> alarms.RunDrift:
     # not inside a reading block: the analysis reads on one connection of its own, then saves its state
     return alarms.analyse_run(_store(path), run)
@@ -108,7 +114,7 @@ def drift(run: str) -> alarms.RunDrift:
     return _drift(store.path, store.generation, run)
 
 
-@st.cache_data(max_entries=4)
+@st.cache_data(max_entries=4, show_spinner="Reading the watched sources' health ...")
 def _sources(path: str, generation: tuple) -> pd.DataFrame:
     return watched_sources(_store(path))
 

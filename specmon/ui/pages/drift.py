@@ -9,6 +9,7 @@ from specmon.core.settings import BUCKETS
 from specmon.drift import detector
 from specmon.ui import data
 from specmon.ui.widgets import EMPTY, STATUS_BADGE, STATUS_COLOURS, demo_banner, guarded, md_text
+from specmon.verdicts import findings
 
 
 def buckets_frame(rows: list[dict]) -> pd.DataFrame:
@@ -104,14 +105,17 @@ def render() -> None:
                    f"{d.design_effect:.2f}).{grown} A drop "
                    "is dated by maximum likelihood; the shaded band is its likely range, blue dotted lines are "
                    "annotated rollouts (`specmon annotate`), black dashed lines templates first seen in the data.")
-    for a in result.alarms:
-        (st.error if a.open else st.warning)(("**Open:** " if a.open else "**Closed:** ") + md_text(a.describe()))
+    found = findings.drift_findings([result], rows)
+    for f in found:
+        if f.kind == findings.ALARM:
+            (st.error if f.state == "open" else st.warning)(("**Open:** " if f.state == "open" else "**Closed:** ")
+                                                            + md_text(f.detail))
     if result.design is not None and not result.alarms:
         st.success("No drift alarm in this run.")
-    for ch in result.changes:
-        label = "Annotated rollout" if ch.source == "annotation" else "Template change"
-        (st.error if ch.hurt else st.info)(
-            f"**{label}.** {md_text(ch.describe())}")
+    for f in found:
+        if f.kind == findings.TEMPLATE_CHANGE:
+            label = "Annotated rollout" if f.facts["source"] == "annotation" else "Template change"
+            (st.error if f.problem else st.info)(f"**{label}.** {md_text(f.detail)}")
     marks = pd.DataFrame([{"change_ts": a.change_ts, "change_lo_ts": a.change_lo_ts, "change_hi_ts": a.change_hi_ts,
                            "alarm_ts": a.alarm_ts, "alarms": a.alarms} for a in result.alarms],
                          columns=["change_ts", "change_lo_ts", "change_hi_ts", "alarm_ts", "alarms"])

@@ -6,9 +6,10 @@ import pandas as pd
 import streamlit as st
 
 from specmon.core import display
-from specmon.core.segments import is_problem, why_unknown
+from specmon.core.segments import why_unknown
 from specmon.ui import data
 from specmon.ui.widgets import EMPTY, STATUS_BADGE, STATUS_COLOURS, demo_banner, fmt, guarded, md_text, segment_label
+from specmon.verdicts import findings
 
 
 def segments_frame(rows: list[dict]) -> pd.DataFrame:
@@ -61,15 +62,15 @@ def render() -> None:
         st.info(EMPTY)
         return
     demo_banner(rows)
-    losing = [r for r in rows if is_problem(r["status"])]
+    problems = [f for f in findings.segment_findings(rows) if f.problem]
     cols = st.columns(3)
     cols[0].metric("segments", len(rows))
-    cols[1].metric("losing or at risk", len(losing))
+    cols[1].metric("losing or at risk", len(problems))
     cols[2].metric("steps", f"{sum(r['steps'] for r in rows):,}")
-    for r in losing:
-        st.error(f"**{md_text(segment_label(r))}** is {r['status']}: alpha = {r['alpha']:.3f} "
-                 f"(95% CI {r['alpha_lo']:.3f}–{r['alpha_hi']:.3f}) against break-even alpha* = "
-                 f"{fmt(r['break_even_alpha'])} at k = {r['k']}, c = {fmt(r['c'])}.")
+    for f in problems:
+        st.error(f"**{md_text(segment_label(f.facts))}** is {f.state}: alpha = {fmt(f.alpha)} "
+                 f"(95% CI {fmt(f.alpha_lo)}–{fmt(f.alpha_hi)}) against break-even alpha* = "
+                 f"{fmt(f.break_even)} at k = {f.facts['k']}, c = {fmt(f.facts['c'])}.")
     for r in rows:
         if r["status"] == "unknown":
             st.info(f"**{md_text(segment_label(r))}** cannot be judged: {why_unknown(r)}. Give c with `specmon "
