@@ -1,6 +1,6 @@
 """beta = sum min(p, q) over dense rows (4,096 x 32,000 float32): specmon.core.theory.beta against the one-liner.
 
-    python bench/beta.py [--repeats 5]
+    python bench/beta.py [--repeats 5]        # prints JSON; docs/benchmarks.md's is bench/beta.json
 """
 from __future__ import annotations
 

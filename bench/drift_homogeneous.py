@@ -1,11 +1,11 @@
-"""Why the drift threshold comes out high where requests do not differ (issue 11's ninth pass): on references of
+"""Why the drift threshold comes out high where requests do not differ: on references of
 i.i.d. tokens (request correlation 0, acceptance 0.8, k = 4, geometric or lognormal request lengths, 2,000 to 32,000
 steps), what spread between requests the calibration draws, and the threshold it gives at a stated 20,000 steps
 per false alarm against the one its own groups give with every request at the group's pooled acceptance and the
 one the true i.i.d. process gives (both watched with the reference's p0 and p1).
 
-    nice python bench/drift_homogeneous.py [--references 8] [--out docs/drift_homogeneous.json]
-    python bench/drift_homogeneous.py --table docs/drift_homogeneous.json
+    nice python bench/drift_homogeneous.py [--references 8] [--out bench/drift_homogeneous.json]
+    python bench/drift_homogeneous.py --table bench/drift_homogeneous.json
 
 About 10 minutes on 2 shared cores with 8 references per row.
 """

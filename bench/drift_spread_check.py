@@ -1,4 +1,4 @@
-"""Which of the drift study's references the tenth pass's spread test can reach: replays every false-alarm, delay and
+"""Which of the drift study's references the spread test (calibration.spread_z) can reach: replays every false-alarm, delay and
 river window's stream with the study's own seeds (bench/drift_study.py) and prints, per cell, the least spread test
 z (calibration.spread_z) over the references of SPREAD_TEST_STEPS steps or more its checkpoints can take. A cell whose
 least z is at least calibration.SPREAD_Z is calibrated exactly as before the test existed. The river part's delay streams

@@ -2,7 +2,7 @@
 coverage, status calls at break-even, steps per false alarm against the stated figure, detection delay and
 change-time error; river's ADWIN and Page-Hinkley beside the CUSUM in one cell.
 
-    nice python bench/drift_study.py [--full] [--out docs/drift_study.json]
+    nice python bench/drift_study.py [--full] [--out bench/drift_study.json]
 
 Default (a few minutes on 2 cores): intervals in every cell of request correlation 0 / 0.05 / 0.2 / 0.3 x
 geometric / lognormal lengths x 20 / 50 / 200 / 1000 requests x k = 2 / 4 / 8 (300 replicates each); false alarms
@@ -15,10 +15,10 @@ delays in every cell. --reps N sets the interval replicates alone. --sections ru
 has its own seed, so a part gives the same figures alone or with the others); --merge joins the outputs of parts
 run side by side:
 
-    nice python bench/drift_study.py --sections intervals --reps 2000 --out /tmp/a.json &
-    nice python bench/drift_study.py --sections false_alarms_2000,river --out /tmp/b.json &
+    nice python bench/drift_study.py --sections intervals --reps 2000 --out DIR/a.json &
+    nice python bench/drift_study.py --sections false_alarms_2000,river --out DIR/b.json &
     ...
-    python bench/drift_study.py --merge /tmp/a.json /tmp/b.json ... --out docs/drift_study.json
+    python bench/drift_study.py --merge DIR/a.json DIR/b.json ... --out bench/drift_study.json
 
 Every figure comes with its Monte-Carlo error: a coverage or a probability with its binomial standard error;
 steps per false alarm with a 95% interval from resampling the reference windows (the windows differ, so alarms
@@ -103,8 +103,8 @@ def false_alarm_cell(rng: np.random.Generator, rho: float, lengths: str, k: int,
                      shape: str = "beta") -> dict:
     """Each window: a fresh stream, the detector calibrated on its first REFERENCE_STEPS steps, then 10 x ARL0
     in-control steps watched (restarting after every alarm, as in use) by the self-starting detector (its reference
-    growing at the checkpoints, detector.run_cusum) and, on the same steps, by the plain one (the first design throughout:
-    issue 11's sixth pass's detector), so the two are paired."""
+    growing at the checkpoints, detector.run_cusum) and, on the same steps, by the plain one (the first design throughout,
+    never recalibrated), so the two are paired."""
     watched = 10 * arl0
     counts: dict[str, list[int]] = {"self_starting": [], "plain": []}
     episodes, hs, grown = 0, [], []
@@ -404,7 +404,7 @@ def tables(r: dict) -> str:  # noqa: C901 (one branch per table of the docs)
                    f"L cells below 0.94: {sum(c['coverage_L'] < 0.94 for c in iv)}; alpha cells below 0.94: "
                    f"{sum(c['coverage_alpha'] < 0.94 for c in iv)}\n")
     fa = r["false_alarms"]
-    paired = any("plain" in c for c in fa)  # issue 11's seventh pass: the plain detector on the same streams
+    paired = any("plain" in c for c in fa)  # the plain detector watched the same streams
     out.append("| correlation | lengths | k | stated | measured steps per false alarm [95% CI] | ratio | steps per "
                "episode | median h |" + (" plain detector, same streams: ratio [95% CI] |" if paired else "")
                + "\n|---|---|---|---|---|---|---|---|" + ("---|" if paired else ""))

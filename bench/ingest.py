@@ -1,7 +1,9 @@
 """Ingest throughput and peak memory, each beside DuckDB's own bare load of the same file, in one run.
 
-    nice python bench/ingest.py [--positions 1000000] [--repeat 3] [--workdir DIR] [--out results.json]
+    nice python bench/ingest.py [--positions 1000000] [--repeat 3] [--workdir DIR] [--out FILE]
                                 [--only flat_parquet ...] [--reuse]
+
+The runs behind docs/benchmarks.md ("Ingest") are in bench/ingest.json, one output per set of runs.
 
 Each load runs in a fresh process, specmon and the bare load alternating, `--repeat` times; the figures are the
 median and the range, of wall time and of CPU time (all threads; less moved by other jobs on a shared machine).

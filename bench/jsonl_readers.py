@@ -5,6 +5,8 @@
                                        [--parts readers stages profile duckdb_types python_path]
                                        [--files same_tokens varying_tokens] [--out FILE]
 
+The runs behind docs/benchmarks.md ("JSON Lines readers") are in bench/jsonl_readers.json.
+
 On the two top-20 files of bench/ingest.py (the same 20 tokens at every position, and tokens that change per
 position), every measurement in a fresh process, CPU seconds of all its threads beside the wall time:
 - readers: DuckDB's bare auto-detected load (CREATE TABLE AS SELECT * FROM read_json, in memory), pyarrow.json,

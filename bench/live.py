@@ -5,6 +5,8 @@ and specmon's measured speedup beside the one predicted from its own measured al
 
     python bench/live.py [--k 4] [--max-new-tokens 64] [--repeats 5] [--threads 1] [--prompts FILE]
 
+It prints JSON; docs/live.md's two runs are bench/live.json ("copy" and "open").
+
 Greedy decoding (temperature 0), so every method emits the same tokens and only time differs.
 """
 from __future__ import annotations

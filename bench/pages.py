@@ -3,6 +3,8 @@ from `specmon serve` to a rendered first page.
 
     python bench/pages.py [--db PATH]     # PATH: a database from bench/summary.py; built here when missing
 
+It prints JSON; bench/pages.json holds these figures for bench/scale.py's 10,000,000-position database.
+
 Cold: the first run of a page's queries in a fresh process (DuckDB has read nothing yet). Warm: the best of five
 repeats. These are the raw queries; the app caches their results per database generation on top.
 """

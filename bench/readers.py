@@ -1,6 +1,6 @@
 """Throughput of the engine-log reader on a server log: lines per second, read in one go and resumed line by line.
 
-    python bench/readers.py [--lines 200000] [--workdir DIR]
+    python bench/readers.py [--lines 200000] [--workdir DIR]    # prints JSON; the docs' is bench/readers.json
 
 The log repeats real vLLM V1 lines (one metrics line every ten lines, between throughput and HTTP access lines, as a
 busy server prints them), with their times moving on by ten seconds each. Measured in a fresh process each: the

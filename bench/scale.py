@@ -1,7 +1,9 @@
 """The dashboard and the CLI at 1M, 10M and 100M drafted positions.
 
     python bench/scale.py [--sizes 1000000 10000000 100000000] [--workdir DIR] [--browser-upto 10000000]
-    python bench/scale.py --table RESULTS.json     # the docs' table, printed from a run's results
+    python bench/scale.py --table bench/scale.json   # the docs' table, printed from a run's results
+
+The run prints its results as JSON; docs/benchmarks.md's ("Scale") is bench/scale.json.
 
 Each database is built by the project's own tools: flat-form Parquet files of at most 10,000,000 positions each
 (k = 4, two templates, 50 steps per request, one step every 0.05 s, so a request spans buckets now and then), each

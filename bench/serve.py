@@ -1,6 +1,6 @@
 """`specmon serve` to a drawn Overview in Chromium, for one checkout or several side by side.
 
-    python bench/serve.py --starts 6 CHECKOUT=DB [CHECKOUT=DB ...] [--out FILE]
+    python bench/serve.py --starts 6 CHECKOUT=DB [CHECKOUT=DB ...] [--out bench/serve.json]
 
 Each start is a fresh server (`python -m specmon.cli.main serve`, the checkout first on the path) and a fresh browser;
 the checkouts take turns, in reverse order every other round, so that a machine getting busier or quieter weighs

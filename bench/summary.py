@@ -2,6 +2,8 @@
 
     python bench/summary.py [--positions 10000000] [--db PATH]
 
+It prints JSON; bench/summary.json holds the summary's figures for bench/scale.py's 10,000,000-position database.
+
 The database is built with the flat-form ingest from bench/ingest.py's Parquet generator (k = 4, two templates,
 50 steps per request), then summarised by template and by day.
 """

@@ -3,6 +3,8 @@ dashboard's refresh as the database grows.
 
     python bench/watch.py [--seconds 40] [--steps-per-s 1000] [--engine-lines-per-s 10] [--sizes 1000000,10000000]
 
+It prints JSON; docs/benchmarks.md's is bench/watch.json.
+
 1. Latency and CPU. A fresh database; `streamlit run app.py` and `specmon watch` (default settings: poll every
    1 s, the page looks for new data every 2 s) on it; a writer appends step-log lines (k = 4) at --steps-per-s and
    another appends vLLM V1 `SpecDecoding metrics` lines at --engine-lines-per-s, each logging (time, lines written

@@ -1,13 +1,9 @@
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from specmon.store.database import Store
-
-PAPER_P = np.array([0.38, 0.22, 0.16, 0.12, 0.08, 0.04])
-PAPER_Q = np.array([0.30, 0.20, 0.20, 0.10, 0.14, 0.06])
 
 
 @pytest.fixture
@@ -29,3 +25,11 @@ def no_proxy_from_the_environment(monkeypatch):
     for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
         monkeypatch.delenv(name, raising=False)
         monkeypatch.delenv(name.upper(), raising=False)
+
+
+@pytest.fixture
+def app_db(tmp_path, monkeypatch):
+    """The dashboard's database for AppTest: a fresh file, named by SPECMON_DB."""
+    path = str(tmp_path / "app.duckdb")
+    monkeypatch.setenv("SPECMON_DB", path)
+    return path

@@ -21,7 +21,7 @@ import pandas as pd
 from specmon.core import stats
 from specmon.core.segments import Estimate, PositionSummary, SegmentSummary, economics, position_summary
 from specmon.core.settings import BUCKETS, CONFIDENCE
-from specmon.follow.prometheus_api import COUNTERS, GAUGES
+from specmon.ingest.formats.prometheus_metrics import COUNTERS, GAUGES
 from specmon.store.database import Store
 
 _WINDOWS_SQL = """

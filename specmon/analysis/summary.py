@@ -220,7 +220,7 @@ def _segments(store: Store, by: str, c: float | None, run: str | None, bucket: s
     for row in step_rows:
         key = (row["run"], row["template"], row["bucket"])
         row["draft_step_ms"], row["target_ms"] = timings.get(key, (None, None))
-        rows.append(_segment(row, positions.get(key, []), c, by, day_output, declared.get(row["run"])))
+        rows.append(segment_of(row, positions.get(key, []), c, by, day_output, declared.get(row["run"])))
     # Engine and replay data are the user's own, never mixed with the demo. Their summaries use pandas, which a
     # database of step logs alone never loads (a third of `specmon summary`'s time).
     if others["engines"]:
@@ -244,7 +244,7 @@ def _records(cur: duckdb.DuckDBPyConnection, sql: str, params: list) -> list[dic
     """A query's rows as dicts by column name, SQL NULL as None."""
     result = cur.execute(sql, params)
     names = [d[0] for d in result.description]
-    return [_clean(dict(zip(names, row, strict=True))) for row in result.fetchall()]
+    return [clean_row(dict(zip(names, row, strict=True))) for row in result.fetchall()]
 
 
 _RUN_COST_SQL = """
@@ -274,7 +274,7 @@ def declared_costs(store: Store) -> dict[str, float]:
     return dict(store.query("SELECT run, max(c) FROM watch_sources WHERE c IS NOT NULL GROUP BY run"))
 
 
-def _clean(row: dict) -> dict:
+def clean_row(row: dict) -> dict:
     """SQL NULL as None, and so a NaN (a float of nothing) and pandas' NaT and NA (a frame's rows: the tests'
     full-scan oracle)."""
     out = {}
@@ -329,7 +329,7 @@ def _positions(positions: list[dict], steps: int, interval: stats.Interval) -> t
                                   p["beta_lo"], p["beta_hi"]) for p in positions)
 
 
-def _segment(row: dict, positions: list[dict], c_given: float | None, by: str, day_output: bool,
+def segment_of(row: dict, positions: list[dict], c_given: float | None, by: str, day_output: bool,
              c_declared: float | None = None) -> SegmentSummary:
     """One step-log segment from its aggregated row (_STEPS_SQL) and its per-position rows (_POSITIONS_SQL)."""
     steps = int(row["steps"])

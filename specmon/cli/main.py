@@ -4,7 +4,7 @@ Exit codes: 0 success; 1 the data says no (a file rejected, a segment at risk or
 (bad arguments, unreadable database, nothing to judge).
 
 A command imports the modules it needs (numpy, DuckDB and the store; pandas through summaries, alarms, readers and
-the demo) when it runs, so `specmon serve` starts the dashboard without loading them first (tests/test_cli.py holds
+the demo) when it runs, so `specmon serve` starts the dashboard without loading them first (tests/cli/test_cli.py holds
 that).
 """
 from __future__ import annotations
@@ -303,7 +303,7 @@ def _watch_log(line: str) -> None:
     print(f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S}Z {printable(line)}", flush=True)
 
 
-def _live_settings(args: argparse.Namespace) -> LiveSettings:
+def live_settings(args: argparse.Namespace) -> LiveSettings:
     if args.k < 1:
         raise SpecmonError(f"--k must be at least 1, got {args.k}")
     ngram = getattr(args, "ngram", False)
@@ -320,7 +320,7 @@ def cmd_live(args: argparse.Namespace) -> int:
 
     # the arguments are checked before torch and transformers load (seconds), which only the commands that run
     # models import
-    settings = _live_settings(args)
+    settings = live_settings(args)
     draft = None if settings.ngram else args.draft
     live_inputs.check_pair(args.target, draft)
     prompts = live_inputs.read_prompts(args.prompts)
@@ -353,7 +353,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from specmon.pair import live_inputs
 
     prompts = [p for path in args.prompts for p in live_inputs.read_prompts(path)]
-    greedy = replace(_live_settings(args), temperature=0.0, top_p=None)
+    greedy = replace(live_settings(args), temperature=0.0, top_p=None)
     live_inputs.check_pair(args.target, args.draft)
 
     from specmon.analysis import lossless

@@ -2,7 +2,7 @@
 that turns its counts and intervals into economics and a status.
 
 Pure: numbers in, frozen dataclasses out (no I/O). `SegmentSummary.to_dict()` is `specmon summary --json`'s object;
-its keys are the README's key table (tests/test_segments.py holds the two together).
+its keys are the README's key table (tests/core/test_segments.py holds the two together).
 """
 from __future__ import annotations
 

@@ -175,7 +175,7 @@ def t_quantile(confidence: float, dof: float) -> float:
     Computed here rather than by scipy.special, whose import costs every fresh `specmon summary` a tenth of a
     second: above T_EXPANSION_DOF by the expansion of t in powers of 1/dof (docs/math.md, "Intervals"), below it
     by safeguarded Newton steps on the CDF from that start. Agrees with scipy's stdtrit to about 1e-13 relative
-    (tests/test_stats_quantiles.py).
+    (tests/core/test_stats.py).
     """
     z = normal_quantile(confidence)
     if math.isinf(dof) or not dof > 0:

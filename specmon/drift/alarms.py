@@ -234,7 +234,7 @@ def _chart_frame(ts_us: np.ndarray, w: np.ndarray) -> pd.DataFrame:
     return pd.DataFrame({"ts": pd.to_datetime(ts_us, unit="us"), "W": w})
 
 
-def _break_even(store: Store, run: str, c: float | None, k: int) -> float | None:
+def break_even_alpha(store: Store, run: str, c: float | None, k: int) -> float | None:
     """The run's break-even alpha*: its step log's (or engine windows') where the summary knows k and c, else from
     the c given and the stream's k."""
     found = summary.step_cost(store, run, c)
@@ -261,9 +261,9 @@ def analyse_run(store: Store, run: str, c: float | None = None,
     and annotation. Works on step logs, engine log windows and Prometheus samples alike. A step log's detector
     advances a kept state by the steps stored since (specmon.drift.state), saved afterwards where the database is
     free; on one connection."""
-    kept = _Kept()
+    kept = Kept()
     with store.reading():
-        result = _analyse(store, run, c, arl0_steps, kept)
+        result = analyse_unsaved(store, run, c, arl0_steps, kept)
     if kept.state is not None:
         drift_state.remember(drift_state.identity(store), run, kept.state)
     if kept.changed or kept.calibrations:
@@ -272,7 +272,7 @@ def analyse_run(store: Store, run: str, c: float | None = None,
 
 
 @dataclass
-class _Kept:
+class Kept:
     """What an analysis leaves to keep: the detector's state, whether it moved, and new thresholds."""
 
     state: State | None = None
@@ -280,7 +280,8 @@ class _Kept:
     calibrations: dict[str, float] = field(default_factory=dict)
 
 
-def _analyse(store: Store, run: str, c: float | None, arl0_steps: int, kept: _Kept) -> RunDrift:
+def analyse_unsaved(store: Store, run: str, c: float | None, arl0_steps: int, kept: Kept) -> RunDrift:
+    """The analysis of analyse_run, leaving what it would save in `kept` (analyse_run saves it afterwards)."""
     notes = run_annotations(store, run)
     steps = _step_drift(store, run, c, arl0_steps, notes, kept)
     if steps is not None:
@@ -298,9 +299,9 @@ def _analyse(store: Store, run: str, c: float | None, arl0_steps: int, kept: _Ke
 def whole_stream_drift(store: Store, run: str, stream: Stream, c: float | None, arl0_steps: int,
                        notes: list[Event], threshold: Callable[..., float] | None = None) -> RunDrift:
     """The analysis of a stream held whole in memory: engine windows (few), and what a step log's kept state must
-    equal (tests/test_drift_state.py). threshold: as calibration.design_for's."""
+    equal (tests/drift/test_state.py). threshold: as calibration.design_for's."""
     empty = pd.DataFrame(columns=["ts", "W"])
-    break_even = _break_even(store, run, c, stream.k)
+    break_even = break_even_alpha(store, run, c, stream.k)
     events = _events(stream, notes)
     changes = _changes(run, stream, events, break_even)
     reference = detector.REFERENCE_STEPS if stream.unit == "steps" else detector.REFERENCE_WINDOWS
@@ -331,7 +332,7 @@ def whole_stream_drift(store: Store, run: str, stream: Stream, c: float | None, 
 
 
 def _step_drift(store: Store, run: str, c: float | None, arl0_steps: int, notes: list[Event],
-                kept: _Kept) -> RunDrift | None:
+                kept: Kept) -> RunDrift | None:
     """The analysis of a run's step log from its kept state, None where the run has no steps."""
     with store.cursor() as cur:
         names = dict(cur.execute("SELECT segment_id, template FROM run_segments WHERE run = ? ORDER BY segment_id",
@@ -343,7 +344,7 @@ def _step_drift(store: Store, run: str, c: float | None, arl0_steps: int, notes:
                                f"({', '.join('?' * len(ids))})", ids).fetchall()[0]
         if not total:
             return None
-        break_even = _break_even(store, run, c, int(k))
+        break_even = break_even_alpha(store, run, c, int(k))
         where = drift_state.identity(store)
         state = _current_state(cur, where, run, ids, int(total), int(k), break_even, arl0_steps, kept)
         empty = pd.DataFrame(columns=["ts", "W"])
@@ -370,7 +371,7 @@ def _step_drift(store: Store, run: str, c: float | None, arl0_steps: int, notes:
 
 
 def _step_verdicts(cur, run: str, names: dict[int, str], firsts: list[list], events: list[Event],
-                   break_even: float | None, state: State | None, kept: _Kept) -> list[TemplateChange]:
+                   break_even: float | None, state: State | None, kept: Kept) -> list[TemplateChange]:
     """The template-change verdicts: kept in the state while its points, the events and the break-even are the
     same (the page reruns after every write, a fresh `check` reads them back), else judged again and kept."""
     key = [[e.ts.isoformat(), e.template, e.source, e.note] for e in events] + [break_even]
@@ -395,7 +396,7 @@ def _change_from_json(d: dict) -> TemplateChange:
 
 
 def _current_state(cur, path: tuple, run: str, ids: list[int], total: int, k: int, break_even: float | None,
-                   arl0_steps: int, kept: _Kept) -> State | None:
+                   arl0_steps: int, kept: Kept) -> State | None:
     """The detector's state after every stored step: a kept one of this design advanced by the steps after its
     last point, where it still describes the stream, else built from every step. None if the reference has no
     checked positions."""

@@ -405,7 +405,7 @@ class RequestLengths:
     over a high threshold are about generalized Pareto whatever the distribution: shape xi = 0 for an exponential
     tail (a geometric length's, exactly), xi > 0 for a heavier one. Estimating xi lets the group's own longest
     requests say how heavy the tail is; a fixed kernel on the log scale (what this replaced) gave every tail a
-    lognormal's, 2.6 x a geometric's at five times the mean length (tests/test_calibration.py)."""
+    lognormal's, 2.6 x a geometric's at five times the mean length (tests/drift/test_calibration.py)."""
 
     def __init__(self, lengths: np.ndarray):
         ordered = np.sort(lengths)

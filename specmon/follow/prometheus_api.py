@@ -1,5 +1,6 @@
-"""Prometheus: the speculative-decoding metrics, their samples, and the HTTP API (`specmon pull`); saved pages
-(the text exposition format) are read by specmon.ingest.formats.prometheus_text.
+"""Prometheus' HTTP API (`specmon pull`, watched Prometheus sources): the speculative-decoding series as samples;
+the metrics themselves are specmon.ingest.formats.prometheus_metrics', and saved pages (the text exposition format)
+are read by specmon.ingest.formats.prometheus_text.
 
 specmon keeps the raw samples of the speculative-decoding counters (vLLM's, and llama.cpp's that mirror them)
 and takes differences between consecutive samples of the same series itself, so a saved page, a series of
@@ -19,34 +20,12 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from specmon.core import times
 from specmon.core.faults import SpecmonError
 from specmon.core.settings import PULL_REQUEST_TIMEOUT_S, PULL_TIMEOUT_S
-
-COUNTERS = ("spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total",
-            "spec_decode_num_accepted_tokens_total", "spec_decode_num_accepted_tokens_per_pos_total")
-GAUGES = ("sglang:spec_accept_length", "sglang:spec_accept_rate")
-PREFIXES = ("vllm:", "llamacpp:")
-
-
-@dataclass(frozen=True)
-class Sample:
-    metric: str
-    labels: dict
-    ts: datetime
-    value: float
-
-    @property
-    def series(self) -> str:
-        return json.dumps(self.labels, sort_keys=True)
-
-
-def wanted(metric: str) -> bool:
-    return metric in GAUGES or any(metric == p + c for p in PREFIXES for c in COUNTERS)
-
+from specmon.ingest.formats.prometheus_metrics import COUNTERS, GAUGES, PREFIXES, Sample
 
 # Bounds on what a Prometheus server can make `specmon pull` do: wait, and hold in memory.
 MAX_REPLY_BYTES = 256 << 20

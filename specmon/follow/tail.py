@@ -34,11 +34,11 @@ class Position:
     state: dict = field(default_factory=dict)
 
 
-def file_id(st: os.stat_result) -> str:
+def file_identity(st: os.stat_result) -> str:
     return f"{st.st_dev}:{st.st_ino}"
 
 
-def head_sha(path: str) -> str | None:
+def head_digest(path: str) -> str | None:
     with open(path, "rb") as fh:
         head = fh.read(_HEAD_BYTES)
     return hashlib.sha256(head).hexdigest() if len(head) == _HEAD_BYTES else None
@@ -54,7 +54,7 @@ def find_by_inode(path: str, file_id: str) -> str | None:
     with entries:
         for entry in entries:
             try:
-                if entry.is_file() and file_id(entry.stat()) == file_id:
+                if entry.is_file() and file_identity(entry.stat()) == file_id:
                     return entry.path
             except OSError:
                 continue
@@ -99,7 +99,7 @@ def next_chunk(path: str, pos: Position) -> tuple[Chunk | None, Position]:
         raise SpecmonError(f"{path}: no such file (waiting for it to appear)") from None
     if os.path.isdir(path):
         raise SpecmonError(f"{path}: is a directory, not a log file")
-    current = file_id(st)
+    current = file_identity(st)
     if pos.file_id is not None and current != pos.file_id:
         old = find_by_inode(path, pos.file_id)
         if old:
@@ -107,7 +107,7 @@ def next_chunk(path: str, pos: Position) -> tuple[Chunk | None, Position]:
             if chunk is not None:
                 return chunk, pos  # drain what the old file still holds before switching
         pos = Position(state=pos.state)  # a new file: from its start, the reader's carry-over kept
-    elif pos.file_id is not None and (st.st_size < pos.offset or (pos.head_sha and head_sha(path) != pos.head_sha)):
+    elif pos.file_id is not None and (st.st_size < pos.offset or (pos.head_sha and head_digest(path) != pos.head_sha)):
         pos = Position(state=pos.state)  # truncated (copytruncate), or another file behind the same inode
     return read_from(path, pos, st), pos
 
@@ -128,7 +128,7 @@ def read_from(path: str, pos: Position, st: os.stat_result) -> Chunk | None:
         raise SpecmonError(f"{path}: line {pos.line_no + 1} is longer than {MAX_LINE_BYTES} bytes (at byte "
                            f"{pos.offset}); the source stops there")
     data = data[:cut + 1]
-    return Chunk(path, file_id(st), head_sha(path), pos.offset, pos.offset + len(data), pos.line_no + 1, data)
+    return Chunk(path, file_identity(st), head_digest(path), pos.offset, pos.offset + len(data), pos.line_no + 1, data)
 
 
 def position_after(chunk: Chunk, pos: Position, state: dict) -> Position:

@@ -90,7 +90,7 @@ def bounds_differ(lo: str, hi: str) -> str:
 
 # The positions' rollup of a large ingest is summed in ranges of this many steps, then the ranges' sums are added:
 # each range's join of positions with their steps stays small (0.62 against 0.93-1.11 CPU s for 10M positions, 2.5M
-# steps, in ranges of 500,000; docs/benchmarks.md, "Ingest", sixth round). Sums and counts add exactly (the sums are
+# steps, in ranges of 500,000; docs/benchmarks.md, "The flat form (CSV, Parquet): how it loads"). Sums and counts add exactly (the sums are
 # fixed-point decimals), so the rows are those of one pass.
 ROLLUP_RANGE_STEPS = 500_000
 _ROLLUP_POSITIONS_ADD = """

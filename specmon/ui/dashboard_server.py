@@ -21,7 +21,7 @@ from specmon.core.resources import APP
 _HEAD_START = "specmon-head-start"
 
 
-def _prepare_first_page() -> None:
+def prepare_first_page() -> None:
     from specmon.ui import data
     from specmon.ui.app import configure_page
     from specmon.ui.pages import overview  # the default page, and through it the shared data module
@@ -47,7 +47,7 @@ def _not_from_the_head_start(record: logging.LogRecord) -> bool:
 @asynccontextmanager
 async def _head_start(_app: st.App) -> AsyncIterator[None]:
     logging.getLogger("streamlit.runtime.scriptrunner_utils.script_run_context").addFilter(_not_from_the_head_start)
-    threading.Thread(target=_prepare_first_page, name=_HEAD_START, daemon=True).start()
+    threading.Thread(target=prepare_first_page, name=_HEAD_START, daemon=True).start()
     yield
 
 

@@ -21,7 +21,6 @@ from specmon.ingest import demo, pipeline
 from specmon.store.database import Store, default_db_path
 from specmon.ui.widgets import md_text
 
-
 # What the Drift page's first visit of a run waits for: the detector's threshold is calibrated by simulation.
 DRIFT_SPINNER = (f"Calibrating the drift detector on the run's first {REFERENCE_STEPS:,} steps (or "
                  f"{REFERENCE_WINDOWS} engine windows) and running it over the run ...")

@@ -329,7 +329,7 @@ def _aggregate_steps(cur: duckdb.DuckDBPyConnection, source: str, cols: list[str
 
 # A Parquet file of more rows than this is screened (and its positions joined with their steps, where they must be)
 # in pieces of whole row groups of at least this many rows, so that no per-step aggregate or join outgrows the memory
-# cap and spills, and each works on a table that fits the caches (docs/benchmarks.md, "Ingest", sixth round). Two of
+# cap and spills, and each works on a table that fits the caches (docs/benchmarks.md, "The flat form (CSV, Parquet): how it loads"). Two of
 # pyarrow's row groups (2^20 rows each) make a piece, which DuckDB reads on two threads.
 PIECE_ROWS = 2_000_000
 # A step that passes the screen has at most 64 rows (positions base..63, once each), so a step that a cut would split
@@ -545,13 +545,13 @@ def insert(
                     cur.execute(f"INSERT INTO {into} SELECT {first_step_id} + t.line - ({position}), {position}, "
                                 f"{values} FROM {source} t {given}")
         else:
-            _write_joined(cur, source, position, tables, into_tables, ranges, progress, size)
+            write_joined(cur, source, position, tables, into_tables, ranges, progress, size)
     finally:
         cur.execute("RESET preserve_insertion_order")
     return int(steps), int(positions or 0), int(inferred)
 
 
-def _write_joined(cur: duckdb.DuckDBPyConnection, source: str, position: str, tables: dict[str, tuple[str, str]],
+def write_joined(cur: duckdb.DuckDBPyConnection, source: str, position: str, tables: dict[str, tuple[str, str]],
                   into_tables: list[str], ranges: list[tuple[int, int] | None], progress: Progress | None,
                   size: int) -> None:
     """Write the positions of a file whose steps' rows are not all adjacent lines in position order, piece by

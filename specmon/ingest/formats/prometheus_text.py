@@ -17,9 +17,9 @@ import pyarrow as pa
 from specmon.core import times
 from specmon.core.faults import Fault, RowFault
 from specmon.core.limits import MAX_ENGINE_LINE_BYTES
-from specmon.follow.prometheus_api import COUNTERS, GAUGES, PREFIXES, Sample, wanted
 from specmon.ingest.formats import textio
 from specmon.ingest.formats.base import Job, Rejected
+from specmon.ingest.formats.prometheus_metrics import COUNTERS, GAUGES, PREFIXES, Sample, wanted
 from specmon.store.database import Store
 from specmon.store.rows import get_or_create_segment
 

@@ -186,7 +186,7 @@ def stage(conn: duckdb.DuckDBPyConnection, path: str, *, sum_tol: float, default
     # A step's number is its row's rowid in fast_steps (a committed table of its own, so rowids count from 0):
     # DuckDB keeps a scan's order in the table a query of single-table steps creates (preserve_insertion_order),
     # while numbering the lines in the query (WITH ORDINALITY, row_number) would run all of it on one thread
-    # (docs/benchmarks.md, "Ingest", eleventh round).
+    # (docs/benchmarks.md, "The step log (JSON Lines): how it loads").
     conn.execute("SET preserve_insertion_order = true")
     counts = None
     in_transaction = False

@@ -1,0 +1,201 @@
+"""End to end in a real browser: Debian's chromium driven by Playwright against `specmon serve`.
+
+Uploads a step log through the upload widget, finds the new run on Overview, visits every page, saves a screenshot
+of each under test-artifacts/screenshots/, and fails on any exception or error element. Uploads a real vLLM log
+and finds its segment on Overview. Shows run, template and file names full of Markdown as text, with no fetch.
+"""
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from paper import PAPER_P, PAPER_Q
+from paths import ROOT
+
+from specmon.core import sampler
+from specmon.ingest import demo
+from specmon.ingest.pipeline import ingest_file
+from specmon.store.database import Store
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+SHOTS = ROOT / "test-artifacts" / "screenshots"
+PAGES = {"overview": "Is speculative decoding paying off?", "acceptance": "Acceptance", "economics": "Economics",
+         "drift": "Drift", "ingest": "Ingest", "live": "Live run", "losslessness": "Losslessness"}
+ERRORS = '[data-testid="stException"], [data-testid="stAlertContentError"], [data-testid="stDialog"]'
+
+if not os.path.exists(CHROMIUM):
+    if os.environ.get("CI"):
+        raise RuntimeError("chromium is missing: .ci/run installs it (apt-get install chromium)")
+    pytest.skip("Debian's chromium is not installed (apt-get install chromium)", allow_module_level=True)
+playwright = pytest.importorskip("playwright.sync_api")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def start_app(tmp_path):
+    """Start the app on a database (prepared by the test, or new) and give its URL; stopped after the test."""
+    running = []
+
+    def start(db: str) -> str:
+        port = free_port()
+        log = open(tmp_path / "streamlit.log", "wb")
+        proc = subprocess.Popen([sys.executable, "-m", "specmon.cli.main", "serve", "--db", db, "--port", str(port)],
+                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        running.append((proc, log))
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
+                    return url
+            except OSError:
+                time.sleep(0.3)
+        pytest.fail(f"streamlit did not start: {(tmp_path / 'streamlit.log').read_text()}")
+
+    yield start
+    for proc, log in running:
+        proc.terminate()
+        proc.wait(timeout=20)
+        log.close()
+
+
+@pytest.fixture
+def app_url(start_app, tmp_path):
+    return start_app(str(tmp_path / "e2e.duckdb"))
+
+
+@pytest.fixture
+def browser():
+    with playwright.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run"])
+        yield b
+        b.close()
+
+
+def open_page(page, url: str, path: str) -> None:
+    page.goto(f"{url}/{'' if path == 'overview' else path}")
+    page.get_by_role("heading", name=PAGES[path]).first.wait_for(timeout=60_000)
+    # Wait until the script run has finished (the status widget shows "Running" while it works).
+    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
+    page.wait_for_timeout(500)
+
+
+def upload(page, url: str, path: Path) -> None:
+    open_page(page, url, "ingest")
+    page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(path))
+    # The file's size shows once it is uploaded (its name may be shortened in the middle, so not the name).
+    page.locator('[data-testid="stFileUploader"]').get_by_text(re.compile(r"^[\d.]+\s?[KMG]?B$")).first.wait_for(
+        timeout=30_000)
+
+
+@pytest.mark.slow  # two uploads and every page in a real browser (about 18 s)
+def test_two_sessions_upload_then_every_page(app_url, browser, tmp_path):
+    logs = []
+    for seed, name in ((9, "canary-a.jsonl"), (10, "canary-b.jsonl")):
+        logs.append(tmp_path / name)
+        with open(logs[-1], "wb") as out:
+            sampler.write_step_log(sampler.simulate_fixed_pair(
+                PAPER_P, PAPER_Q, 4, 2000, np.random.default_rng(seed)), out)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    sessions = [browser.new_page(viewport={"width": 1400, "height": 1000}) for _ in logs]
+    for page, log in zip(sessions, logs, strict=True):
+        upload(page, app_url, log)
+    for page in sessions:  # both sessions submit before either has finished
+        page.get_by_role("button", name="Ingest").click()
+    for page in sessions:
+        page.get_by_text("stored 2,000 steps").wait_for(timeout=120_000)
+
+    page = sessions[0]
+    open_page(page, app_url, "overview")
+    for run in ("canary-a", "canary-b"):
+        page.get_by_text(run, exact=True).first.wait_for(state="attached", timeout=30_000)  # a grid cell
+    assert page.get_by_text("Demo data").count() == 0  # the user's own data replaced the demo
+    steps = page.locator('[data-testid="stMetric"]').filter(has_text="steps")
+    assert steps.locator('[data-testid="stMetricValue"]').inner_text() == "4,000"  # nothing lost or doubled
+
+    for path in PAGES:
+        open_page(page, app_url, path)
+        page.screenshot(path=str(SHOTS / f"{path}.png"), full_page=True)
+        errors = page.locator(ERRORS)
+        assert errors.count() == 0, f"{path}: {errors.first.inner_text()}"
+
+
+# Names that Markdown would turn into an image fetch, bold, a coloured span, an icon or a link.
+EVIL_RUN = "![p](http://127.0.0.1:9/p.png) **x** -- :red[y] :material/home:"
+EVIL_TEMPLATE = "**t** ![t](http://127.0.0.1:9/t.png) <img src=http://127.0.0.1:9/i.png>"
+EVIL_FILE = "**up** ![u](u.png) --.jsonl"  # a relative image would be fetched from the app's own server
+FETCHED = ("127.0.0.1:9", "p.png", "t.png", "i.png", "u.png")
+
+
+def test_names_show_as_text_and_fetch_nothing(start_app, browser, tmp_path):
+    db = str(tmp_path / "names.duckdb")
+    steps = tmp_path / "steps.jsonl"
+    with open(steps, "wb") as out:
+        sampler.write_step_log(sampler.simulate_fixed_pair(
+            PAPER_P, PAPER_Q, 4, 500, np.random.default_rng(5), template=EVIL_TEMPLATE), out)
+    with Store(db) as store:  # the demo log as a user run: v2 is losing, so Overview names the run in an alert
+        assert ingest_file(store, str(demo.DEMO_LOG), run=EVIL_RUN).status == "stored"
+        assert ingest_file(store, str(steps), run=EVIL_RUN).status == "stored"
+    url = start_app(db)
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    requests = []
+    page.on("request", lambda r: requests.append(r.url))
+    for path in PAGES:
+        open_page(page, url, path)
+        main = page.locator('[data-testid="stMain"]')
+        assert main.locator("img").count() == 0, path
+        assert main.locator("strong").filter(has_text=re.compile(r"^[xt]$")).count() == 0, path  # no **x** bold
+        if path == "overview":
+            # what the reader sees; U+2060 is the invisible word joiner markdown_literal puts in
+            alert = page.locator('[data-testid="stAlertContentError"]').first.inner_text().replace("\u2060", "")
+            assert alert.startswith(f"{EVIL_RUN} / v2 is losing"), alert
+        if path == "drift":
+            heading = page.locator("strong").filter(has_text="Template **").first.inner_text().replace("\u2060", "")
+            assert heading == f"Template {EVIL_TEMPLATE}", heading
+    upload(page, url, _named(tmp_path, EVIL_FILE))
+    page.get_by_role("button", name="Ingest").click()
+    page.get_by_text("stored 300 steps").wait_for(timeout=120_000)
+    message = page.locator('[data-testid="stAlertContentSuccess"]').first.inner_text().replace("\u2060", "")
+    assert message.startswith(f"{EVIL_FILE}: stored 300 steps"), message
+    assert page.locator('[data-testid="stMain"] img').count() == 0
+    assert [r for r in requests if any(f in r for f in FETCHED)] == []
+
+
+def _named(tmp_path: Path, name: str) -> Path:
+    path = tmp_path / "upload" / name
+    path.parent.mkdir()
+    with open(path, "wb") as out:
+        sampler.write_step_log(sampler.simulate_fixed_pair(PAPER_P, PAPER_Q, 4, 300, np.random.default_rng(6)), out)
+    return path
+
+
+VLLM_LOG = ROOT / "tests" / "data" / "engines" / "vllm-v1-current-1.log"  # verbatim, from the engine corpus
+
+
+def test_a_real_vllm_log_uploads_and_shows_on_overview(app_url, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    open_page(page, app_url, "ingest")
+    assert not page.locator('[data-testid="stFileUploaderDropzoneInput"]').get_attribute("accept")  # no filter
+    page.get_by_text(".log, .txt, .out").first.wait_for()
+    upload(page, app_url, VLLM_LOG)
+    page.get_by_role("button", name="Ingest").click()
+    page.get_by_text(f"{VLLM_LOG.name}: stored 4 steps").wait_for(timeout=120_000)
+    open_page(page, app_url, "overview")
+    page.get_by_text(VLLM_LOG.stem, exact=True).first.wait_for(state="attached", timeout=30_000)  # a grid cell
+    assert page.get_by_text("Demo data").count() == 0
+    steps = page.locator('[data-testid="stMetric"]').filter(has_text="steps")
+    assert steps.locator('[data-testid="stMetricValue"]').inner_text() == "507"  # the drafts of its 4 windows

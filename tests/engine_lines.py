@@ -1,0 +1,42 @@
+"""Engine log lines as real users pasted them in public vLLM, llama.cpp and SGLang issues (copied verbatim; their
+sources are in tests/data/engines/index.json, where the same lines sit in their files)."""
+
+# Lines as real users pasted them in public vLLM, llama.cpp and SGLang issues (copied verbatim; their sources are
+# in tests/data/engines/index.json, where the same lines sit in their files).
+REAL_V1_DEPTH_AFTER_MEAN = (
+    "(APIServer pid=1) INFO 09-04 11:01:16 [metrics.py:125] SpecDecoding metrics: Mean acceptance length: 6.82, "
+    "Current speculative depth: 7, Accepted throughput: 6.46 tokens/s, Drafted throughput: 7.77 tokens/s, Accepted: "
+    "256 tokens, Drafted: 308 tokens, Per-position acceptance rate: 1.000, 1.000, 1.000, 1.000, 0.795, 0.614, 0.409, "
+    "Avg Draft acceptance rate: 83.1%")
+
+REAL_V1_010 = (
+    "(APIServer pid=2236552) INFO 09-09 11:51:35 [metrics.py:96] SpecDecoding metrics: Draft acceptance rate: 88.8%, "
+    "Mean acceptance length: 5.44, Accepted throughput: 4.37 tokens/s, Drafted throughput: 4.92 tokens/s, Accepted: "
+    "262 tokens, Drafted: 295 tokens, Per-position acceptance rate: 0.983, 0.949, 0.915, 0.881, 0.712")
+
+REAL_V1_09 = (
+    "INFO 06-06 14:20:34 [metrics.py:86] SpecDecoding metrics: Draft acceptance rate: 38.8%, Mean acceptance length: "
+    "2.16, Accepted: 150 tokens, Drafted: 387 tokens, Per-position acceptance rate: 0.543, 0.357, 0.264")
+
+REAL_V1_08 = ("Speculative metrics: Draft acceptance rate: 1.000, Number of accepted tokens: 66, Number of draft "
+              "tokens: 66, ")
+
+REAL_V0 = (
+    "INFO 10-16 19:05:47 metrics.py:367] Speculative metrics: Draft acceptance rate: 0.642, System efficiency: 0.598, "
+    "Number of speculative tokens: 3, Number of accepted tokens: 8547, Number of draft tokens: 13311, Number of "
+    "emitted tokens: 10616.")
+
+REAL_LLAMA_SERVER_3 = [
+    "0.06.896.015 I slot print_timing: id  1 | task 0 | draft acceptance = 0.64479 (  167 accepted /   259 generated), "
+    "mean acceptance length =  2.92, acceptance rate per position = (0.805, 0.632, 0.483)",
+    "0.06.896.057 I statistics     draft-eagle3: #calls(b,g,a) =    1     87     87, #gen drafts =     87, #acc drafts "
+    "=    70, #gen tokens =    259, #acc tokens =   167, #mean acc len = 2.92, #acc rate/pos = (0.805, 0.632, 0.483), "
+    "dur(b,g,a) = 0.005, 325.555, 0.114 ms"]
+
+REAL_SGLANG_OLD = ("[2025-10-22 10:27:57 TP0] Decode batch. #running-req: 1, #token: 108, token usage: 0.00, "
+                   "accept len: 2.17, accept rate: 0.54, cuda graph: True, gen throughput (token/s): 0.39, "
+                   "#queue-req: 0, ")
+
+REAL_SGLANG_NEW = ("[2026-09-11 23:47:28 TP0 EP0] Decode batch, #running-req: 1, #full token: 0, "
+                   "full token usage: 0.00, #swa token: 0, swa token usage: 0.00, accept len: 3.08, accept rate: 0.41, "
+                   "cuda graph: True, gen throughput (token/s): 3.12, #queue-req: 0")
