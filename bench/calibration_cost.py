@@ -1,6 +1,6 @@
-"""Wall time of one drift calibration (specmon.drift.calibration.design_for on the first 2,000 steps, and at each checkpoint of
-the self-starting design on the first 4,000 ... 32,000), the cost the watcher and the Drift page pay once per
-reference (the threshold is kept in the database):
+"""Wall time of one drift calibration (specmon.drift.calibration.design_for on the first 2,000 steps, and at each
+checkpoint of the self-starting design on the first 4,000 ... 32,000), the cost the watcher and the Drift page pay once
+per reference (the threshold is kept in the database):
 
     nice python bench/calibration_cost.py [--repeats 3] [--checkpoints]
 
@@ -27,7 +27,8 @@ def main() -> None:
     ap.add_argument("--checkpoints", action="store_true", help="also time the checkpoints' longer references")
     args = ap.parse_args()
     # (version 1, before the constant existed, so the script also times an older checkout on PYTHONPATH)
-    out: dict = {"machine": machine(), "calibration_version": getattr(detector, "CALIBRATION_VERSION", 1), "seconds": {}}
+    out: dict = {"machine": machine(), "calibration_version": getattr(calibration, "CALIBRATION_VERSION", 1),
+                 "seconds": {}}
     sizes = [detector.REFERENCE_STEPS] + (detector.checkpoints(detector.REFERENCE_STEPS) if args.checkpoints else [])
     for arl0 in (2000, 20_000):
         for size in sizes:

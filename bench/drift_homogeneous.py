@@ -51,7 +51,8 @@ def true_threshold(rng: np.random.Generator, lengths: str, p0: float, p1: float,
     s = []
     for _ in range(groups):
         rows = [streams.steps(rng, 5 * arl0, P0, K, 0.0, lengths)[:2] for _ in range(5)]
-        s.append(calibration.cumulative_increments(np.array([r[0] for r in rows], float), np.array([r[1] for r in rows], float),
+        s.append(calibration.cumulative_increments(np.array([r[0] for r in rows], float),
+                                                   np.array([r[1] for r in rows], float),
                                    p0, p1))
     return calibration.solve_threshold(s, arl0)
 

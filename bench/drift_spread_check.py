@@ -1,8 +1,8 @@
-"""Which of the drift study's references the spread test (calibration.spread_z) can reach: replays every false-alarm, delay and
-river window's stream with the study's own seeds (bench/drift_study.py) and prints, per cell, the least spread test
-z (calibration.spread_z) over the references of SPREAD_TEST_STEPS steps or more its checkpoints can take. A cell whose
-least z is at least calibration.SPREAD_Z is calibrated exactly as before the test existed. The river part's delay streams
-are drawn after river's own detectors and are not replayed.
+"""Which of the drift study's references the spread test (calibration.spread_z) can reach: replays every false-alarm,
+delay and river window's stream with the study's own seeds (bench/drift_study.py) and prints, per cell, the least spread
+test z (calibration.spread_z) over the references of SPREAD_TEST_STEPS steps or more its checkpoints can take. A cell
+whose least z is at least calibration.SPREAD_Z is calibrated exactly as before the test existed. The river part's delay
+streams are drawn after river's own detectors and are not replayed.
 
     nice python bench/drift_spread_check.py      # about 30 s
 """

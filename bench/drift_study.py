@@ -103,8 +103,8 @@ def false_alarm_cell(rng: np.random.Generator, rho: float, lengths: str, k: int,
                      shape: str = "beta") -> dict:
     """Each window: a fresh stream, the detector calibrated on its first REFERENCE_STEPS steps, then 10 x ARL0
     in-control steps watched (restarting after every alarm, as in use) by the self-starting detector (its reference
-    growing at the checkpoints, detector.run_cusum) and, on the same steps, by the plain one (the first design throughout,
-    never recalibrated), so the two are paired."""
+    growing at the checkpoints, detector.run_cusum) and, on the same steps, by the plain one (the first design
+    throughout, never recalibrated), so the two are paired."""
     watched = 10 * arl0
     counts: dict[str, list[int]] = {"self_starting": [], "plain": []}
     episodes, hs, grown = 0, [], []
@@ -112,8 +112,8 @@ def false_alarm_cell(rng: np.random.Generator, rho: float, lengths: str, k: int,
         a, c, req = streams.steps(rng, detector.REFERENCE_STEPS + watched, P0, k, rho, lengths, shape)
         d = calibration.design_for(a, c, req, k, BREAK_EVEN, arl0)
         grow = calibration.redesigner(lambda _, held=(a, c, req): held, k, BREAK_EVEN, arl0)
-        _, raw, _, taken = detector.run_cusum(a[detector.REFERENCE_STEPS:], c[detector.REFERENCE_STEPS:], detector.REFERENCE_STEPS,
-                                       detector.CusumState.start(d), grow)
+        ref = detector.REFERENCE_STEPS
+        _, raw, _, taken = detector.run_cusum(a[ref:], c[ref:], ref, detector.CusumState.start(d), grow)
         counts["self_starting"].append(len(raw))
         counts["plain"].append(len(detector.cusum(a[detector.REFERENCE_STEPS:], c[detector.REFERENCE_STEPS:], d)[1]))
         episodes += sum(1 for i, t in enumerate(raw) if i == 0 or t - raw[i - 1] > detector.EPISODE_GAP)
@@ -143,7 +143,8 @@ def false_alarm_cell(rng: np.random.Generator, rho: float, lengths: str, k: int,
                 "median_h": float(np.median([h[-1] for h in hs])),
                 "h_by_reference": {str(size): {"windows": len(v), "median": float(np.median(v)),
                                                "sd": float(np.std(v, ddof=1)) if len(v) > 1 else 0.0}
-                                   for size, v in sorted(by_size.items()) if size in (detector.REFERENCE_STEPS, *sizes)}})
+                                   for size, v in sorted(by_size.items())
+                                   if size in (detector.REFERENCE_STEPS, *sizes)}})
     return out
 
 

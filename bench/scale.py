@@ -88,7 +88,7 @@ def run_measured(cmd: list[str]) -> tuple[float, float, str]:
 
 
 def specmon(*args: str) -> list[str]:
-    return [sys.executable, "-m", "specmon.cli.main", *args]
+    return [sys.executable, "-m", "specmon", *args]
 
 
 def build(db: str, positions: int, work: str) -> list[dict]:

@@ -36,7 +36,7 @@ def start_times(checkout: str, db: str, browser) -> tuple[float, float]:
         port = s.getsockname()[1]
     page = browser.new_page()
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "specmon.cli.main", "serve", "--db", db, "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "specmon", "serve", "--db", db, "--port", str(port)],
                             cwd=checkout, env=dict(os.environ, PYTHONPATH=checkout),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

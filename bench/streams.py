@@ -1,13 +1,13 @@
 """Streams of verification steps from request models that are *not* the detector's own (it calibrates on the
 reference's own request lengths and steps): for the drift study and the drift tests.
 
-A request has its own acceptance r, drawn so that the intra-request correlation of accept/reject outcomes is rho
-(a Beta(a m, (1 - a) m) with m = 1/rho - 1; rho = 0: every request has r = a), and a length in steps, geometric
-(mean 20) or heavy-tailed (lognormal, sigma 1.2, mean 20). shape="two-point" replaces the beta distribution by
-two kinds of request with the same mean and correlation: one in TWO_POINT_HARD is hard (low acceptance), the rest
-easy; it is outside the beta family (a beta fit to the requests, which the calibration no longer uses, cannot picture it). Within a
-step, position i is accepted with probability r while all before were. Requests follow one another (steps of one
-request together).
+A request has its own acceptance r, drawn so that the intra-request correlation of accept/reject outcomes is rho (a
+Beta(a m, (1 - a) m) with m = 1/rho - 1; rho = 0: every request has r = a), and a length in steps, geometric (mean 20)
+or heavy-tailed (lognormal, sigma 1.2, mean 20). shape="two-point" replaces the beta distribution by two kinds of
+request with the same mean and correlation: one in TWO_POINT_HARD is hard (low acceptance), the rest easy; it is outside
+the beta family (a beta fit to the requests, which the calibration no longer uses, cannot picture it). Within a step,
+position i is accepted with probability r while all before were. Requests follow one another (steps of one request
+together).
 """
 from __future__ import annotations
 

@@ -109,12 +109,12 @@ def latency_and_cpu(seconds: float, steps_per_s: float, engine_per_s: float) -> 
     steps.touch()
     log.touch()
     env = {**os.environ, "SPECMON_DB": str(db)}
-    subprocess.run([sys.executable, "-m", "specmon.cli.main", "demo", "--db", str(db)], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "specmon", "demo", "--db", str(db)], check=True, capture_output=True)
     port = _port()
     dashboard = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
                                   "--server.headless", "true", "--server.fileWatcherType", "none"],
                                  cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    watcher = subprocess.Popen([sys.executable, "-m", "specmon.cli.main", "watch", "--db", str(db), "--steplog",
+    watcher = subprocess.Popen([sys.executable, "-m", "specmon", "watch", "--db", str(db), "--steplog",
                                 str(steps), "--log", str(log), "--run", "bench"],
                                stdout=open(work / "watch.log", "w"), stderr=subprocess.STDOUT)
     seen: list[tuple[float, int]] = []
@@ -212,7 +212,7 @@ def refresh_by_size(sizes: list[int]) -> list[dict]:
         work = tempfile.mkdtemp(prefix="specmon-bench-size-")
         db, parquet = os.path.join(work, "s.duckdb"), os.path.join(work, "flat.parquet")
         write_parquet(parquet, n)
-        subprocess.run([sys.executable, "-m", "specmon.cli.main", "ingest", "--db", db, parquet], check=True,
+        subprocess.run([sys.executable, "-m", "specmon", "ingest", "--db", db, parquet], check=True,
                        capture_output=True)
         os.unlink(parquet)
         out.append(json.loads(subprocess.run([sys.executable, "-c", REFRESH, db], check=True, capture_output=True,

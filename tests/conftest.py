@@ -15,7 +15,7 @@ def store(tmp_path: Path):
 @pytest.fixture
 def specmon_cmd():
     """The CLI as a user runs it: a separate process."""
-    return [sys.executable, "-m", "specmon.cli.main"]
+    return [sys.executable, "-m", "specmon"]
 
 
 @pytest.fixture(autouse=True)

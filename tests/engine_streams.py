@@ -17,6 +17,7 @@ _NOW = datetime.now()
 
 START = datetime(_NOW.year - (datetime(_NOW.year, 11, 29, 9) > _NOW), 11, 29, 8, 0, 0)
 
+
 def vllm_log(path, seed=0):
     """WINDOWS lines 5 s apart; each window's drafts share a rate around 0.8 (0.3 from DROP_AT on)."""
     rng = np.random.default_rng(seed)

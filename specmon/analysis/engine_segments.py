@@ -1,5 +1,5 @@
-"""Segments from what serving engines report (specmon.ingest.formats.engine_log, specmon.follow.prometheus_api), in the same shape as the
-step-log summaries, so pages and `specmon summary` show them side by side.
+"""Segments from what serving engines report (specmon.ingest.formats.engine_log, specmon.follow.prometheus_api), in the
+same shape as the step-log summaries, so pages and `specmon summary` show them side by side.
 
 Engines log counts, not distributions: beta is unknown (null) for them. Per-token alpha needs the per-position
 counts (position 1 is checked on every draft, position i when i - 1 was accepted): checked = drafts +

@@ -406,8 +406,8 @@ def _current_state(cur, path: tuple, run: str, ids: list[int], total: int, k: in
     for state in drift_state.load_states(cur, path, run):
         # every design in force (the reference's, then each checkpoint's) must watch for the p1 asked for now
         designs = [d for _, d in state.designs]
-        if state.design_key != drift_state.design_key(calibration.target_p1(designs[0].p0, break_even), arl0_steps) or any(
-                d.p1 != calibration.target_p1(d.p0, break_even) for d in designs):
+        key = drift_state.design_key(calibration.target_p1(designs[0].p0, break_even), arl0_steps)
+        if state.design_key != key or any(d.p1 != calibration.target_p1(d.p0, break_even) for d in designs):
             continue
         if state.points != total:
             # a state of fewer points than the reference would change its reference; steps that arrived before its

@@ -46,16 +46,19 @@ SPREAD_TEST_STEPS = 2 * REFERENCE_STEPS
 # (specmon.drift.state) are calibrated again rather than reused.
 CALIBRATION_VERSION = 8
 
+
 def cluster_sums(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     _, inverse = np.unique(clusters, return_inverse=True)
     return (np.bincount(inverse, weights=np.asarray(accepted, dtype=float)),
             np.bincount(inverse, weights=np.asarray(checked, dtype=float)))
+
 
 def target_p1(p0: float, break_even: float | None, delta: float = DEFAULT_DELTA) -> float:
     """p1, the acceptance the CUSUM watches for: break-even alpha* when it lies below p0 by more than 0.02, else
     p0 - delta."""
     p1 = break_even if break_even is not None and break_even < p0 - 0.02 else p0 - delta
     return float(np.clip(p1, 0.005, p0 - 0.005))
+
 
 def calibrate(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p0: float, p1: float,
               arl0_steps: int = DEFAULT_ARL0_STEPS, groups: int = CALIBRATION_GROUPS,
@@ -64,23 +67,23 @@ def calibrate(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p
     in-control points, averaged over the in-control processes the reference window leaves plausible (for engine
     windows each window is its own cluster).
 
-    The in-control process is known only through the reference's G clusters, and the false-alarm rate depends
-    steeply on its acceptance and on how much that varies over a stretch of points. So each group is one
-    plausible process: G clusters drawn with replacement from the reference (the bootstrap's picture of the
-    sampling error). Its streams_per_group streams of 5 x arl0_steps points are clusters drawn from the group, each
-    given an acceptance r from the group's distribution of cluster acceptance (its nonparametric maximum-likelihood
-    estimate, Mixing) and points to match: an engine window keeps its checked count and gets accepted ~
-    Binomial(checked, r) (WindowProcess); a request gets a length from the group's lengths, its tail past the longest
-    fifth generalized Pareto with the shape those show (RequestLengths), and steps drawn from the group's per-position profile
-    shifted to r (StepProcess). Resampling the reference's clusters as they are, a hundred of them, would let the rare
-    poor request (or window) that sets off a false alarm once in thousands of points be missing or over-represented by
-    chance, and the threshold follow that luck; drawing r from the estimated distribution instead gives every group the
-    tail its clusters imply. The streams are watched with the reference's own p0 and p1, and h is solved for where the
-    groups' mean rate of the restarted CUSUM (every alarm, re-alarms included, over the points watched: the figure the
-    stated rate promises) is 1 / arl0_steps (solve_threshold). A step log's reference of at least SPREAD_TEST_STEPS steps whose
-    spread test (spread_z) is below SPREAD_Z has its requests simulated alike instead, each group's at the group's
-    pooled acceptance: the fitted distribution never comes out a single point, and the spread it keeps where requests
-    do not differ made h too high.
+    The in-control process is known only through the reference's G clusters, and the false-alarm rate depends steeply on
+    its acceptance and on how much that varies over a stretch of points. So each group is one plausible process: G
+    clusters drawn with replacement from the reference (the bootstrap's picture of the sampling error). Its
+    streams_per_group streams of 5 x arl0_steps points are clusters drawn from the group, each given an acceptance r
+    from the group's distribution of cluster acceptance (its nonparametric maximum-likelihood estimate, Mixing) and
+    points to match: an engine window keeps its checked count and gets accepted ~ Binomial(checked, r) (WindowProcess);
+    a request gets a length from the group's lengths, its tail past the longest fifth generalized Pareto with the shape
+    those show (RequestLengths), and steps drawn from the group's per-position profile shifted to r (StepProcess).
+    Resampling the reference's clusters as they are, a hundred of them, would let the rare poor request (or window) that
+    sets off a false alarm once in thousands of points be missing or over-represented by chance, and the threshold
+    follow that luck; drawing r from the estimated distribution instead gives every group the tail its clusters imply.
+    The streams are watched with the reference's own p0 and p1, and h is solved for where the groups' mean rate of the
+    restarted CUSUM (every alarm, re-alarms included, over the points watched: the figure the stated rate promises) is 1
+    / arl0_steps (solve_threshold). A step log's reference of at least SPREAD_TEST_STEPS steps whose spread test
+    (spread_z) is below SPREAD_Z has its requests simulated alike instead, each group's at the group's pooled
+    acceptance: the fitted distribution never comes out a single point, and the spread it keeps where requests do not
+    differ made h too high.
     """
     rng = np.random.default_rng(seed)
     a = np.asarray(accepted, dtype=float)
@@ -89,7 +92,8 @@ def calibrate(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p
     n_clusters = int(inverse.max()) + 1
     single = n_clusters == len(a)  # engine windows: every point its own cluster
     per_a, per_n = np.bincount(inverse, weights=a), np.bincount(inverse, weights=n)
-    alike = not single and len(a) >= SPREAD_TEST_STEPS and request_spread_z(per_a, per_n, np.bincount(inverse)) < SPREAD_Z
+    alike = (not single and len(a) >= SPREAD_TEST_STEPS
+             and request_spread_z(per_a, per_n, np.bincount(inverse)) < SPREAD_Z)
     mixing = None if alike else Mixing(per_a, per_n)  # its EM is the costly part of the set-up: only where used
     points = []
     for _ in range(groups):
@@ -100,12 +104,14 @@ def calibrate(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p
         points.append(process.draw(rng, streams_per_group, 5 * arl0_steps))
     return solve_threshold([cumulative_increments(pa, pn, p0, p1) for pa, pn in points], arl0_steps)
 
+
 def spread_z(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray) -> float:
-    """The spread test of a stream of steps (accepted and checked per step, clusters its request): request_spread_z of the
-    requests' sums."""
+    """The spread test of a stream of steps (accepted and checked per step, clusters its request): request_spread_z of
+    the requests' sums."""
     _, inverse = np.unique(clusters, return_inverse=True)
     return request_spread_z(np.bincount(inverse, weights=np.asarray(accepted, dtype=float)),
                      np.bincount(inverse, weights=np.asarray(checked, dtype=float)), np.bincount(inverse))
+
 
 def request_spread_z(accepted: np.ndarray, checked: np.ndarray, steps: np.ndarray) -> float:
     """A score test of a spread of acceptance between requests (a request's accepted of checked positions over its
@@ -125,11 +131,13 @@ def request_spread_z(accepted: np.ndarray, checked: np.ndarray, steps: np.ndarra
     scale = math.sqrt(2 * float(((v * checked / s) ** 2).sum()))
     return float(((((accepted - p * checked) ** 2 - v * checked) / s).sum()) / scale) if scale > 0 else 0.0
 
+
 def cumulative_increments(accepted: np.ndarray, checked: np.ndarray, p0: float, p1: float) -> np.ndarray:
     """Cumulative CUSUM increments of simulated streams (one a row) watched with p0 and p1."""
     wa, wr = llr_weights(p0, p1)
     x = (accepted * np.float32(wa - wr) + checked * np.float32(wr)).astype(np.float32)
     return np.cumsum(x, axis=1, dtype=np.float64)
+
 
 def solve_threshold(s: list[np.ndarray], arl0_steps: int) -> float:
     """h at which the groups' mean alarm rate of the restarted CUSUM is 1 / arl0_steps; s holds each group's
@@ -183,6 +191,7 @@ def solve_threshold(s: list[np.ndarray], arl0_steps: int) -> float:
             side = 1
     return float(hi)
 
+
 def fresh_start_threshold(s: list[np.ndarray], arl0_steps: int) -> float:
     """h (to 1%) at which the groups' mean rate from a fresh start, (n - 1) / (sum of the n streams' run lengths to
     the first alarm) per group, is 1 / arl0_steps: one vectorised pass per h."""
@@ -201,6 +210,7 @@ def fresh_start_threshold(s: list[np.ndarray], arl0_steps: int) -> float:
         else:
             hi = mid
     return hi
+
 
 def restarted_rate(s: list[np.ndarray], h: float, arl0_steps: int) -> float:
     """The groups' mean rate of alarms per point of the CUSUM restarted after every alarm, as in use: after a
@@ -225,6 +235,7 @@ def restarted_rate(s: list[np.ndarray], h: float, arl0_steps: int) -> float:
                     start += len(seg)
         rates.append(alarms / g.size)
     return float(np.mean(rates))
+
 
 class Mixing:
     """The distribution of cluster acceptance r, estimated by nonparametric maximum likelihood (Kiefer and
@@ -278,6 +289,7 @@ class Mixing:
             w = w * (self.lik.T @ (counts / np.maximum(self.lik @ w, 1e-300))) / counts.sum()
         return w / w.sum()
 
+
 @dataclass(frozen=True)
 class Rates:
     """Draws of cluster acceptance: a grid value g with its weight, moved on the log-odds scale to
@@ -308,6 +320,7 @@ class Rates:
         z = rng.standard_normal(size)
         return 1 / (1 + np.exp(-(self.center + self.scale * (logit - self.center + self.b * z) + self.shift)))
 
+
 class WindowProcess:
     """The in-control process of one group of engine windows: a drawn window keeps its checked count n and gets
     accepted ~ Binomial(n, r), r drawn from the group's distribution of window acceptance (Mixing)."""
@@ -323,21 +336,22 @@ class WindowProcess:
 
 TILT_GRID = np.linspace(-8.0, 8.0, 161)  # shifts of the per-position log-odds of acceptance, for interpolation
 
+
 class StepProcess:
     """The in-control process of one group of requests (pool: positions among the reference's requests, inverse
     the request of each reference step), drawn as requests laid end to end.
 
     A drawn request gets a length in steps from the group's lengths, with a generalized Pareto tail past its longest
-    fifth (RequestLengths), and an acceptance r from the group's distribution of request acceptance (Mixing). Its steps are
-    drawn independently from the group's per-position profile shifted to r: position i of a step is checked while all
-    before were accepted, and accepted with probability logistic(logit q_i + theta), q_i the group's own rate at
-    position i (accepted / checked there), theta the shift whose per-token acceptance is r (interpolated between
-    the points of TILT_GRID, then refined by a Newton step: a draw at the grid point at or above r, as before, made
-    every request a little easier than its r). So steps keep the shape of real steps (position 1 easier or harder
-    than position 4, as the logs have it) at the request's own acceptance; within a request whose positions share
-    one rate this is exactly the truncated geometric step. (A tilt of the group's mix of steps, which this replaced,
-    matched r but, at an r far below the mix, kept too many fully accepted steps from the easy requests in it: fewer
-    rejections per step, a CUSUM drifting up more slowly than in a poor request.)"""
+    fifth (RequestLengths), and an acceptance r from the group's distribution of request acceptance (Mixing). Its steps
+    are drawn independently from the group's per-position profile shifted to r: position i of a step is checked while
+    all before were accepted, and accepted with probability logistic(logit q_i + theta), q_i the group's own rate at
+    position i (accepted / checked there), theta the shift whose per-token acceptance is r (interpolated between the
+    points of TILT_GRID, then refined by a Newton step: a draw at the grid point at or above r, as before, made every
+    request a little easier than its r). So steps keep the shape of real steps (position 1 easier or harder than
+    position 4, as the logs have it) at the request's own acceptance; within a request whose positions share one rate
+    this is exactly the truncated geometric step. (A tilt of the group's mix of steps, which this replaced, matched r
+    but, at an r far below the mix, kept too many fully accepted steps from the easy requests in it: fewer rejections
+    per step, a CUSUM drifting up more slowly than in a poor request.)"""
 
     def __init__(self, a: np.ndarray, n: np.ndarray, inverse: np.ndarray, pool: np.ndarray, rates: Rates):
         self.rates = rates
@@ -397,6 +411,7 @@ class StepProcess:
                 filled += len(row)
         return self.kinds[picked, 0], self.kinds[picked, 1]
 
+
 class RequestLengths:
     """Request lengths of a group: a length at or below u (the group's lengths' (1 - TAIL_SHARE) quantile) drawn
     from the group's own lengths as they are, one above u as u plus a generalized Pareto excess (math.md, "Drift",
@@ -427,6 +442,7 @@ class RequestLengths:
             out[tail] = self.u + np.ceil(np.minimum(excess, cap)).astype(np.int64)
         return np.clip(out, 1, cap)
 
+
 def gpd_fit(excess: np.ndarray) -> tuple[float, float]:
     """(xi, sigma) of a generalized Pareto distribution, P(X > x) = (1 + xi x / sigma)^(-1/xi), fitted to positive
     excesses by Zhang and Stephens' (2009) method: the profile likelihood in theta = -xi / sigma averaged over a
@@ -451,12 +467,14 @@ def gpd_fit(excess: np.ndarray) -> tuple[float, float]:
     xi = float(np.log1p(-th * x).mean())
     return xi, -xi / th
 
+
 def first_alarm_steps(w: np.ndarray, h: float) -> np.ndarray:
     """Points to the first W >= h in each row (the row length where none came)."""
     hit = w >= h
     return np.where(hit.any(axis=1), hit.argmax(axis=1) + 1, w.shape[1])
 
 _CALIBRATIONS: OrderedDict[bytes, float] = OrderedDict()  # the watcher re-analyses a run after every batch
+
 
 def calibrate_cached(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p0: float, p1: float,
                       arl0_steps: int) -> float:
@@ -467,6 +485,7 @@ def calibrate_cached(accepted: np.ndarray, checked: np.ndarray, clusters: np.nda
         if len(_CALIBRATIONS) > 64:
             _CALIBRATIONS.popitem(last=False)
     return _CALIBRATIONS[key]
+
 
 def design_for(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, k: int,
                break_even: float | None, arl0_steps: int = DEFAULT_ARL0_STEPS,
@@ -492,6 +511,7 @@ def design_for(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, 
     per_a, per_n = cluster_sums(a, n, ref_clusters)
     iv = stats.cluster_robust_interval(per_a, per_n)
     return Design(p0, p1, float(h), arl0_steps, float(iv.design_effect), int(k), len(per_n), unit, len(a))
+
 
 def redesigner(head: Callable[[int], tuple[np.ndarray, np.ndarray, np.ndarray]], k: int,
                break_even: float | None, arl0_steps: int = DEFAULT_ARL0_STEPS, unit: str = "steps",

@@ -43,6 +43,7 @@ CHANGE_CONFIDENCE = 0.99  # template change verdicts at the two-sided 1% level
 # in the change's likely range (about a 95% set; the study in docs/drift.md measures how often it holds the truth).
 CHANGE_RANGE_DROP = 3.0
 
+
 @dataclass(frozen=True)
 class Design:
     """A calibrated detector: watch for acceptance moving from p0 to p1; alarm at W >= h.
@@ -61,6 +62,7 @@ class Design:
     unit: str = "steps"
     reference: int = 0  # points it was calibrated on (the first of the stream)
 
+
 @dataclass(frozen=True)
 class Alarm:
     """One episode: a first alarm, and the re-alarms that follow it while acceptance stays low (the CUSUM is reset
@@ -76,15 +78,18 @@ class Alarm:
     change_hi: int
     design: Design  # the design in force at the alarm
 
+
 def llr_weights(p0: float, p1: float) -> tuple[float, float]:
     """CUSUM increments for one accepted and one rejected checked position."""
     return math.log(p1 / p0), math.log((1 - p1) / (1 - p0))
+
 
 def cusum(accepted: np.ndarray, checked: np.ndarray, design: Design) -> tuple[np.ndarray, list[int]]:
     """W_t over a stream of points, restarting after each alarm. Returns W and the alarm indices."""
     wa, wr = llr_weights(design.p0, design.p1)
     x = np.asarray(accepted, dtype=float) * wa + (np.asarray(checked, dtype=float) - accepted) * wr
     return cusum_increments(x, design.h)
+
 
 def cusum_increments(x: np.ndarray, h: float, w0: float = 0.0) -> tuple[np.ndarray, list[int]]:
     """The CUSUM with restarts over its increments x, continuing from W = w0 before the first point (0: a fresh
@@ -113,9 +118,11 @@ def cusum_increments(x: np.ndarray, h: float, w0: float = 0.0) -> tuple[np.ndarr
         block = 4096
     return w, alarms
 
+
 def checkpoints(reference_steps: int) -> list[int]:
     """The reference sizes at which the threshold is calibrated again: 2, 4, ... CHECKPOINT_GROWTH x the first."""
     return [reference_steps * 2 ** j for j in range(1, CHECKPOINT_GROWTH.bit_length())]
+
 
 @dataclass(frozen=True)
 class CusumState:
@@ -134,6 +141,7 @@ class CusumState:
         """The watch right after the reference: the first checkpoint ahead where the reference grows."""
         ahead = checkpoints(design.reference) if self_starting else []
         return CusumState(design, checkpoint=ahead[0] if ahead else None, first=design.reference)
+
 
 def run_cusum(accepted: np.ndarray, checked: np.ndarray, base: int, state: CusumState,
           redesign: Callable[[int], Design]) -> tuple[np.ndarray, list[int], CusumState, list[tuple[int, Design]]]:
@@ -177,6 +185,7 @@ def run_cusum(accepted: np.ndarray, checked: np.ndarray, base: int, state: Cusum
         ahead = later[0] if later else None
     return w, alarms, CusumState(design, carry, last, ahead, state.first), taken
 
+
 def change_point(accepted: np.ndarray, checked: np.ndarray, p0: float, start: int, end: int,
                  design_effect: float = 1.0) -> tuple[int, int, int]:
     """Maximum-likelihood start of a drop from p0 among points start..end-1, and its likely range.
@@ -200,6 +209,7 @@ def change_point(accepted: np.ndarray, checked: np.ndarray, p0: float, start: in
     best = int(np.argmax(ll))
     likely = np.flatnonzero(ll >= ll[best] - CHANGE_RANGE_DROP * max(design_effect, 1.0))
     return start + best, start + int(likely[0]), start + int(likely[-1])
+
 
 def detect(accepted: np.ndarray, checked: np.ndarray, design: Design,
            reference_steps: int = REFERENCE_STEPS,
@@ -234,6 +244,7 @@ def detect(accepted: np.ndarray, checked: np.ndarray, design: Design,
         since = last + 1
     return np.concatenate([np.zeros(start), w]), alarms, [(start, design), *taken]
 
+
 @dataclass(frozen=True)
 class Comparison:
     """Acceptance before and after a template change, with cluster-robust intervals."""
@@ -243,6 +254,7 @@ class Comparison:
     z: float
     verdict: str  # "hurt", "helped" or "no detectable change"
     critical: float = 2.576  # the |z| beyond which the verdict is hurt or helped
+
 
 def compare(before_a: np.ndarray, before_n: np.ndarray, after_a: np.ndarray, after_n: np.ndarray) -> Comparison:
     """Two-sample test of per-token acceptance; arguments are per-cluster sums (requests or windows as clusters).
@@ -257,6 +269,7 @@ def compare(before_a: np.ndarray, before_n: np.ndarray, after_a: np.ndarray, aft
     critical = stats.t_quantile(CHANGE_CONFIDENCE, min(b.dof, a.dof))
     verdict = "hurt" if z < -critical else "helped" if z > critical else "no detectable change"
     return Comparison(b, a, z, verdict, critical)
+
 
 def _variance(iv: stats.Interval) -> float:
     """Variance of a proportion at its effective sample size (what the cluster-robust interval used)."""

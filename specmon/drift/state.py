@@ -3,16 +3,16 @@ per run and design, so an analysis reads only the steps stored after the last on
 "Keeping up with the data").
 
 A state holds what the whole-stream analysis (detector.detect over every step in (ts, step_id) order) would know after
-its last point: the CUSUM's W there, every design in force so far (the first reference's and each checkpoint's of
-the self-starting design, detector.run_cusum) with the next checkpoint, the alarm episodes with their dates, each
-template's first step, running sums, and the downsampled W chart. Advancing it by the steps after that point gives
-what the whole stream gives, to float rounding (W is summed from the point it was kept at). It is used only while it
-still describes the stored stream: the run holds exactly the points it took in plus those after its last one (else
-steps arrived earlier than that point, and the state is built again from every step), and its design is the one
-asked for (false-alarm rate, p1, calibration and state versions; the first reference is fixed once 2,000 steps are
-in, each checkpoint's once its steps are, and an earlier step changes the count). Calibrated thresholds are stored
-too, keyed by the reference's points, p0, p1, the false-alarm rate and calibration.CALIBRATION_VERSION, so a fresh process
-does not calibrate again (a checkpoint's reference is one more key).
+its last point: the CUSUM's W there, every design in force so far (the first reference's and each checkpoint's of the
+self-starting design, detector.run_cusum) with the next checkpoint, the alarm episodes with their dates, each template's
+first step, running sums, and the downsampled W chart. Advancing it by the steps after that point gives what the whole
+stream gives, to float rounding (W is summed from the point it was kept at). It is used only while it still describes
+the stored stream: the run holds exactly the points it took in plus those after its last one (else steps arrived earlier
+than that point, and the state is built again from every step), and its design is the one asked for (false-alarm rate,
+p1, calibration and state versions; the first reference is fixed once 2,000 steps are in, each checkpoint's once its
+steps are, and an earlier step changes the count). Calibrated thresholds are stored too, keyed by the reference's
+points, p0, p1, the false-alarm rate and calibration.CALIBRATION_VERSION, so a fresh process does not calibrate again (a
+checkpoint's reference is one more key).
 
 States are saved after an analysis, in a short write that is skipped when another process holds the database (the
 state is a cache: the next analysis advances from the older one), and kept in this process meanwhile.
@@ -256,10 +256,10 @@ def request_sums(cur: duckdb.DuckDBPyConnection, segments: Sequence[int], lo_us:
 def advance(state: State, new: Points, older: Callable[[int, tuple[int, int]], Points],
             before: Callable[[int], int | None], redesign: Callable[[int], detector.Design]) -> State:
     """The state after the points `new`, which follow the state's last point in stream order. older(since, key)
-    gives the points taken in already from index `since` (at `key`) on, for dating a change that began before
-    `new`; before(ts) the segment of the last point before ts; redesign(c) the design calibrated on the stream's
-    first c points (a checkpoint, detector.run_cusum). A state with fewer points than the reference takes new points only
-    from scratch (the reference, and with it the design, would change)."""
+    gives the points taken in already from index `since` (at `key`) on, for dating a change that began before `new`;
+    before(ts) the segment of the last point before ts; redesign(c) the design calibrated on the stream's first c points
+    (a checkpoint, detector.run_cusum). A state with fewer points than the reference takes new points only from scratch
+    (the reference, and with it the design, would change)."""
     base, m = state.points, len(new)
     if not m:
         return state

@@ -82,16 +82,17 @@ FROM (SELECT sg.run_id, r.request_id, count(*) AS n FROM rollup_requests r JOIN 
 WHERE sg.segment_id = rq.segment_id AND c.run_id = sg.run_id AND c.request_id = rq.request_id
 """
 
+
 def bounds_differ(lo: str, hi: str) -> str:
     """SQL: a position's bounds (SQL lo and hi) differ, so it has a row in position_bounds (migration 14). Compared
     as DuckDB compares doubles (-0.0 equals 0.0, NaN equals NaN): what a reader sums is the same either way."""
     return f"{hi} IS DISTINCT FROM {lo}"
 
 
-# The positions' rollup of a large ingest is summed in ranges of this many steps, then the ranges' sums are added:
-# each range's join of positions with their steps stays small (0.62 against 0.93-1.11 CPU s for 10M positions, 2.5M
-# steps, in ranges of 500,000; docs/benchmarks.md, "The flat form (CSV, Parquet): how it loads"). Sums and counts add exactly (the sums are
-# fixed-point decimals), so the rows are those of one pass.
+# The positions' rollup of a large ingest is summed in ranges of this many steps, then the ranges' sums are added: each
+# range's join of positions with their steps stays small (0.62 against 0.93-1.11 CPU s for 10M positions, 2.5M steps, in
+# ranges of 500,000; docs/benchmarks.md, "The flat form (CSV, Parquet): how it loads"). Sums and counts add exactly (the
+# sums are fixed-point decimals), so the rows are those of one pass.
 ROLLUP_RANGE_STEPS = 500_000
 _ROLLUP_POSITIONS_ADD = """
 SELECT ingest_id, segment_id, hour, position, sum(checked) AS checked, sum(accepted) AS accepted,

@@ -380,6 +380,7 @@ CREATE TABLE staging_positions (
 );
 """
 
+
 def schema_version(conn: duckdb.DuckDBPyConnection) -> int:
     exists = conn.execute(
         "SELECT count(*) FROM information_schema.tables WHERE table_name = 'schema_version'"

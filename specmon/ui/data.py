@@ -89,7 +89,8 @@ def lossless_segments() -> list[tuple[str, str, int]]:
     return _lossless_segments(store.path, store.generation)
 
 
-@st.cache_data(max_entries=16, show_spinner="Testing that the output is still the target's (randomized PIT, chi-square) ...")
+@st.cache_data(max_entries=16,
+               show_spinner="Testing that the output is still the target's (randomized PIT, chi-square) ...")
 def _lossless_checks(path: str, generation: tuple, run: str, template: str):
     s = _store(path)
     with s.reading():

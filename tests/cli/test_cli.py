@@ -96,6 +96,7 @@ def test_demo_twice_says_the_second_time_changed_nothing(tmp_path, specmon_cmd):
     assert again.returncode == 0 and b"already there" in again.stdout and b"nothing changed" in again.stdout
     assert b"steps" not in again.stdout
 
+
 def test_summary_loads_the_demo_into_an_empty_database(tmp_path, specmon_cmd):
     db = str(tmp_path / "new.duckdb")
     r = run(specmon_cmd, "summary", "--db", db)
@@ -230,10 +231,10 @@ def test_live_defaults_are_the_shared_settings():
 def test_serve_starts_without_loading_numpy_duckdb_or_the_readers():
     """`specmon serve` only starts Streamlit: the CLI imports what the other commands need when they run, which
     keeps the time from `specmon serve` to the first page short (docs/benchmarks.md)."""
-    code = "import sys, specmon.cli.main; specmon.cli.main.build_parser().parse_args(['serve']); print(sorted(sys.modules))"
+    code = "import sys, specmon.cli.main as cli; cli.build_parser().parse_args(['serve']); print(sorted(sys.modules))"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    for heavy in ("numpy", "duckdb", "pandas", "scipy.special", "specmon.analysis.summary", "specmon.ingest.pipeline", "specmon.drift.alarms",
-                  "torch"):
+    for heavy in ("numpy", "duckdb", "pandas", "scipy.special", "specmon.analysis.summary", "specmon.ingest.pipeline",
+                  "specmon.drift.alarms", "torch"):
         assert f"'{heavy}'" not in loaded, heavy
 
 
@@ -252,5 +253,6 @@ def test_summary_of_step_logs_loads_neither_pandas_nor_the_readers(tmp_path):
             "print(code, len(out.getvalue()) > 0, sorted(sys.modules))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert loaded.startswith("0 True"), loaded[:200]
-    for heavy in ("pandas", "specmon.ingest.pipeline", "specmon.analysis.engine_segments", "specmon.analysis.replay_segments", "torch"):
+    for heavy in ("pandas", "specmon.ingest.pipeline", "specmon.analysis.engine_segments",
+                  "specmon.analysis.replay_segments", "torch"):
         assert f"'{heavy}'" not in loaded, heavy

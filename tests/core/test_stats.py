@@ -44,6 +44,7 @@ def test_normal_quantile_matches_scipy():
 
 
 def test_the_statistics_load_no_scipy():
-    code = "import sys, specmon.core.stats, specmon.analysis.summary; print(sorted(m for m in sys.modules if m.startswith('scipy')))"
+    code = ("import sys, specmon.core.stats, specmon.analysis.summary; "
+            "print(sorted(m for m in sys.modules if m.startswith('scipy')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -39,7 +39,8 @@ def test_a_threshold_that_ignores_clustering_cries_wolf():
     ref = slice(0, detector.REFERENCE_STEPS)
     p0 = a[ref].sum() / c[ref].sum()
     clustered = calibration.calibrate(a[ref], c[ref], req[ref], p0, P1, ARL0)
-    naive = calibration.calibrate(a[ref], c[ref], np.arange(detector.REFERENCE_STEPS), p0, P1, ARL0)  # steps independent
+    steps_independent = np.arange(detector.REFERENCE_STEPS)
+    naive = calibration.calibrate(a[ref], c[ref], steps_independent, p0, P1, ARL0)
     assert naive < clustered / 2
     _, raw = detector.cusum(a[ref.stop:], c[ref.stop:], detector.Design(p0, P1, naive, ARL0, 1.0, K))
     assert len(raw) > 3 * 100_000 / ARL0  # at least three times the stated false-alarm rate

@@ -1,6 +1,6 @@
-"""The drift threshold's calibration (specmon.drift.calibration.calibrate and its parts): the rate it solves for is the one the
-stated figure promises (every alarm of the CUSUM restarted after each alarm), and its simulated steps and request
-lengths are what its docstrings say."""
+"""The drift threshold's calibration (specmon.drift.calibration.calibrate and its parts): the rate it solves for is the
+one the stated figure promises (every alarm of the CUSUM restarted after each alarm), and its simulated steps and
+request lengths are what its docstrings say."""
 import math
 import sys
 
@@ -128,7 +128,8 @@ def test_simulated_length_tail_matches_the_true_tail_past_the_reference(kind: st
         mu = math.log(streams.MEAN_STEPS) - streams.LOGNORMAL_SIGMA ** 2 / 2
         truth = 0.5 * math.erfc((math.log(beyond + 0.5) - mu) / streams.LOGNORMAL_SIGMA / math.sqrt(2))
     rng = np.random.default_rng(11)
-    tails = [(calibration.RequestLengths(streams.request_lengths(rng, 100, kind)).draw(rng, 20_000, 10**6) > beyond).mean()
+    lengths = calibration.RequestLengths
+    tails = [(lengths(streams.request_lengths(rng, 100, kind)).draw(rng, 20_000, 10**6) > beyond).mean()
              for _ in range(200)]
     assert 0.75 < np.mean(tails) / truth < 1.3, np.mean(tails) / truth
 
@@ -180,7 +181,8 @@ def test_the_spread_test_is_standard_normal_without_a_spread_and_large_with_one(
     rng = np.random.default_rng(21)
     null = np.array([calibration.spread_z(*streams.steps(rng, 4000, 0.8, 4, 0.0, "lognormal")) for _ in range(40)])
     assert abs(null.mean()) < 0.5 and (null < calibration.SPREAD_Z).sum() >= 34
-    spread = [calibration.spread_z(*streams.steps(rng, 4000, 0.8, 4, 0.05, "lognormal", "two-point")) for _ in range(20)]
+    spread = [calibration.spread_z(*streams.steps(rng, 4000, 0.8, 4, 0.05, "lognormal", "two-point"))
+              for _ in range(20)]
     assert min(spread) > calibration.SPREAD_Z
 
 

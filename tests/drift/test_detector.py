@@ -1,7 +1,7 @@
-"""The self-starting drift design (detector.run_cusum): the reference grows at the checkpoints, each taken only outside an
-alarm episode, a lasting drop never joins it, and the watch cut into pieces is the watch over the whole stream.
-One seeded stream, calibrated for real (a 500-step first reference and a stated 1,000 steps per false alarm keep it
-under a second or two)."""
+"""The self-starting drift design (detector.run_cusum): the reference grows at the checkpoints, each taken only outside
+an alarm episode, a lasting drop never joins it, and the watch cut into pieces is the watch over the whole stream. One
+seeded stream, calibrated for real (a 500-step first reference and a stated 1,000 steps per false alarm keep it under a
+second or two)."""
 import sys
 
 import numpy as np

@@ -102,7 +102,7 @@ def _free_port() -> int:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "specmon.cli.main", *args], capture_output=True, text=True, timeout=180)
+    return subprocess.run([sys.executable, "-m", "specmon", *args], capture_output=True, text=True, timeout=180)
 
 
 @pytest.mark.slow
@@ -136,7 +136,7 @@ def test_dashboard_watcher_writers_and_other_processes_share_one_database(tmp_pa
     watch_out = open(tmp_path / "watch.log", "a")
 
     def start_watcher() -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "specmon.cli.main", "watch", "--db", db, "--config", str(config)],
+        return subprocess.Popen([sys.executable, "-m", "specmon", "watch", "--db", db, "--config", str(config)],
                                 stdout=watch_out, stderr=subprocess.STDOUT)
 
     watcher = start_watcher()

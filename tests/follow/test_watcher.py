@@ -81,7 +81,7 @@ def test_a_followed_log_counts_every_line_once_through_half_lines_rotation_and_t
 
 
 def _watch(db: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "specmon.cli.main", "watch", "--db", db, "--interval", "0.2", *args],
+    return subprocess.Popen([sys.executable, "-m", "specmon", "watch", "--db", db, "--interval", "0.2", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -276,7 +276,7 @@ def test_serve_watch_runs_the_watcher_beside_the_dashboard_and_stops_with_it(tmp
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    serve = subprocess.Popen([sys.executable, "-m", "specmon.cli.main", "serve", "--db", db, "--port", str(port),
+    serve = subprocess.Popen([sys.executable, "-m", "specmon", "serve", "--db", db, "--port", str(port),
                               "--watch", str(cfg)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         def healthy() -> bool:
@@ -304,6 +304,6 @@ def test_serve_watch_runs_the_watcher_beside_the_dashboard_and_stops_with_it(tmp
 def test_serve_watch_with_a_bad_file_is_a_clear_error(tmp_path):
     cfg = tmp_path / "watch.toml"
     cfg.write_text("[[log]]\n")
-    done = subprocess.run([sys.executable, "-m", "specmon.cli.main", "serve", "--db", str(tmp_path / "w.duckdb"),
+    done = subprocess.run([sys.executable, "-m", "specmon", "serve", "--db", str(tmp_path / "w.duckdb"),
                            "--watch", str(cfg)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "needs path" in done.stderr and "Traceback" not in done.stderr

@@ -161,7 +161,8 @@ def test_fuzzed_engine_output(store, tmp_path, content, skip_bad):
 @pytest.mark.parametrize("spec", [{"num_spec_tokens": 10 ** 7}, {"per_step_accepted": [10 ** 7]},
                                   {"num_spec_tokens": 10 ** 9, "per_step_accepted": [10 ** 9]}])
 def test_a_response_claiming_millions_of_positions_is_refused_before_allocating(store, tmp_path, spec):
-    """A 186-byte upload that claims a huge size: a size claimed by the file is checked before a list of that size exists."""
+    """A 186-byte upload that claims a huge size: a size claimed by the file is checked before a list of that size
+    exists."""
     base = {"num_spec_steps": 1, "num_draft_tokens": 4, "num_accepted_draft_tokens": 1, "num_spec_tokens": 4}
     content = json.dumps({"id": "cmpl-1", "metrics": {"speculative_decoding": {**base, **spec}}}).encode() + b"\n"
     assert len(content) < 200

@@ -1,5 +1,5 @@
-"""The step log's fast path (specmon.ingest.formats.steplog_sql: the whole file read, screened and staged by DuckDB) must
-store exactly what the Python path (orjson and steplog.parse_steps, line by line) stores, column by column (floats
+"""The step log's fast path (specmon.ingest.formats.steplog_sql: the whole file read, screened and staged by DuckDB)
+must store exactly what the Python path (orjson and steplog.parse_steps, line by line) stores, column by column (floats
 to 1e-12), and must hand every file it cannot vouch for to the Python path, whose faults name file, line and field.
 """
 import gzip

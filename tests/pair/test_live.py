@@ -119,7 +119,8 @@ def test_bad_inputs_get_clear_errors(tmp_path, specmon_cmd, pair):
                           (["--prompts", str(tmp_path / "none.jsonl")], "no such prompt file")):
         r = run(*args)
         assert r.returncode == 2 and message in r.stderr, (args, r.stderr)
-        r = subprocess.run([sys.executable, "-c", "import sys; from specmon.cli import main as cli; rc = cli.main(sys.argv[1:]); "
+        r = subprocess.run([sys.executable, "-c", "import sys; from specmon.cli.main import main; "
+                            "rc = main(sys.argv[1:]); "
                             "assert 'torch' not in sys.modules; sys.exit(rc)", "live", "--db",
                             str(tmp_path / "e.duckdb"), *args], capture_output=True, text=True, timeout=300)
         assert r.returncode == 2 and message in r.stderr, (args, r.stderr)

@@ -4,7 +4,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from paths import ROOT
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "specmon").rglob("*.md"))]

@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from paths import ROOT
 
 

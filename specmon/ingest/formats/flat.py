@@ -327,10 +327,10 @@ def _aggregate_steps(cur: duckdb.DuckDBPyConnection, source: str, cols: list[str
     )
 
 
-# A Parquet file of more rows than this is screened (and its positions joined with their steps, where they must be)
-# in pieces of whole row groups of at least this many rows, so that no per-step aggregate or join outgrows the memory
-# cap and spills, and each works on a table that fits the caches (docs/benchmarks.md, "The flat form (CSV, Parquet): how it loads"). Two of
-# pyarrow's row groups (2^20 rows each) make a piece, which DuckDB reads on two threads.
+# A Parquet file of more rows than this is screened (and its positions joined with their steps, where they must be) in
+# pieces of whole row groups of at least this many rows, so that no per-step aggregate or join outgrows the memory cap
+# and spills, and each works on a table that fits the caches (docs/benchmarks.md, "The flat form (CSV, Parquet): how it
+# loads"). Two of pyarrow's row groups (2^20 rows each) make a piece, which DuckDB reads on two threads.
 PIECE_ROWS = 2_000_000
 # A step that passes the screen has at most 64 rows (positions base..63, once each), so a step that a cut would split
 # ends within this many lines after it, or the screen flags it.

@@ -1,8 +1,8 @@
 """Saved Prometheus pages: the text exposition format of vLLM's and llama.cpp's /metrics (plain or gzip).
 
-Only the speculative-decoding counters (and SGLang's two gauges) are kept, as raw samples; windows are made later
-from the differences between consecutive samples of a series (specmon.analysis.engine_segments.counter_windows). A counter is a
-finite count >= 0; a sample's own timestamp must fall within the years 1 to 9999.
+Only the speculative-decoding counters (and SGLang's two gauges) are kept, as raw samples; windows are made later from
+the differences between consecutive samples of a series (specmon.analysis.engine_segments.counter_windows). A counter is
+a finite count >= 0; a sample's own timestamp must fall within the years 1 to 9999.
 """
 from __future__ import annotations
 

@@ -94,7 +94,8 @@ def render() -> None:
     else:
         d = result.design
         grown = (f" The reference grows with the run: p0, p1 and h are calibrated again on the first "
-                 f"{', '.join(f'{c:,}' for c in detector.checkpoints(detector.REFERENCE_STEPS))} steps as the run reaches "
+                 f"{', '.join(f'{c:,}' for c in detector.checkpoints(detector.REFERENCE_STEPS))} steps as the run "
+                 "reaches "
                  f"them (each once no alarm has come for {detector.EPISODE_GAP:,} steps; the CUSUM restarts there, and "
                  "the stretches before the last one were watched against their own h)."
                  if d.unit == "steps" else "")
