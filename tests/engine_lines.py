@@ -1,5 +1,23 @@
-"""Engine log lines as real users pasted them in public vLLM, llama.cpp and SGLang issues (copied verbatim; their
-sources are in tests/data/engines/index.json, where the same lines sit in their files)."""
+"""Engine log lines: vLLM V1's own format string (vllm/v1/spec_decode/metrics.py) with a line builder, and lines as
+real users pasted them in public vLLM, llama.cpp and SGLang issues (copied verbatim; their sources are in
+tests/data/engines/index.json, where the same lines sit in their files)."""
+
+VLLM_V1 = ("SpecDecoding metrics: Mean acceptance length: %.2f, Accepted throughput: %.2f tokens/s, Drafted "
+           "throughput: %.2f tokens/s, Accepted: %d tokens, Drafted: %d tokens, Per-position acceptance rate: %s, "
+           "Avg Draft acceptance rate: %.1f%%")
+VLLM_V1_DEPTH = VLLM_V1.replace("Mean acceptance", "Current speculative depth: %d, Mean acceptance")
+PREFIX = "(APIServer pid=4242) INFO 11-29 10:%02d:%02d [metrics.py:86] "
+
+
+def v1_line(minute: int, second: int, drafts: int, per_pos: list[int], depth: int | None = None) -> str:
+    """A V1 line at 10:minute:second for `drafts` drafts whose accepted prefix reached position j per_pos[j] times."""
+    k = len(per_pos)
+    acc = sum(per_pos)
+    rates = ", ".join(f"{a / drafts:.3f}" for a in per_pos)
+    args = (1 + acc / drafts, acc / 10, drafts * k / 10, acc, drafts * k, rates, 100 * acc / (drafts * k))
+    body = VLLM_V1_DEPTH % ((depth,) + args) if depth else VLLM_V1 % args
+    return PREFIX % (minute, second) + body
+
 
 # Lines as real users pasted them in public vLLM, llama.cpp and SGLang issues (copied verbatim; their sources are
 # in tests/data/engines/index.json, where the same lines sit in their files).

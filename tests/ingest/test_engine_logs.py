@@ -7,6 +7,7 @@ from datetime import datetime
 
 import pytest
 from engine_lines import (
+    PREFIX,
     REAL_LLAMA_SERVER_3,
     REAL_SGLANG_NEW,
     REAL_SGLANG_OLD,
@@ -15,6 +16,7 @@ from engine_lines import (
     REAL_V1_08,
     REAL_V1_09,
     REAL_V1_DEPTH_AFTER_MEAN,
+    v1_line,
 )
 
 from specmon.analysis.summary import summarize
@@ -22,10 +24,6 @@ from specmon.ingest.formats import engine_log
 from specmon.ingest.formats.engine_log import EngineLogReader
 from specmon.ingest.pipeline import detect_format, ingest_file
 
-VLLM_V1 = ("SpecDecoding metrics: Mean acceptance length: %.2f, Accepted throughput: %.2f tokens/s, Drafted "
-           "throughput: %.2f tokens/s, Accepted: %d tokens, Drafted: %d tokens, Per-position acceptance rate: %s, "
-           "Avg Draft acceptance rate: %.1f%%")
-VLLM_V1_DEPTH = VLLM_V1.replace("Mean acceptance", "Current speculative depth: %d, Mean acceptance")
 VLLM_V1_EARLY = "SpecDecoding metrics: Draft acceptance rate: %.1f%%, Accepted: %d tokens, Drafted: %d tokens"
 VLLM_V0 = ("Speculative metrics: Draft acceptance rate: %.3f, System efficiency: %.3f, Number of speculative tokens: "
            "%d, Number of accepted tokens: %d, Number of draft tokens: %d, Number of emitted tokens: %d.")
@@ -36,20 +34,10 @@ LLAMA_SERVER_2 = ("draft acceptance = %0.5f (%5d accepted / %5d generated), mean
 LLAMA_SERVER_3 = "draft acceptance = %0.5f (%5d accepted / %5d generated), mean len = %5.2f\n"
 SGLANG = ("Decode batch, #running-req: %d, #token: %d, token usage: %.2f, accept len: %.2f, accept rate: %.2f, "
           "cuda graph: True, gen throughput (token/s): %.2f, #queue-req: %d")
-PREFIX = "(APIServer pid=4242) INFO 11-29 10:%02d:%02d [metrics.py:86] "
 NOISE = ["(APIServer pid=4242) INFO 11-29 10:00:00 [api_server.py:1090] Starting vLLM API server on http://0.0.0.0:8000",
          "(APIServer pid=4242) INFO 11-29 10:00:10 [loggers.py:123] Engine 000: Avg prompt throughput: 512.3 tokens/s, "
          "Avg generation throughput: 220.1 tokens/s, Running: 4 reqs, Waiting: 0 reqs, GPU KV cache usage: 3.1%",
          "INFO:     127.0.0.1:51234 - \"POST /v1/completions HTTP/1.1\" 200 OK"]
-
-
-def v1_line(minute, second, drafts, per_pos, depth=None):
-    k = len(per_pos)
-    acc = sum(per_pos)
-    rates = ", ".join(f"{a / drafts:.3f}" for a in per_pos)
-    args = (1 + acc / drafts, acc / 10, drafts * k / 10, acc, drafts * k, rates, 100 * acc / (drafts * k))
-    body = VLLM_V1_DEPTH % ((depth,) + args) if depth else VLLM_V1 % args
-    return PREFIX % (minute, second) + body
 
 
 def write(tmp_path, name, lines):

@@ -111,7 +111,7 @@ def test_losslessness_shows_the_pit_test(app_db):
 
 
 def test_every_page_renders_with_engine_data(app_db, tmp_path):
-    from test_engines import v1_line
+    from engine_lines import v1_line
 
     from specmon.ingest.pipeline import ingest_file
     log = tmp_path / "vllm.log"
