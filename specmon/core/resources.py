@@ -24,6 +24,7 @@ APP = UI / "app.py"
 SERVER = UI / "dashboard_server.py"  # what `specmon serve` runs: APP with a start-up hook
 STREAMLIT_CONFIG = UI / "streamlit.toml"
 DEMO_LOG = _on_disk("data", "demo_steplog.jsonl")
+DEMO_SWEEP = _on_disk("data", "demo_sweep.csv")
 MODELS = _on_disk("data", "models")
 TARGET_MODEL = MODELS / "target"
 DRAFT_MODEL = MODELS / "draft"

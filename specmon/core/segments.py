@@ -10,7 +10,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from specmon.core import stats, theory
+from specmon.core import load, stats, theory
 from specmon.core.settings import CONFIDENCE
 
 STATUSES = ("healthy", "at risk", "losing", "unknown")
@@ -154,6 +154,8 @@ SOURCE_KEYS = {
     "windows": ("engine", "replay"),
     "note": ("engine", "replay"),
     "predicted_positions": ("replay",),
+    "running_requests": ("engine",),
+    "generation_throughput": ("engine",),
 }
 
 
@@ -192,10 +194,24 @@ class SegmentSummary:
     windows: int | None = None
     note: str | None = None
     predicted_positions: int | None = None
+    running_requests: float | None = None  # mean over the segment's windows, where the engine printed it
+    generation_throughput: float | None = None  # output tokens/s, mean over the windows
 
     @property
     def status(self) -> str:
         return self.economics.status
+
+    @property
+    def draft_lengths(self) -> list[load.DraftLength]:
+        """What each shorter draft length would have given, from the measured per-position rates (no i.i.d.
+        assumption: specmon.core.load.draft_lengths), where every position's cumulative rate is known."""
+        rates = [p.cumulative for p in self.per_position]
+        if not rates or any(r is None for r in rates) or not self.steps:
+            return []
+        known = [float(r) for r in rates if r is not None]
+        deff = load.tokens_design_effect(known, float(self.steps), self.tokens_per_step.lo, self.tokens_per_step.hi,
+                                         self.interval_dof)
+        return load.draft_lengths(known, float(self.steps), self.economics.c, deff, self.interval_dof)
 
     def to_dict(self) -> dict[str, Any]:
         """The `specmon summary --json` object: estimates flattened to x, x_lo, x_hi; economics inlined."""
@@ -212,6 +228,8 @@ class SegmentSummary:
                 out[f.name] = [asdict(p) for p in value]
             else:
                 out[f.name] = value
+        if self.per_position:
+            out["draft_lengths"] = [asdict(d) for d in self.draft_lengths]
         return out
 
 
@@ -225,8 +243,12 @@ def json_keys() -> set[str]:
             names |= {g.name for g in fields(Economics)}
         else:
             names.add(f.name)
-    return names
+    return names | {"draft_lengths"}
 
 
 def position_keys() -> set[str]:
     return {f.name for f in fields(PositionSummary)}
+
+
+def draft_length_keys() -> set[str]:
+    return {f.name for f in fields(load.DraftLength)}

@@ -1,9 +1,14 @@
-"""The demo data: a synthetic production step log in which a template change pushes acceptance below break-even.
+"""The demo data: a synthetic production step log in which a template change pushes acceptance below break-even,
+and a synthetic load sweep in which speculation pays at low concurrency and loses at high.
 
-Made by specmon's own sampler from a fixed seed, so `specmon demo --write-log` reproduces
-specmon/data/demo_steplog.jsonl byte for byte. Each request gets its own target/draft pair (acceptance varies by
-prompt and is correlated within a request, as in real traffic); template v2 makes the draft a much worse guesser of
-the target.
+Made from fixed seeds, so `specmon demo --write-log` and `--write-sweep` reproduce specmon/data/demo_steplog.jsonl
+and specmon/data/demo_sweep.csv byte for byte. The log comes from specmon's own sampler: each request gets its own
+target/draft pair (acceptance varies by prompt and is correlated within a request, as in real traffic); template v2
+makes the draft a much worse guesser of the target. The sweep comes from a stated cost model, for the demo only
+(specmon measures speedup at load, it never predicts it): the target's step over n tokens in flight costs
+max(1, n / _KNEE) units (memory-bound below the knee, compute-bound above), a draft step c = _DEMO_C of the target's
+at the same batch, so at N requests and draft length k a step takes t(N (k + 1)) + k c t(N) and emits L(alpha, k)
+tokens per request; each measurement has 1.5% noise.
 """
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ from typing import IO, TYPE_CHECKING
 import numpy as np
 
 from specmon.core import sampler, theory
-from specmon.core.resources import DEMO_LOG
+from specmon.core.resources import DEMO_LOG, DEMO_SWEEP
 
 if TYPE_CHECKING:
     from specmon.ingest.pipeline import IngestResult
@@ -82,13 +87,51 @@ def write_demo_log(out: IO[bytes], seed: int = DEMO_SEED) -> int:
     return sampler.write_step_log(iter(demo_records(seed)), out)
 
 
+# The demo sweep's cost model (see the docstring): the knee in tokens in flight, the draft cost, its acceptance.
+_KNEE = 28.0
+_DEMO_C = 0.1
+_SWEEP_ALPHA = 0.82
+_SWEEP_KS = (0, 2, 4)
+_SWEEP_CONCURRENCY = (1, 2, 4, 8, 16, 32)
+_SWEEP_REPEATS = 4
+_SWEEP_NOISE = 0.015
+_TOKENS_PER_UNIT = 100.0  # output tokens per second of one request at batch 1, without speculation
+
+
+def demo_sweep_rows(seed: int = DEMO_SEED) -> list[dict]:
+    """The demo sweep's rows (load-sweep columns), from the cost model and a fixed seed."""
+    rng = np.random.default_rng(seed + 1)
+    rows = []
+    for n in _SWEEP_CONCURRENCY:
+        for k in _SWEEP_KS:
+            step = max(1.0, n * (k + 1) / _KNEE) + k * _DEMO_C * max(1.0, n / _KNEE)
+            tokens = float(theory.expected_tokens(_SWEEP_ALPHA, k)) if k else 1.0
+            for repeat in range(1, _SWEEP_REPEATS + 1):
+                rate = _TOKENS_PER_UNIT * n * tokens / step * (1 + _SWEEP_NOISE * rng.standard_normal())
+                rows.append({"run": DEMO_RUN, "k": k, "concurrency": n, "repeat": repeat,
+                             "output_tokens_per_s": round(rate, 1)})
+    return rows
+
+
+def write_demo_sweep(out: IO[bytes], seed: int = DEMO_SEED) -> int:
+    rows = demo_sweep_rows(seed)
+    columns = list(rows[0])
+    out.write((",".join(columns) + "\n").encode())
+    for r in rows:
+        out.write((",".join(str(r[c]) for c in columns) + "\n").encode())
+    return len(rows)
+
+
 def load_demo(store: Store) -> IngestResult:
-    """Ingest the shipped demo log as the demo run (shown only while the user has stored nothing)."""
+    """Ingest the shipped demo log and sweep as the demo run (shown only while the user has stored nothing). The
+    result is the log's; the sweep goes with it."""
     from specmon.ingest.pipeline import (
         ingest_file,  # the readers load only when the demo is written, not to look for it
     )
 
-    return ingest_file(store, str(DEMO_LOG), name=DEMO_LOG.name, run=DEMO_RUN, demo=True)
+    result = ingest_file(store, str(DEMO_LOG), name=DEMO_LOG.name, run=DEMO_RUN, demo=True)
+    ingest_file(store, str(DEMO_SWEEP), name=DEMO_SWEEP.name, run=DEMO_RUN, demo=True)
+    return result
 
 
 def ensure_demo(store: Store) -> IngestResult | None:

@@ -28,7 +28,7 @@ from specmon.ingest.formats.prometheus_text import write_samples
 from specmon.store.database import Store
 from specmon.store.locks import pid_alive
 from specmon.store.rollups import refresh_rollups
-from specmon.store.rows import add_ingest, get_or_create_run, get_or_create_segment
+from specmon.store.rows import add_ingest, declare_baseline, get_or_create_run, get_or_create_segment
 
 
 @dataclass
@@ -45,6 +45,7 @@ class IngestResult:
     faults: list[Fault] = field(default_factory=list)  # the first MAX_FAULTS_KEPT
     notes: list[str] = field(default_factory=list)
     report_path: str | None = None
+    kind: str = "steplog"  # what the format stores: steplog (steps), engine (windows), sweep (load measurements)
 
     def as_dict(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k != "faults"}
@@ -99,6 +100,7 @@ class Delivery:
     ingested_at: datetime
     demo: bool = False
     meta: str | None = None  # the run's metadata (a live run's pair, k, temperature, prompts)
+    baseline_of: str | None = None  # the run this one is the baseline of (it ran without speculation)
 
 
 def already_stored(store: Store, key: str) -> bool:
@@ -120,6 +122,8 @@ def store_read(store: Store, delivery: Delivery, write: Write, *, attach: dict[s
         run_id = get_or_create_run(cur, delivery.run, delivery.source, delivery.demo, delivery.meta)
         ingest_id = add_ingest(cur, file_name=delivery.name, sha256=delivery.key, ingested_at=delivery.ingested_at,
                                source_format=delivery.source_format, run_id=run_id)
+        if delivery.baseline_of:
+            declare_baseline(cur, run_id, get_or_create_run(cur, delivery.baseline_of, delivery.source, False, None))
         stage("storing")
         counts = write(cur, run_id, ingest_id)
         stage("rollups")
@@ -151,6 +155,7 @@ def ingest_file(
     run_meta: str | None = None,
     dedupe_key: str | None = None,
     first_line: int = 1,
+    baseline_of: str | None = None,
     in_transaction: InTransaction | None = None,
 ) -> IngestResult:
     """Ingest one file; it becomes visible in one transaction or not at all. `name` names it in messages.
@@ -158,7 +163,8 @@ def ingest_file(
     For a watched source, which ingests a followed file piece by piece: `dedupe_key` replaces the content hash as
     what makes an ingest a no-op when repeated, `first_line` numbers the piece's lines as in the whole file, and
     `in_transaction(cur, counts)` runs inside the publishing transaction (to commit the read position with the
-    data it covers); it is not called when the file is rejected or was already ingested.
+    data it covers); it is not called when the file is rejected or was already ingested. `baseline_of` declares
+    the file's run the baseline of another (it ran without speculation on the same model, hardware and traffic).
 
     progress(done, total) follows the reading in bytes; stage(what) names each step after it ("storing", "rollups",
     "committing"), which can take a while for a large file once every byte has been read."""
@@ -179,7 +185,7 @@ def ingest_file(
     result.source_format = fmt
     sha = dedupe_key or file_sha256(path)
     job = Job(path=path, name=name, fmt=fmt, ingest_time=utc_now(), default_template=template or "",
-              skip_bad=skip_bad, sum_tol=sum_tol, first_line=first_line, progress=progress,
+              skip_bad=skip_bad, sum_tol=sum_tol, first_line=first_line, run_given=run, progress=progress,
               report=RejectReport(report_path or f"{Path(name).name}.rejected.jsonl"))
     reader = formats.module(fmt).Reader(job)
     try:
@@ -188,10 +194,13 @@ def ingest_file(
         if getattr(reader, "prepares", True) and already_stored(store, sha):
             return _already(result)
         reader.prepare(store)
+        if run is None and hasattr(reader, "run"):
+            result.run = reader.run()
         module = formats.module(fmt)
+        result.kind = module.SOURCE
         delivery = Delivery(key=sha, name=Path(name).name, source_format=fmt, run=result.run,
                             source="live" if run_meta else module.SOURCE, ingested_at=job.ingest_time, demo=demo,
-                            meta=run_meta)
+                            meta=run_meta, baseline_of=baseline_of)
 
         def write(cur: duckdb.DuckDBPyConnection, run_id: int, ingest_id: int) -> Counts:
             reader.publish(cur, run_id, ingest_id)
@@ -294,7 +303,7 @@ def ingest_history(store: Store):
 
 
 def ingest_samples(store: Store, samples: list, name: str, run: str, template: str | None = None,
-                   in_transaction: InTransaction | None = None) -> IngestResult:
+                   in_transaction: InTransaction | None = None, baseline_of: str | None = None) -> IngestResult:
     """Store samples pulled from a Prometheus server as one ingest; samples already stored are skipped, and a
     pull that brings nothing new is reported as already ingested. in_transaction: as for store_read."""
     result = IngestResult(file=name, status="stored", source_format="prometheus-api", run=run)
@@ -305,8 +314,8 @@ def ingest_samples(store: Store, samples: list, name: str, run: str, template: s
         new = write_samples(cur, samples, ingest_id, get_or_create_segment(cur, run_id, template or ""))
         return Counts(rows_read=len(samples), steps=new, notes=[f"{new} new samples of {len(samples)} pulled"])
 
-    stored = store_read(store, Delivery(digest, name, "prometheus-api", run, "engine", utc_now()), write,
-                        in_transaction=in_transaction)
+    stored = store_read(store, Delivery(digest, name, "prometheus-api", run, "engine", utc_now(),
+                                        baseline_of=baseline_of), write, in_transaction=in_transaction)
     if stored is None:
         return _already(result)
     result.rows_read, result.steps, result.notes = stored.rows_read, stored.steps, stored.notes

@@ -46,3 +46,12 @@ def add_ingest(cur: duckdb.DuckDBPyConnection, *, file_name: str, sha256: str, i
 
 def next_step_id(cur: duckdb.DuckDBPyConnection) -> int:
     return int(cur.execute("SELECT coalesce(max(step_id), 0) + 1 FROM steps").fetchall()[0][0])
+
+
+def declare_baseline(cur: duckdb.DuckDBPyConnection, baseline_run_id: int, of_run_id: int) -> None:
+    """Record that a run ran without speculation on the same model, hardware and traffic as another, so that the
+    other's speedup at each concurrency is measured against it (a second declaration changes nothing)."""
+    if baseline_run_id == of_run_id:
+        raise SpecmonError("a run cannot be its own baseline: name the run that ran without speculation")
+    cur.execute("INSERT INTO baselines VALUES (?, ?, now()::TIMESTAMP) ON CONFLICT DO NOTHING",
+                [baseline_run_id, of_run_id])

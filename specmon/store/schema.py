@@ -364,6 +364,51 @@ MIGRATIONS.append(
         LEFT JOIN position_bounds h USING (step_id, position);
     """
 )
+MIGRATIONS.append(
+    # 15: load beside acceptance. An engine window keeps the load it ran at (requests running and waiting, the
+    # engine's own throughputs), from the engine's load lines or series; a window with load and no speculative
+    # counts (an engine without speculation) has its counts NULL. Benchmark sweeps are load points, one per
+    # measurement (k = 0: speculation off). A run may be declared the baseline of another (same model, hardware and
+    # traffic, speculation off), and periods of one run annotated as speculation off or on.
+    """
+    ALTER TABLE engine_windows ADD COLUMN running_requests DOUBLE;   -- requests running (the engine's batch)
+    ALTER TABLE engine_windows ADD COLUMN waiting_requests DOUBLE;   -- requests queued
+    ALTER TABLE engine_windows ADD COLUMN generation_throughput DOUBLE;  -- output tokens/s over the window
+    ALTER TABLE engine_windows ADD COLUMN prompt_throughput DOUBLE;      -- prompt tokens/s over the window
+    CREATE TABLE load_points (
+        ingest_id     INTEGER NOT NULL,
+        segment_id    INTEGER NOT NULL,
+        source        VARCHAR NOT NULL,        -- load-sweep, vllm-bench, ...
+        line          INTEGER,                 -- the row's line (a JSON file: its record)
+        k             INTEGER,                 -- draft length; 0: speculation off; NULL: on, length unknown
+        concurrency   DOUBLE NOT NULL,         -- requests in flight the measurement held
+        repeat        INTEGER,
+        output_tokens DOUBLE,
+        duration_s    DOUBLE,
+        output_tokens_per_s DOUBLE NOT NULL,
+        accepted_tokens DOUBLE,
+        draft_tokens  DOUBLE,
+        emitted_tokens DOUBLE,
+        ts            TIMESTAMP,               -- when it was measured, where the file says
+        labels        JSON
+    );
+    CREATE TABLE baselines (
+        run_id      INTEGER NOT NULL REFERENCES runs (run_id),   -- the run without speculation
+        of_run_id   INTEGER NOT NULL REFERENCES runs (run_id),   -- the run it is the baseline of
+        declared_at TIMESTAMP NOT NULL,
+        PRIMARY KEY (run_id, of_run_id)
+    );
+    CREATE SEQUENCE speculation_period_ids START 1;
+    CREATE TABLE speculation_periods (
+        period_id   INTEGER PRIMARY KEY DEFAULT nextval('speculation_period_ids'),
+        run_id      INTEGER NOT NULL REFERENCES runs (run_id),
+        starts_at   TIMESTAMP NOT NULL,        -- UTC; in force until the run's next period
+        speculation BOOLEAN NOT NULL,          -- false: the engine ran without speculation from then on
+        note        VARCHAR,
+        created_at  TIMESTAMP NOT NULL
+    );
+    """
+)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 # What a load stages, in its own DuckDB file (one per load, removed when the load ends).

@@ -20,6 +20,7 @@ def main() -> None:
     configure_page()
     page = st.navigation([
         st.Page(PAGES / "overview.py", title="Overview", default=True),  # served at /
+        st.Page(PAGES / "load.py", title="Load", url_path="load"),
         st.Page(PAGES / "acceptance.py", title="Acceptance", url_path="acceptance"),
         st.Page(PAGES / "economics.py", title="Economics", url_path="economics"),
         st.Page(PAGES / "drift.py", title="Drift", url_path="drift"),

@@ -13,7 +13,7 @@ from datetime import datetime
 import pandas as pd
 import streamlit as st
 
-from specmon.analysis import lossless, summary
+from specmon.analysis import load, lossless, summary
 from specmon.analysis.sources import source_health, watched_sources
 from specmon.drift import alarms
 from specmon.drift.detector import REFERENCE_STEPS, REFERENCE_WINDOWS
@@ -112,6 +112,17 @@ def drift(run: str) -> alarms.RunDrift:
     """The run's CUSUM, alarm episodes and template-change verdicts."""
     store = get_store()
     return _drift(store.path, store.generation, run)
+
+
+@st.cache_data(max_entries=4, show_spinner="Measuring speedup at each concurrency against the baseline ...")
+def _load_curves(path: str, generation: tuple) -> list[load.LoadCurve]:
+    return load.curves(_store(path))
+
+
+def load_curves() -> list[load.LoadCurve]:
+    """Every run's speedup by concurrency (specmon.analysis.load)."""
+    store = get_store()
+    return _load_curves(store.path, store.generation)
 
 
 @st.cache_data(max_entries=4, show_spinner="Reading the watched sources' health ...")

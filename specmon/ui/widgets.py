@@ -33,7 +33,13 @@ def guarded(render: Callable[[], None]) -> Callable[[], None]:
 
 
 DEMO_NOTICE = ("**Demo data, not yours.** Nothing of your own is stored yet, so this is the synthetic demo log "
-               "(a template change at v2 pushes acceptance below break-even). It hides once you ingest a log.")
+               "(a template change at v2 pushes acceptance below break-even) and load sweep (speculation stops "
+               "paying between 16 and 32 running requests). It hides once you ingest a log.")
+
+
+def sentence(text: str) -> str:
+    """text with its first letter upper case, the rest as it is (str.capitalize lowers the rest: N* -> n*)."""
+    return text[:1].upper() + text[1:]
 
 
 def demo_banner(rows: list[dict]) -> None:

@@ -5,6 +5,8 @@ SNIFF_ORDER (detection tries lower numbers first), sniff(head) -> the format nam
     prepare(store)            read and validate before any transaction (raise Rejected to store nothing);
     prepares                  optional, default True; False where prepare does nothing (then a file ingested
                               before is found by the publishing transaction alone);
+    run() -> str              optional: the run the file names itself (a load sweep's), used where --run is not
+                              given, after prepare;
     attach() -> dict | None   DuckDB files the publishing transaction attaches (a staging file);
     publish(cur, run_id, ingest_id)   write into the store inside the publishing transaction;
     close()                   release what prepare made (always called).
@@ -60,6 +62,7 @@ class Job:
     sum_tol: float
     report: RejectReport
     first_line: int = 1
+    run_given: str | None = None  # the run --run named (a reader whose rows name their own runs keeps them apart)
     progress: Progress | None = None
     rows_read: int = 0
     steps: int = 0

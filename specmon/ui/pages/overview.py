@@ -62,7 +62,8 @@ def render() -> None:
         st.info(EMPTY)
         return
     demo_banner(rows)
-    problems = [f for f in findings.segment_findings(rows) if f.problem]
+    curves = data.load_curves()
+    problems = [f for f in findings.segment_findings(rows, curves) if f.problem]
     cols = st.columns(3)
     cols[0].metric("segments", len(rows))
     cols[1].metric("losing or at risk", len(problems))
@@ -71,6 +72,17 @@ def render() -> None:
         st.error(f"**{md_text(segment_label(f.facts))}** is {f.state}: alpha = {fmt(f.alpha)} "
                  f"(95% CI {fmt(f.alpha_lo)}–{fmt(f.alpha_hi)}) against break-even alpha* = "
                  f"{fmt(f.break_even)} at k = {f.facts['k']}, c = {fmt(f.facts['c'])}.")
+    at_load = {f.run: f for f in findings.load_findings(curves)}
+    for curve in curves:
+        if not curve.known:
+            continue
+        f = at_load.get(curve.run)
+        text = f"**{md_text(curve.run)}**: {md_text(findings.at_load(curve))}. See the Load page."
+        (st.error if f is not None and f.state == findings.LOSING_AT_LOAD else
+         st.warning if f is not None and f.problem else st.info)(text)
+    if rows and not any(c.known for c in curves):
+        st.caption("Statuses here are at batch 1 (verifying k + 1 tokens costs one target step). Whether speculation "
+                   "pays at your load is unknown until a baseline without speculation is measured: see the Load page.")
     for r in rows:
         if r["status"] == "unknown":
             st.info(f"**{md_text(segment_label(r))}** cannot be judged: {why_unknown(r)}. Give c with `specmon "
