@@ -210,5 +210,13 @@ def _segment(key: dict, part: pd.DataFrame, c: float | None, bucketed: bool,
         per_position=_positions(part, iv) if iv else (),
         engine=", ".join(sorted(part["engine"].unique())),
         draft_acceptance_rate=accepted / drafted if accepted is not None and drafted else None,
-        windows=len(part), note=note,
+        windows=len(part), note=note, running_requests=_mean_or_none(part, "running_requests"),
+        generation_throughput=_mean_or_none(part, "generation_throughput"),
     )
+
+
+def _mean_or_none(part: pd.DataFrame, column: str) -> float | None:
+    """A load column's mean over the windows that give it (None where none does, or the column is absent)."""
+    if column not in part or not part[column].notna().any():
+        return None
+    return float(part[column].mean())

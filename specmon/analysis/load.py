@@ -6,8 +6,8 @@ Two kinds of measurement feed a run's load curve:
   concurrency; each repeat is one observation.
 - engine windows that carry their load (requests running, generation throughput), from engine logs, Prometheus or
   a watched engine: binned by running requests (1, 2, 3-4, 5-8, 9-16, ...). A request outlives a 10-second log
-  window, so neighbouring windows are not independent: the observations are blocks of consecutive windows of one
-  engine in one bin, each spanning up to BLOCK_SECONDS (longer than most requests last), their mean throughput one
+  window, so neighbouring windows are not independent: the observations are blocks, the windows of one engine in one
+  bin within one BLOCK_SECONDS bucket of time (longer than most requests last), their mean throughput one
   observation.
 The baseline (throughput without speculation at the same concurrency) is, in order: the run's own k = 0
 measurements; the measurements of a run declared its baseline (`--baseline-of`); the run's own windows in periods
@@ -22,10 +22,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
-from specmon.analysis import engine_segments
 from specmon.core import load, stats
 from specmon.core.settings import CONFIDENCE
 from specmon.store.database import Store
@@ -45,10 +43,6 @@ ORDER BY rs.run, lp.concurrency, lp.k
 _BASELINES_SQL = """
 SELECT o.name AS of_run, r.name AS baseline FROM baselines b JOIN runs r ON r.run_id = b.run_id
 JOIN runs o ON o.run_id = b.of_run_id ORDER BY o.name, r.name
-"""
-_PERIODS_SQL = """
-SELECT r.name AS run, p.starts_at, p.speculation FROM speculation_periods p JOIN runs r USING (run_id)
-ORDER BY r.name, p.starts_at, p.period_id
 """
 
 
@@ -84,7 +78,7 @@ class LoadCurve:
 
     run: str
     baseline: str | None  # how the baseline was obtained, in words; None: there is none
-    observations: str  # what one observation is ("repeats", "blocks of consecutive windows of up to 120 s")
+    observations: str  # what one observation is ("repeats", "120-second blocks of one engine's windows")
     points: list[LoadPoint]
     crossings: dict[int | None, load.Crossing]  # per k (None: length unknown)
     best: load.Crossing | None  # of the best k at each concurrency
@@ -161,77 +155,65 @@ def _sweep_points(spec: pd.DataFrame, base: pd.DataFrame) -> list[LoadPoint]:
     return out
 
 
-def _blocks(windows: pd.DataFrame) -> pd.DataFrame:
-    """Each window's observation block: consecutive windows of one engine (labels) in one bin, a block starting
-    anew after BLOCK_SECONDS or wherever the run left the bin."""
-    w = windows.sort_values("end_ts").reset_index(drop=True)
-    w = w.assign(bin=w["running_requests"].map(concurrency_bin), engine_key=w["labels"].astype(str))
-    block = np.zeros(len(w), dtype=np.int64)
-    next_id, current = 0, {}
-    for i, (key, b, ts) in enumerate(zip(w["engine_key"], w["bin"], w["end_ts"], strict=True)):
-        open_block = current.get(key)
-        if open_block is None or open_block[1] != b or (ts - open_block[2]).total_seconds() > BLOCK_SECONDS:
-            next_id += 1
-            open_block = (next_id, b, ts)
-            current[key] = open_block
-        block[i] = open_block[0]
-    return w.assign(block=block)
+# The windows that carry their load (requests running above 0 and a generation throughput), each with whether it
+# speculated and whether its run had annotated speculation off by then, summed into blocks: one engine (label set),
+# one run, one concurrency bin, one BLOCK_SECONDS bucket of time. What a block gives is one observation.
+_BIN = "CASE WHEN {n} <= 1 THEN 1 ELSE (2 ** ceil(log2({n})))::INTEGER END"
+_WINDOW_BLOCKS_SQL = f"""
+WITH w AS (
+    SELECT rs.run, rs.run_id, rs.template, w.k, w.labels::VARCHAR AS engine_key, w.end_ts, w.running_requests,
+           w.generation_throughput, w.accepted_tokens, w.draft_tokens, w.drafts, w.accepted_per_position,
+           (w.draft_tokens IS NOT NULL OR w.mean_acceptance_length IS NOT NULL) AS speculating
+    FROM engine_windows w JOIN shown_segments rs USING (segment_id)
+    WHERE w.running_requests > 0 AND w.generation_throughput IS NOT NULL AND (? IS NULL OR rs.run = ? OR rs.run IN (
+        SELECT r.name FROM baselines b JOIN runs r ON r.run_id = b.run_id JOIN runs o ON o.run_id = b.of_run_id
+        WHERE o.name = ?))
+)
+SELECT w.run, w.k, w.engine_key, {_BIN.format(n="w.running_requests")} AS bin,
+       time_bucket(INTERVAL '{BLOCK_SECONDS:g} seconds', w.end_ts) AS block_ts,
+       w.speculating, coalesce(NOT p.speculation, false) AS off,
+       avg(w.generation_throughput) AS throughput, avg(w.running_requests) AS running, count(*) AS windows,
+       sum(w.accepted_tokens) AS accepted_tokens, sum(w.draft_tokens) AS draft_tokens, sum(w.drafts) AS drafts,
+       sum(list_sum(w.accepted_per_position)) AS pos_accepted,
+       sum(w.drafts + list_sum(w.accepted_per_position) - w.accepted_per_position[-1]) AS pos_checked,
+       bool_and(len(w.accepted_per_position) > 0 AND w.drafts IS NOT NULL) AS counted
+FROM w ASOF LEFT JOIN speculation_periods p ON p.run_id = w.run_id AND w.end_ts >= p.starts_at
+GROUP BY ALL
+"""
+_CURRENT_SQL = """
+WITH w AS (
+    SELECT rs.run, rs.template, w.end_ts, w.running_requests FROM engine_windows w JOIN shown_segments rs
+    USING (segment_id) WHERE w.running_requests IS NOT NULL AND (? IS NULL OR rs.run = ?)
+), last AS (SELECT run, max(end_ts) AS last_ts, arg_max(template, end_ts) AS template FROM w GROUP BY run)
+SELECT w.run, avg(w.running_requests) AS running, any_value(last.template) AS template,
+       list(DISTINCT {bin} ORDER BY {bin}) AS seen
+FROM w JOIN last USING (run) WHERE w.end_ts >= last.last_ts - ?::INTERVAL GROUP BY w.run
+"""
 
 
 def _window_points(spec: pd.DataFrame, base: pd.DataFrame) -> list[LoadPoint]:
-    """Points of engine windows: per bin of requests running, the spec windows' blocks against the baseline's."""
+    """Points of engine windows: per draft length and bin, the speculative blocks against the baseline's blocks in
+    the same bin (each block one observation)."""
     out = []
-    base_obs = {b: g.groupby("block")["generation_throughput"].mean().to_numpy() for b, g in base.groupby("bin")}
+    base_obs = {b: g["throughput"].to_numpy() for b, g in base.groupby("bin")}
     for (k, b), g in spec.groupby(["k", "bin"], dropna=False, sort=True):
-        x = g.groupby("block")["generation_throughput"].mean().to_numpy()
         y = base_obs.get(b)
-        if y is None or len(x) < 1 or not len(y) or y.mean() <= 0:
+        if y is None or not len(y) or y.mean() <= 0:
             continue
-        checks = [engine_segments.window_checks(r) for r in engine_segments.check_rows(g)]
+        x = g["throughput"].to_numpy()
         alpha = None
-        if all(c is not None for c in checks) and checks:
-            a = np.array([c[0] for c in checks if c is not None])
-            n = np.array([c[1] for c in checks if c is not None])
-            iv = stats.cluster_robust_interval(*_by_block(a, n, g["block"].to_numpy()), CONFIDENCE)
-            alpha = iv
+        if g["counted"].all() and g["pos_checked"].sum() > 0:
+            alpha = stats.cluster_robust_interval(g["pos_accepted"].to_numpy(float), g["pos_checked"].to_numpy(float),
+                                                  CONFIDENCE)
         acc, drafts, drafted = g["accepted_tokens"].sum(min_count=1), g["drafts"].sum(min_count=1), \
             g["draft_tokens"].sum(min_count=1)
         rate = float(acc / drafted) if pd.notna(acc) and pd.notna(drafted) and drafted > 0 else None
         tps = 1 + float(acc / drafts) if pd.notna(acc) and pd.notna(drafts) and drafts > 0 else None
-        out.append(LoadPoint(None if pd.isna(k) else int(k), float(g["running_requests"].mean()), float(x.mean()),
-                             float(y.mean()), load.speedup(x, y), len(x), len(y),
-                             None if alpha is None else alpha.estimate, None if alpha is None else alpha.lo,
-                             None if alpha is None else alpha.hi, rate, tps))
+        running = float((g["running"] * g["windows"]).sum() / g["windows"].sum())
+        out.append(LoadPoint(None if pd.isna(k) else int(k), running, float(x.mean()), float(y.mean()),
+                             load.speedup(x, y), len(x), len(y), None if alpha is None else alpha.estimate,
+                             None if alpha is None else alpha.lo, None if alpha is None else alpha.hi, rate, tps))
     return out
-
-
-def _by_block(a: np.ndarray, n: np.ndarray, block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    _, inverse = np.unique(block, return_inverse=True)
-    return np.bincount(inverse, weights=a), np.bincount(inverse, weights=n)
-
-
-def _loaded(windows: pd.DataFrame) -> pd.DataFrame:
-    """Windows that carry their load: requests running above 0 and a generation throughput."""
-    if windows.empty or "running_requests" not in windows:
-        return windows.iloc[0:0]
-    w = windows[windows["running_requests"].notna() & windows["generation_throughput"].notna()
-                & (windows["running_requests"] > 0)]
-    return w
-
-
-def _speculating(windows: pd.DataFrame) -> pd.Series:
-    return windows["draft_tokens"].notna() | windows["mean_acceptance_length"].notna()
-
-
-def _in_off_periods(windows: pd.DataFrame, periods: pd.DataFrame) -> pd.Series:
-    """Whether each window falls in a period its run annotated as speculation off."""
-    off = pd.Series(False, index=windows.index)
-    if periods.empty:
-        return off
-    ordered = periods.sort_values("starts_at")
-    state = np.searchsorted(ordered["starts_at"].to_numpy(), windows["end_ts"].to_numpy(), side="right") - 1
-    speculation = ordered["speculation"].to_numpy()
-    return pd.Series([i >= 0 and not speculation[i] for i in state], index=windows.index)
 
 
 def _crossings(points: list[LoadPoint]) -> tuple[dict[int | None, load.Crossing], load.Crossing | None,
@@ -249,37 +231,27 @@ def _crossings(points: list[LoadPoint]) -> tuple[dict[int | None, load.Crossing]
     return crossings, best, bands
 
 
-def _current(windows: pd.DataFrame) -> tuple[float | None, str]:
-    """The mean requests running over the run's windows within CURRENT_SPAN of its last, and their template."""
-    if windows.empty:
-        return None, ""
-    last = windows["end_ts"].max()
-    recent = windows[windows["end_ts"] >= last - CURRENT_SPAN]
-    return float(recent["running_requests"].mean()), str(recent.sort_values("end_ts")["template"].iloc[-1])
-
-
 def curves(store: Store, run: str | None = None) -> list[LoadCurve]:
-    """The load curve of every run that measured load (or one run), baselines and all."""
+    """The load curve of every run that measured load (or of one run), baselines and all."""
     with store.reading():
         points = store.query_df(_POINTS_SQL)
         baselines = store.query_df(_BASELINES_SQL)
-        periods = store.query_df(_PERIODS_SQL)
-        windows = _loaded(engine_segments.windows(store))
+        blocks = store.query_df(_WINDOW_BLOCKS_SQL, [run, run, run])
+        current = store.query_df(_CURRENT_SQL.format(bin=_BIN.format(n="w.running_requests")),
+                                 [run, run, f"{CURRENT_SPAN.total_seconds():g} seconds"])
     baseline_of = baselines.groupby("of_run")["baseline"].apply(list).to_dict() if not baselines.empty else {}
     is_baseline = set(baselines["baseline"]) if not baselines.empty else set()
-    names = sorted((set(points["run"]) | set(windows["run"] if not windows.empty else [])) - is_baseline)
-    out = []
-    for name in names if run is None else [n for n in names if n == run]:
-        out.append(_curve(name, points, windows, periods, baseline_of.get(name, [])))
-    return out
+    names = sorted((set(points["run"]) | set(blocks["run"])) - is_baseline)
+    now = {r.run: r for r in current.itertuples()}
+    return [_curve(name, points, blocks, baseline_of.get(name, []), now.get(name))
+            for name in (names if run is None else [n for n in names if n == run])]
 
 
-def _curve(run: str, points: pd.DataFrame, windows: pd.DataFrame, periods: pd.DataFrame,
-           baseline_runs: list[str]) -> LoadCurve:
+def _curve(run: str, points: pd.DataFrame, blocks: pd.DataFrame, baseline_runs: list[str], now) -> LoadCurve:
+    current = None if now is None else float(now.running)
+    template = "" if now is None else str(now.template)
+    seen = [] if now is None else [float(b) for b in now.seen]
     own_points = points[points["run"] == run]
-    own_windows = windows[windows["run"] == run] if not windows.empty else windows
-    current, template = _current(own_windows)
-    seen = sorted({float(concurrency_bin(n)) for n in own_windows["running_requests"]}) if len(own_windows) else []
     spec_points = own_points[own_points["k"].isna() | (own_points["k"] > 0)]
     if not spec_points.empty:
         base = own_points[own_points["k"] == 0]
@@ -292,22 +264,18 @@ def _curve(run: str, points: pd.DataFrame, windows: pd.DataFrame, periods: pd.Da
         if measured:
             crossings, best, bands = _crossings(measured)
             return LoadCurve(run, how, "repeats", measured, crossings, best, bands, template, current, None, seen)
-    if not own_windows.empty:
-        run_periods = periods[periods["run"] == run]
-        off = _in_off_periods(own_windows, run_periods)
-        spec = own_windows[_speculating(own_windows) & ~off]
-        base = own_windows[off]
+    own = blocks[blocks["run"] == run]
+    if not own.empty:
+        spec, base = own[own["speculating"] & ~own["off"]], own[own["off"]]
         how = "the run's windows in periods annotated as speculation off"
         if base.empty and baseline_runs:
-            base = windows[windows["run"].isin(baseline_runs)]
+            base = blocks[blocks["run"].isin(baseline_runs)]
             how = f"the windows of {', '.join(map(repr, baseline_runs))}, declared its baseline"
-        if not spec.empty and not base.empty:
-            blocked = _blocks(pd.concat([spec.assign(side="spec"), base.assign(side="base")]))
-            measured = _window_points(blocked[blocked["side"] == "spec"], blocked[blocked["side"] == "base"])
-            if measured:
-                crossings, best, bands = _crossings(measured)
-                return LoadCurve(run, how, f"blocks of consecutive windows of up to {BLOCK_SECONDS:g} s", measured,
-                                 crossings, best, bands, template, current, None, seen)
+        measured = _window_points(spec, base) if not spec.empty and not base.empty else []
+        if measured:
+            crossings, best, bands = _crossings(measured)
+            return LoadCurve(run, how, f"{BLOCK_SECONDS:g}-second blocks of one engine's windows", measured,
+                             crossings, best, bands, template, current, None, seen)
     note = ("payoff at load is unknown: there is no throughput without speculation at the same concurrencies to "
             "compare with. Measure a baseline: ingest an engine without speculation with --baseline-of "
             f"{run!r}, annotate a period with `specmon annotate --run {run!r} --speculation off`, or ingest a load "

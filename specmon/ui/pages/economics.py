@@ -5,7 +5,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from specmon.core import economics
+from specmon.core import economics, theory
 from specmon.core.settings import DEFAULT_K, EXAMPLE_C, REFERENCE_KS, SURFACE_K_MAX
 from specmon.ui import data
 from specmon.ui.widgets import demo_banner, fmt, guarded, pick_segment
@@ -125,6 +125,47 @@ def render() -> None:
             "(acceptance that varies by request or position makes the i.i.d. model err).")
     else:
         st.caption(f"The segment ran at k = {seg['k']}; set k to {seg['k']} to compare with its measured L.")
+    _draft_lengths(seg, c)
+
+
+def draft_lengths_frame(seg: dict, c: float) -> pd.DataFrame:
+    """Measured E[L(k')] / (1 + k' c) for k' up to the segment's k (its draft_lengths, from the per-position rates,
+    re-priced at the chosen c) beside the i.i.d. model's S(alpha, k', c)."""
+    rows = []
+    for d in seg.get("draft_lengths") or []:
+        cost = 1 + d["k"] * c
+        rows.append({"k": d["k"], "measured": d["tokens_per_step"] / cost,
+                     "lo": d["tokens_per_step_lo"] / cost if d["tokens_per_step_lo"] is not None else None,
+                     "hi": d["tokens_per_step_hi"] / cost if d["tokens_per_step_hi"] is not None else None,
+                     "i.i.d. model": float(theory.speedup(seg["alpha"], d["k"], c)), "discarded": d["discarded"]})
+    return pd.DataFrame(rows)
+
+
+def _draft_lengths(seg: dict, c: float) -> None:
+    df = draft_lengths_frame(seg, c)
+    if df.empty:
+        return
+    st.subheader("Best k from the measured per-position rates")
+    best = df.loc[df["measured"].idxmax()]
+    st.markdown(f"From this segment's own steps (no i.i.d. assumption), drafting **k = {int(best['k'])}** would have "
+                f"paid most at c = {c:.2f}: {best['measured']:.2f}x at batch 1"
+                + (f" (95% CI {best['lo']:.2f}–{best['hi']:.2f})" if best["lo"] == best["lo"] else "") + ".")
+    discarded = [int(k) for k in df.loc[df["discarded"], "k"]]
+    if discarded:
+        st.warning(f"Draft position{'s' if len(discarded) > 1 else ''} {', '.join(map(str, discarded))} "
+                   "{} drafted and mostly discarded: under a quarter of the steps reach {}.".format(
+                       "are" if len(discarded) > 1 else "is", "them" if len(discarded) > 1 else "it"))
+    long = df.melt(id_vars=["k"], value_vars=["measured", "i.i.d. model"], var_name="from", value_name="speedup")
+    x = alt.X("k:O", title="draft length k'", axis=alt.Axis(labelAngle=0))
+    lines = alt.Chart(long).mark_line(point=True).encode(
+        x=x, y=alt.Y("speedup:Q", title="speedup at batch 1"), color=alt.Color("from:N", title=None),
+        tooltip=["k", "from", alt.Tooltip("speedup:Q", format=".3f")])
+    bars = alt.Chart(df.dropna(subset=["lo", "hi"])).mark_errorbar(ticks=True).encode(x=x, y="lo:Q", y2="hi:Q")
+    one = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(color="black", strokeDash=[4, 3]).encode(y="y:Q")
+    st.altair_chart((lines + bars + one).properties(height=260), width="stretch")
+    st.caption("Measured: E[L(k')] = 1 + the sum of the cumulative per-position rates up to k' over 1 + k'·c, with its "
+               "95% interval (the request-clustered spread of L). i.i.d. model: what the segment's alpha predicts if "
+               "every position had the same acceptance. Both at batch 1: see the Load page for the payoff at load.")
 
 
 if __name__ == "__main__":  # Streamlit runs a page file as __main__
