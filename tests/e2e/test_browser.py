@@ -26,8 +26,9 @@ from specmon.store.database import Store
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 SHOTS = ROOT / "test-artifacts" / "screenshots"
-PAGES = {"overview": "Is speculative decoding paying off?", "acceptance": "Acceptance", "economics": "Economics",
-         "drift": "Drift", "ingest": "Ingest", "live": "Live run", "losslessness": "Losslessness"}
+PAGES = {"overview": "Is speculative decoding paying off?", "load": "Does speculation pay at your load?",
+         "acceptance": "Acceptance", "economics": "Economics", "drift": "Drift", "ingest": "Ingest", "live": "Live run",
+         "losslessness": "Losslessness"}
 ERRORS = '[data-testid="stException"], [data-testid="stAlertContentError"], [data-testid="stDialog"]'
 
 if not os.path.exists(CHROMIUM):
@@ -199,3 +200,33 @@ def test_a_real_vllm_log_uploads_and_shows_on_overview(app_url, browser):
     assert page.get_by_text("Demo data").count() == 0
     steps = page.locator('[data-testid="stMetric"]').filter(has_text="steps")
     assert steps.locator('[data-testid="stMetricValue"]').inner_text() == "507"  # the drafts of its 4 windows
+
+
+@pytest.mark.slow  # an upload and the Load page in a real browser
+def test_a_load_sweep_uploads_and_the_load_page_shows_its_break_even(app_url, browser, tmp_path):
+    """The public paired runs' payoff (vLLM 0.6.3, Qwen2.5-7B with its AWQ copy, k = 1: +23% at batch 1 to -16% at
+    32) as a sweep with three repeats: the Load page draws the curve and says where speculation stops paying."""
+    rows = ["run,k,concurrency,repeat,output_tokens_per_s"]
+    for n, s in {1: 1.23, 4: 1.13, 8: 1.03, 16: 0.91, 24: 0.84, 32: 0.84}.items():
+        for r, e in enumerate((1.0, 1.01, 0.99), start=1):
+            g0 = 100 * n ** 0.8
+            rows += [f"qwen7b,0,{n},{r},{g0 * e:.2f}", f"qwen7b,1,{n},{r},{g0 * s * (2 - e):.2f}"]
+    sweep = tmp_path / "qwen7b-sweep.csv"
+    sweep.write_text("\n".join(rows) + "\n")
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    upload(page, app_url, sweep)
+    page.get_by_role("button", name="Ingest").click()
+    page.get_by_text(f"{sweep.name}: stored 36 load measurements").wait_for(timeout=120_000)
+    open_page(page, app_url, "load")
+    page.get_by_text("pays up to 8 running requests, loses from 16").first.wait_for(timeout=30_000)
+    page.get_by_text("k = 1 up to 8 running requests, speculation off from 16").first.wait_for(timeout=30_000)
+    charts = page.locator('[data-testid="stVegaLiteChart"]')
+    charts.nth(1).wait_for(timeout=30_000)  # speedup and throughput (the sweep gives no acceptance)
+    # the speedup chart draws the measured points, not only the 1.0 line and the break-even mark
+    charts.first.locator("path.mark-symbol, path.mark-line, g.mark-symbol path").first.wait_for(
+        state="attached", timeout=30_000)
+    page.get_by_text("disable_by_batch_size").first.wait_for(state="attached", timeout=30_000)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / "load-sweep.png"), full_page=True)
+    errors = page.locator(ERRORS)
+    assert errors.count() == 0, errors.first.inner_text()

@@ -27,8 +27,9 @@ def result_message(result) -> tuple[str, str]:
     if result.status == "rejected":
         return "error", (f"**{file}**: rejected, nothing stored — {result.fault_count} fault(s). Fix them, or "
                          "tick *store the good rows* to skip bad rows.")
-    text = f"**{file}**: stored {result.steps:,} steps ({result.positions:,} drafted positions) in run " \
-           f"**{md_text(result.run)}**."
+    what = f"{result.steps:,} load measurements" if result.kind == "sweep" else \
+        f"{result.steps:,} steps ({result.positions:,} drafted positions)"
+    text = f"**{file}**: stored {what} in run **{md_text(result.run)}**."
     if result.rejected:
         text += f" {result.rejected:,} rows were rejected (listed below)."
     return "success", text

@@ -35,14 +35,15 @@ def _marks(curve: LoadCurve) -> alt.Chart | None:
         rows.append({"concurrency": curve.current, "what": "running now"})
     if not rows:
         return None
+    colours = {"break-even N*": "#c62828", "running now": "#1565c0"}
+    shown = [r["what"] for r in rows]
     return alt.Chart(pd.DataFrame(rows)).mark_rule(strokeWidth=2, strokeDash=[6, 3]).encode(
-        x=_X, color=alt.Color("what:N", scale=alt.Scale(domain=["break-even N*", "running now"],
-                                                        range=["#c62828", "#1565c0"]), title=None),
+        x=_X, color=alt.Color("what:N", scale=alt.Scale(domain=shown, range=[colours[w] for w in shown]), title=None),
         tooltip=["what", alt.Tooltip("concurrency:Q", format=".3g")])
 
 
-def speedup_chart(df: pd.DataFrame, curve: LoadCurve) -> alt.Chart:
-    colour = alt.Color("k:N", title="draft length k")
+def speedup_chart(df: pd.DataFrame, curve: LoadCurve) -> alt.LayerChart:
+    colour = alt.Color("k:N", title="draft length k", scale=alt.Scale(scheme="category10"))
     band = alt.Chart(df.dropna(subset=["lo", "hi"])).mark_errorbar(ticks=True).encode(
         x=_X, y=alt.Y("lo:Q", title="speedup S(N) (95% CI)"), y2="hi:Q", color=colour)
     line = alt.Chart(df).mark_line(point=True).encode(
@@ -50,9 +51,10 @@ def speedup_chart(df: pd.DataFrame, curve: LoadCurve) -> alt.Chart:
         tooltip=["k", alt.Tooltip("concurrency:Q", format=".3g"), alt.Tooltip("speedup:Q", format=".3f"),
                  alt.Tooltip("lo:Q", format=".3f"), alt.Tooltip("hi:Q", format=".3f"), "observations"])
     one = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(color="black").encode(y="y:Q")
-    layers = band + line + one
+    measured = band + line + one
     marks = _marks(curve)
-    return (layers + marks if marks is not None else layers).properties(height=300)
+    chart = alt.layer(measured, marks).resolve_scale(color="independent") if marks is not None else measured
+    return chart.properties(height=300)
 
 
 def throughput_chart(df: pd.DataFrame) -> alt.Chart:
