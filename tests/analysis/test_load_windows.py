@@ -1,0 +1,76 @@
+"""Speedup by concurrency from engine windows: requests outlive a 10-second window, so neighbouring windows share
+their noise; the intervals, taking 10-minute blocks as the observations, must still hold on such windows, and a
+speculation-off period of the same run must serve as its baseline."""
+from datetime import datetime, timedelta
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from specmon.analysis import load
+from specmon.store.database import Store
+from specmon.store.rows import add_ingest, get_or_create_run, get_or_create_segment
+
+TRUTH = {2: 1.25, 8: 1.02, 32: 0.85}
+START = datetime(2026, 11, 30)
+
+
+def simulate_day(store: Store, rng: np.random.Generator, persistence_s: float = 60.0) -> None:
+    """A day of 10-second windows of one engine: the load moves through 2, 8 and 32 running requests every 20
+    minutes, speculation is annotated off every other hour, and the throughput's noise is an AR(1) process whose
+    correlation falls to 1/e in persistence_s (what requests spanning windows do), 5% in size."""
+    n_windows = 8640
+    i = np.arange(n_windows)
+    running = np.array([2, 8, 32])[(i // 120) % 3]
+    speculating = (i // 360) % 2 == 0
+    phi = np.exp(-10.0 / persistence_s)
+    noise = np.empty(n_windows)
+    noise[0] = rng.standard_normal()
+    for t in range(1, n_windows):
+        noise[t] = phi * noise[t - 1] + np.sqrt(1 - phi ** 2) * rng.standard_normal()
+    speedup = np.array([TRUTH[n] for n in running])
+    throughput = 100 * running ** 0.8 * np.where(speculating, speedup, 1.0) * (1 + 0.05 * noise)
+    with store.transaction() as cur:
+        run_id = get_or_create_run(cur, "prod", "engine", False, None)
+        segment = get_or_create_segment(cur, run_id, "")
+        ingest = add_ingest(cur, file_name="day", sha256=f"day-{rng.integers(1 << 60)}", ingested_at=START,
+                            source_format="engine-log", run_id=run_id)
+        frame = pd.DataFrame({
+            "ingest_id": ingest, "segment_id": segment, "engine": "vllm", "source": "vllm-v1-log", "line": i,
+            "end_ts": [START + timedelta(seconds=10 * int(t)) for t in i], "ts_inferred": False,
+            "drafts": np.where(speculating, 40.0 * running, np.nan),
+            "draft_tokens": np.where(speculating, 80.0 * running, np.nan),
+            "accepted_tokens": np.where(speculating, 60.0 * running, np.nan), "k": np.where(speculating, 2, None),
+            "labels": '{"engine": "0"}', "running_requests": running.astype(float),
+            "generation_throughput": throughput})
+        cur.register("frame", frame)
+        cur.execute("INSERT INTO engine_windows BY NAME SELECT * FROM frame")
+        cur.executemany("INSERT INTO speculation_periods (run_id, starts_at, speculation, created_at) "
+                        "VALUES (?, ?, ?, ?)", [(run_id, START + timedelta(hours=h), h % 2 == 0, START)
+                                                for h in range(24)])
+
+
+def test_intervals_from_blocks_of_windows_cover_the_true_speedup(tmp_path):
+    """40 simulated days whose throughput noise persists a minute, 3 concurrencies each: 120 intervals (Monte-Carlo
+    error of the coverage about 0.02). Measured over 60 days: 0.95, 0.94, 0.93 at 30, 60, 120 s of persistence; with
+    2-minute blocks 0.86 at 60 s."""
+    persistence_s = 60.0
+    rng = np.random.default_rng(int(persistence_s))
+    hits = total = 0
+    for day in range(40):
+        with Store(str(tmp_path / f"{persistence_s:g}-{day}.duckdb")) as store:
+            simulate_day(store, rng, persistence_s)
+            [curve] = load.curves(store)
+        assert curve.baseline == "the run's windows in periods annotated as speculation off"
+        for p in curve.points:
+            total += 1
+            hits += p.speedup.lo <= TRUTH[round(p.concurrency)] <= p.speedup.hi
+    assert total == 120 and 0.9 <= hits / total <= 0.99, hits / total
+
+
+def test_the_current_load_and_its_verdict_come_from_the_last_windows(tmp_path):
+    with Store(str(tmp_path / "now.duckdb")) as store:
+        simulate_day(store, np.random.default_rng(5))
+        [curve] = load.curves(store)
+    assert curve.current == 32  # the day ends in a stretch at 32 running requests
+    assert curve.status == "loses" and curve.best.loses_from == 32 and curve.best.pays_up_to == 8
