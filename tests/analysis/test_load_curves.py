@@ -12,7 +12,8 @@ from specmon.analysis import load
 from specmon.ingest.pipeline import ingest_file
 from specmon.verdicts.recommend import recommend
 
-HEADER = "run,k,concurrency,repeat,output_tokens,duration_s,output_tokens_per_s,accepted_tokens,draft_tokens,emitted_tokens"
+HEADER = ("run,k,concurrency,repeat,output_tokens,duration_s,output_tokens_per_s,accepted_tokens,draft_tokens,"
+          "emitted_tokens")
 # The public paired runs' payoff (vLLM 0.6.3, Qwen2.5-7B target, its AWQ copy as draft, one A40, k = 1): +23%, +13%,
 # +3%, -9%, -16%, -16% at batch 1, 4, 8, 16, 24, 32, with three repeats of 1% noise around it.
 PAYOFF = {1: 1.23, 4: 1.13, 8: 1.03, 16: 0.91, 24: 0.84, 32: 0.84}

@@ -5,7 +5,6 @@ from datetime import datetime, timedelta
 
 import numpy as np
 import pandas as pd
-import pytest
 
 from specmon.analysis import load
 from specmon.store.database import Store
