@@ -49,7 +49,8 @@ def why_unknown(row: dict) -> str:
     if row.get("c") is None:
         return "no draft/target timings in the log, so the draft cost c is unknown"
     if not row.get("k"):
-        return "its draft length k is unknown"
+        return "no step drafted a token, so there is no draft length to judge" if not row.get("drafted") else \
+            "its draft length k is unknown"
     return "its per-token acceptance alpha has no interval"
 
 

@@ -44,6 +44,8 @@ DEFAULT_DB = "specmon.duckdb"
 DB_ENV = "SPECMON_DB"
 LOCK_TIMEOUT_ENV = "SPECMON_LOCK_TIMEOUT"
 DEFAULT_LOCK_TIMEOUT_S = 60.0
+# How often an open dashboard page looks for new data (seconds; one stat of the database file per look).
+REFRESH_ENV = "SPECMON_REFRESH_S"
 # A watched source that reads fine but delivers no new data for this long is shown stale (`stale_after`).
 DEFAULT_STALE_AFTER_S = 300.0
 # How far a logged distribution may sum from 1 before a step is rejected (`ingest --sum-tol`; a float32 softmax
@@ -81,3 +83,15 @@ PROPOSER_NGRAM = "ngram"
 # How the pages and help texts call the proposers.
 PROPOSER_LABELS = {PROPOSER_DRAFT: "draft model", PROPOSER_NGRAM: "n-gram prompt lookup"}
 LIVE_DEFAULTS = LiveSettings()
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    """A live load sweep (`specmon live --concurrency`, the Live run page): the batch sizes, the draft lengths and
+    the repeats of each; the decoding itself follows LiveSettings."""
+    concurrency: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    ks: tuple[int, ...] = (1, 2, 4)
+    repeats: int = 3
+
+
+SWEEP_DEFAULTS = SweepSettings()

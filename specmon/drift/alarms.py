@@ -249,7 +249,7 @@ def break_even_alpha(store: Store, run: str, c: float | None, k: int) -> float |
     for row in rows:
         if row["break_even_alpha"] is not None:
             return row["break_even_alpha"]
-    if c is not None:
+    if c is not None and k >= 1:  # a run whose steps drafted nothing has no break-even
         be = theory.break_even_alpha(k, c)
         return None if np.isnan(be) else be
     return None

@@ -11,8 +11,10 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -169,6 +171,12 @@ def ingest_file(
     progress(done, total) follows the reading in bytes; stage(what) names each step after it ("storing", "rollups",
     "committing"), which can take a while for a large file once every byte has been read."""
     name = name or path
+    if _is_stream(path):  # a FIFO or a process substitution (<(zcat x.gz)): it can be read once, so into a spool
+        with open(path, "rb") as fh, spooled(fh) as copy:
+            return ingest_file(store, copy, name=name, run=run, template=template, skip_bad=skip_bad,
+                               report_path=report_path, fmt=fmt, sum_tol=sum_tol, progress=progress, stage=stage,
+                               demo=demo, run_meta=run_meta, dedupe_key=dedupe_key, first_line=first_line,
+                               baseline_of=baseline_of, in_transaction=in_transaction)
     _check_readable(path, name)
     result = IngestResult(file=name, status="stored", source_format=fmt or "", run=run or Path(name).stem or "default")
     if fmt is None:
@@ -217,12 +225,24 @@ def ingest_file(
         reader.close()
 
 
+def _is_stream(path: str) -> bool:
+    """Whether the path is a pipe or a character device: bytes that can be read once, not a file."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)
+
+
 def _check_readable(path: str, name: str) -> None:
     """Refuse, with a message naming the file, a path that is not a readable file."""
     if os.path.isdir(path):
         raise SpecmonError(f"{name}: is a directory; give the files in it (e.g. {name.rstrip('/')}/*.jsonl)")
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise SpecmonError(f"{name}: no such file")
+    if not os.path.isfile(path):
+        raise SpecmonError(f"{name}: not a regular file (a socket or a device); give a file, a pipe or - for "
+                           "standard input")
     if not os.access(path, os.R_OK):
         raise SpecmonError(f"{name}: cannot be read (permission denied)")
 
@@ -279,18 +299,25 @@ def sweep_spools() -> None:
                 pass
 
 
-def ingest_stream(store: Store, stream: IO[bytes], name: str, **options) -> IngestResult:
-    """Ingest an upload or standard input: spooled to a temporary file (hashing and DuckDB's readers need one),
-    ingested by ingest_file under `name`, then removed, whatever ends the ingest (an exception, or a signal the
-    caller turns into one, as the CLI does with SIGTERM). Copies left by killed processes are swept first."""
+@contextmanager
+def spooled(stream: IO[bytes]) -> Iterator[str]:
+    """The stream's bytes in a temporary file (hashing and DuckDB's readers need one), removed whatever ends the
+    block (an exception, or a signal the caller turns into one, as the CLI does with SIGTERM). Copies left by killed
+    processes are swept first."""
     sweep_spools()
-    fd, spooled = tempfile.mkstemp(prefix=f"{SPOOL_PREFIX}{os.getpid()}-")
+    fd, path = tempfile.mkstemp(prefix=f"{SPOOL_PREFIX}{os.getpid()}-")
     try:
         with os.fdopen(fd, "wb") as out:
             shutil.copyfileobj(stream, out)
-        return ingest_file(store, spooled, name=name, **options)
+        yield path
     finally:
-        os.unlink(spooled)
+        os.unlink(path)
+
+
+def ingest_stream(store: Store, stream: IO[bytes], name: str, **options) -> IngestResult:
+    """Ingest an upload or standard input: spooled (spooled), then ingested by ingest_file under `name`."""
+    with spooled(stream) as path:
+        return ingest_file(store, path, name=name, **options)
 
 
 def ingest_history(store: Store):

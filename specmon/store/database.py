@@ -24,16 +24,16 @@ from pathlib import Path
 
 import duckdb
 
-from specmon.core import settings
+from specmon.core import environment, settings
 from specmon.core.faults import SpecmonError
-from specmon.core.settings import DB_ENV, DEFAULT_DB, DEFAULT_LOCK_TIMEOUT_S, LOCK_TIMEOUT_ENV
+from specmon.core.settings import DB_ENV, LOCK_TIMEOUT_ENV
 from specmon.store.locks import is_lock_conflict, pid_alive, process_lock
 from specmon.store.schema import SCHEMA_VERSION, STAGING_DDL, migrate, schema_version
 
 
 def default_db_path() -> str:
     """`SPECMON_DB` if set, else specmon.duckdb in the current directory."""
-    return os.environ.get(DB_ENV) or DEFAULT_DB
+    return str(environment.value(DB_ENV))
 
 
 def connect(path: str, read_only: bool = False) -> duckdb.DuckDBPyConnection:
@@ -43,7 +43,7 @@ def connect(path: str, read_only: bool = False) -> duckdb.DuckDBPyConnection:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
     conn = duckdb.connect(path, read_only=read_only)
     conn.execute("SET TimeZone = 'UTC'")
-    conn.execute("SET memory_limit = ?", [os.environ.get(settings.MEMORY_LIMIT_ENV) or settings.MEMORY_LIMIT])
+    conn.execute("SET memory_limit = ?", [environment.value(settings.MEMORY_LIMIT_ENV)])
     # DuckDB draws a progress bar on stdout for queries over two seconds, into `--json` output and pipes
     conn.execute("SET enable_progress_bar = false")
     return conn
@@ -98,7 +98,7 @@ class Store:
                  on_wait: Callable[[str], None] | None = None):
         self.path = path or default_db_path()
         if lock_timeout is None:
-            lock_timeout = float(os.environ.get(LOCK_TIMEOUT_ENV) or DEFAULT_LOCK_TIMEOUT_S)
+            lock_timeout = float(environment.value(LOCK_TIMEOUT_ENV))  # type: ignore[arg-type]
         self.lock_timeout = lock_timeout
         self.on_wait = on_wait or _say_waiting
         self._lock = process_lock(self.path)

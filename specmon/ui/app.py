@@ -8,7 +8,7 @@ from __future__ import annotations
 import streamlit as st
 
 from specmon.core.resources import PAGES
-from specmon.ui.data import follow_updates
+from specmon.ui.data import UPLOAD_OUTCOMES, follow_updates
 
 
 def configure_page() -> None:
@@ -29,6 +29,8 @@ def main() -> None:
         st.Page(PAGES / "losslessness.py", title="Losslessness", url_path="losslessness"),
         st.Page(PAGES / "sources.py", title="Sources", url_path="sources"),
     ])
+    if page.url_path != "ingest":  # an upload's outcome stays on the Ingest page until the user leaves it
+        st.session_state.pop(UPLOAD_OUTCOMES, None)
     follow_updates()  # new data from any process reruns the page; watched sources' freshness on every page
     page.run()
 

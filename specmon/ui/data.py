@@ -7,7 +7,6 @@ process, so `follow_updates` reruns the page when data arrives, without a reload
 """
 from __future__ import annotations
 
-import os
 from datetime import datetime
 
 import pandas as pd
@@ -15,6 +14,9 @@ import streamlit as st
 
 from specmon.analysis import load, lossless, summary
 from specmon.analysis.sources import source_health, watched_sources
+from specmon.core import environment
+from specmon.core.faults import SpecmonError
+from specmon.core.settings import REFRESH_ENV
 from specmon.drift import alarms
 from specmon.drift.detector import REFERENCE_STEPS, REFERENCE_WINDOWS
 from specmon.ingest import demo, pipeline
@@ -136,8 +138,20 @@ def sources() -> pd.DataFrame:
     return source_health(_sources(store.path, store.generation))
 
 
-# How often an open page looks for new data (seconds); one stat of the database file per look.
-REFRESH_S = float(os.environ.get("SPECMON_REFRESH_S") or 2.0)
+# The outcomes of the last upload, kept in the session: a page reruns every few seconds to follow new data, and what
+# an upload said (its rejected rows and their download) must stay until the user leaves the Ingest page.
+UPLOAD_OUTCOMES = "upload_outcomes"
+
+
+def _refresh_s() -> tuple[float, str | None]:
+    """How often an open page looks for new data, and what was wrong with SPECMON_REFRESH_S where it was."""
+    try:
+        return float(environment.value(REFRESH_ENV)), None  # type: ignore[arg-type]
+    except SpecmonError as exc:
+        return float(environment.VARIABLES[REFRESH_ENV].default), str(exc)  # type: ignore[arg-type]
+
+
+REFRESH_S, _REFRESH_ERROR = _refresh_s()
 
 
 def _ago(seconds: float) -> str:
@@ -151,6 +165,8 @@ def _ago(seconds: float) -> str:
 @st.fragment(run_every=REFRESH_S)
 def follow_updates() -> None:
     """Rerun the page when the database changed (any process wrote it), and say how fresh watched sources are."""
+    if _REFRESH_ERROR:
+        st.warning(f"{md_text(_REFRESH_ERROR)}: pages look for new data every {REFRESH_S:g} s meanwhile.")
     generation = get_store().generation
     seen = st.session_state.setdefault("seen_generation", generation)
     if generation != seen:

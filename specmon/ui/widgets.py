@@ -5,6 +5,7 @@ import functools
 import logging
 from collections.abc import Callable
 
+import pandas as pd
 import streamlit as st
 
 from specmon.core import display
@@ -71,3 +72,25 @@ def pick_segment(rows: list[dict], key: str) -> dict:
 
 def fmt(x: float | None, spec: str = ".3f") -> str:
     return display.number(x, spec, display.PAGE)
+
+
+# A cell a spreadsheet would read as a formula when the table is downloaded as CSV (formula injection): a run named
+# =HYPERLINK(...) must stay text.
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_safe(df: pd.DataFrame) -> pd.DataFrame:
+    """The frame with every text cell that starts like a formula prefixed by an apostrophe, as spreadsheets
+    themselves mark text (numbers stay numbers)."""
+    out = df.copy()
+    for column in out.columns:
+        if out[column].dtype == object:
+            out[column] = out[column].map(lambda v: "'" + v if isinstance(v, str) and v.startswith(_FORMULA_START)
+                                          else v)
+    return out
+
+
+def table(df: pd.DataFrame, **options) -> None:
+    """st.dataframe of a frame that may hold user text: its CSV download (the table's own toolbar) is safe to open
+    in a spreadsheet."""
+    st.dataframe(spreadsheet_safe(df), **options)

@@ -98,7 +98,7 @@ def test_drift_buckets_match_the_summary(app_db):
 def test_ingest_page_lists_past_ingests(app_db):
     at = open_page("ingest")
     history = at.dataframe[0].value
-    assert list(history["file_name"]) == ["demo_steplog.jsonl"]
+    assert list(history["file_name"]) == ["demo_sweep.csv", "demo_steplog.jsonl"]  # newest first
 
 
 def test_losslessness_shows_the_pit_test(app_db):

@@ -8,7 +8,7 @@ import streamlit as st
 from specmon.core import display
 from specmon.core.settings import BUCKETS, GAP_Z_LIMIT
 from specmon.ui import data
-from specmon.ui.widgets import EMPTY, demo_banner, fmt, guarded, md_text, pick_segment
+from specmon.ui.widgets import EMPTY, demo_banner, fmt, guarded, md_text, pick_segment, table
 
 OBSERVED = "observed conditional (accepted / checked)"
 PREDICTED = "predicted beta = Σ min(p, q)"
@@ -114,7 +114,7 @@ def render() -> None:
                "the logged distributions imply. Cumulative: accepted at position i / all steps — the number vLLM "
                "and llama.cpp print as 'per-position acceptance rate'; 1 + their sum = L.")
     if seg["per_position"]:
-        st.dataframe(pd.DataFrame(seg["per_position"]), hide_index=True, width="stretch")
+        table(pd.DataFrame(seg["per_position"]), hide_index=True, width="stretch")
     else:
         st.caption("No per-position counts for this segment.")
 

@@ -8,7 +8,7 @@ import streamlit as st
 from specmon.core.settings import BUCKETS
 from specmon.drift import detector
 from specmon.ui import data
-from specmon.ui.widgets import EMPTY, STATUS_BADGE, STATUS_COLOURS, demo_banner, guarded, md_text
+from specmon.ui.widgets import EMPTY, STATUS_BADGE, STATUS_COLOURS, demo_banner, guarded, md_text, table
 from specmon.verdicts import findings
 
 
@@ -132,7 +132,7 @@ def render() -> None:
         st.altair_chart(cusum_chart(result.cusum, result.design.h), width="stretch")
     st.caption("Model-free status: tokens per step L (with its request-clustered interval) against 1 + k·c, which "
                "assumes nothing about how acceptance varies along the draft.")
-    st.dataframe(df.assign(status=df["status"].map(STATUS_BADGE),
+    table(df.assign(status=df["status"].map(STATUS_BADGE),
                            **{"status (model-free)": df["status (model-free)"].map(STATUS_BADGE)}),
                  hide_index=True, width="stretch")
 

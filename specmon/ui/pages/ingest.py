@@ -14,7 +14,7 @@ from specmon.core.faults import SpecmonError
 from specmon.ingest.pipeline import ingest_stream
 from specmon.store.database import Store
 from specmon.ui import data
-from specmon.ui.widgets import guarded, md_text
+from specmon.ui.widgets import guarded, md_text, table
 
 
 def result_message(result) -> tuple[str, str]:
@@ -36,8 +36,8 @@ def result_message(result) -> tuple[str, str]:
 
 
 def _ingest_upload(store: Store, upload: UploadedFile, run: str | None, template: str | None,
-                   skip_bad: bool) -> None:
-    """One uploaded file through the ingest, with its progress bar, its verdict, and its rejected rows."""
+                   skip_bad: bool) -> dict:
+    """One uploaded file through the ingest, with its progress bar; returns what to show of its outcome."""
     label = md_text(upload.name)
     bar = st.progress(0.0, text=f"{label}: reading")
     page = get_script_run_ctx()
@@ -63,21 +63,28 @@ def _ingest_upload(store: Store, upload: UploadedFile, run: str | None, template
                                    report_path=report_path, progress=progress, stage=stage)
         except SpecmonError as exc:  # e.g. a run name that belongs to the demo: said as the CLI says it
             bar.progress(1.0, text=f"{label}: not stored")
-            st.error(md_text(str(exc)))
-            return
+            return {"name": upload.name, "level": "error", "text": md_text(str(exc)), "notes": [], "faults": [],
+                    "more": 0, "report": None}
         report = open(report_path, "rb").read() if result.report_path else None
     bar.progress(1.0, text=f"{label}: done")
     level, text = result_message(result)
-    getattr(st, level)(text)
-    for note in result.notes:
+    return {"name": upload.name, "level": level, "text": text, "notes": result.notes,
+            "faults": [f.as_dict() for f in result.faults], "more": result.fault_count - len(result.faults),
+            "report": report}
+
+
+def _show(outcome: dict) -> None:
+    label = md_text(outcome["name"])
+    getattr(st, outcome["level"])(outcome["text"])
+    for note in outcome["notes"]:
         st.caption(f"{label}: {md_text(note)}")
-    if result.faults:
-        st.dataframe(pd.DataFrame([f.as_dict() for f in result.faults]), hide_index=True, width="stretch")
-        if result.fault_count > len(result.faults):
-            st.caption(f"… and {result.fault_count - len(result.faults)} more.")
-    if report:
-        st.download_button(f"Rejected rows of {label} (JSON Lines)", report,
-                           file_name=f"{upload.name}.rejected.jsonl", key=f"report-{upload.name}")
+    if outcome["faults"]:
+        table(pd.DataFrame(outcome["faults"]), hide_index=True, width="stretch")
+        if outcome["more"] > 0:
+            st.caption(f"… and {outcome['more']} more.")
+    if outcome["report"]:
+        st.download_button(f"Rejected rows of {label} (JSON Lines)", outcome["report"],
+                           file_name=f"{outcome['name']}.rejected.jsonl", key=f"report-{outcome['name']}")
 
 
 @guarded
@@ -101,14 +108,16 @@ def render() -> None:
         st.warning("Choose one or more files first.")
     if submitted and files:
         store = data.get_store()
-        for upload in files:
-            _ingest_upload(store, upload, run or None, template or None, skip_bad)
+        st.session_state[data.UPLOAD_OUTCOMES] = [_ingest_upload(store, upload, run or None, template or None, skip_bad)
+                                      for upload in files]
+    for outcome in st.session_state.get(data.UPLOAD_OUTCOMES, []):
+        _show(outcome)
     st.subheader("Past ingests")
     history = data.ingest_history()
     if history.empty:
         st.info("Nothing ingested yet.")
     else:
-        st.dataframe(history, hide_index=True, width="stretch")
+        table(history, hide_index=True, width="stretch")
 
 
 if __name__ == "__main__":  # Streamlit runs a page file as __main__

@@ -9,7 +9,7 @@ import streamlit as st
 
 from specmon.analysis.load import LoadCurve
 from specmon.ui import data
-from specmon.ui.widgets import DEMO_NOTICE, guarded, md_text, sentence
+from specmon.ui.widgets import DEMO_NOTICE, guarded, md_text, sentence, table
 from specmon.verdicts import findings
 from specmon.verdicts.recommend import recommend
 
@@ -138,7 +138,7 @@ def render() -> None:
     for engine, text in advice.engines.items():
         st.markdown(f"**{engine}**")
         st.code(text, language="yaml" if engine == "tensorrt-llm" else "bash")
-    st.dataframe(df, hide_index=True, width="stretch", column_config={
+    table(df, hide_index=True, width="stretch", column_config={
         "speedup": st.column_config.NumberColumn(format="%.3f"), "lo": st.column_config.NumberColumn(format="%.3f"),
         "hi": st.column_config.NumberColumn(format="%.3f"),
         "with speculation": st.column_config.NumberColumn(format="%.0f", help="output tokens/s"),

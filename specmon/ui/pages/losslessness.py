@@ -10,7 +10,7 @@ from specmon.analysis import lossless
 from specmon.analysis.summary import demo_only
 from specmon.core.settings import KS_LEVEL
 from specmon.ui import data
-from specmon.ui.widgets import DEMO_NOTICE, guarded
+from specmon.ui.widgets import DEMO_NOTICE, guarded, table
 
 PIT_BINS = 20
 
@@ -64,7 +64,7 @@ def render() -> None:
     st.markdown(f"Every step logged the same p, so emitted-token counts ({fixed.tokens:,} tokens, "
                 f"{fixed.vocabulary_seen} distinct) can be tested against p directly, beside a plain-sampling "
                 "baseline: as many tokens drawn from p itself, which shows the spread that noise alone gives.")
-    st.dataframe(pd.DataFrame([
+    table(pd.DataFrame([
         {"sample": "speculative decoding (logged)", "chi-square": fixed.chi_square.statistic,
          "dof": fixed.chi_square.dof, "p-value": fixed.chi_square.pvalue, "TV distance": fixed.tv},
         {"sample": "plain sampling from p (baseline)", "chi-square": fixed.baseline_chi_square.statistic,

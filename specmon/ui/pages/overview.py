@@ -8,7 +8,17 @@ import streamlit as st
 from specmon.core import display
 from specmon.core.segments import why_unknown
 from specmon.ui import data
-from specmon.ui.widgets import EMPTY, STATUS_BADGE, STATUS_COLOURS, demo_banner, fmt, guarded, md_text, segment_label
+from specmon.ui.widgets import (
+    EMPTY,
+    STATUS_BADGE,
+    STATUS_COLOURS,
+    demo_banner,
+    fmt,
+    guarded,
+    md_text,
+    segment_label,
+    table,
+)
 from specmon.verdicts import findings
 
 
@@ -85,12 +95,13 @@ def render() -> None:
                    "pays at your load is unknown until a baseline without speculation is measured: see the Load page.")
     for r in rows:
         if r["status"] == "unknown":
-            st.info(f"**{md_text(segment_label(r))}** cannot be judged: {why_unknown(r)}. Give c with `specmon "
-                    "summary --c` or `specmon watch --c`, or try one on the Economics page.")
+            st.info(f"**{md_text(segment_label(r))}** cannot be judged: {why_unknown(r)}."
+                    + (" Give c with `specmon summary --c` or `specmon watch --c`, or try one on the Economics page."
+                       if r["c"] is None else ""))
     st.altair_chart(acceptance_chart(rows), width="stretch")
     st.caption("Point: per-token acceptance alpha (accepted / checked positions); bar: its 95% Wilson interval, "
                "widened for correlation within a request. Black tick: break-even alpha* for the segment's k and c.")
-    st.dataframe(segments_frame(rows), hide_index=True, width="stretch", column_config={
+    table(segments_frame(rows), hide_index=True, width="stretch", column_config={
         "alpha": st.column_config.NumberColumn(format="%.3f", help="accepted / checked draft positions"),
         "tokens/step L": st.column_config.NumberColumn(format="%.2f", help="1 + mean accepted prefix per step"),
         "c": st.column_config.NumberColumn(format="%.3f", help="draft step time / target verification time"),

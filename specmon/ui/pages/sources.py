@@ -4,7 +4,7 @@ from __future__ import annotations
 import streamlit as st
 
 from specmon.ui import data
-from specmon.ui.widgets import guarded
+from specmon.ui.widgets import guarded, table
 
 
 @guarded
@@ -20,10 +20,10 @@ def render() -> None:
     st.caption("A source is **stale** when it has delivered no data for longer than its stale_after "
                "(`specmon watch --stale-after`, default 300 s); **failing** when reading it fails (it is retried "
                "with back-off); **stopped** at a bad line (watch it with `--skip-bad` to skip such lines).")
-    table = health.assign(lag=health["lag_s"].round(1))[
+    shown = health.assign(lag=health["lag_s"].round(1))[
         ["status", "kind", "location", "run", "template", "last_data", "lag", "last_read", "rows", "last_error",
          "failing_since"]]
-    st.dataframe(table, hide_index=True, use_container_width=True, column_config={
+    table(shown, hide_index=True, use_container_width=True, column_config={
         "last_data": st.column_config.DatetimeColumn("last data (UTC)"),
         "last_read": st.column_config.DatetimeColumn("last read (UTC)"),
         "lag": st.column_config.NumberColumn("seconds since data"),
