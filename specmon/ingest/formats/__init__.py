@@ -58,8 +58,19 @@ def detect(path: str) -> str:
 
 
 _EXPECTED = ("specmon reads step logs (JSON Lines: one object per line with request_id, draft_tokens, accepted), "
-             "the flat form (CSV or Parquet with request_id, step, position, draft_token, accepted), vLLM, "
-             "llama.cpp or SGLang logs and JSON responses, and Prometheus pages")
+             "the flat form (CSV or Parquet with request_id, step, position, draft_token, accepted), load sweeps "
+             "(CSV or JSON Lines with run, k, concurrency, output_tokens_per_s), vLLM, llama.cpp or SGLang logs and "
+             "JSON responses, and Prometheus pages")
+
+
+def _separator(first: bytes) -> str | None:
+    """The name of the separator of a header line of several names split by semicolons or tabs, else None."""
+    text = first.decode("utf-8", "replace").strip()
+    for sep, name in ((";", "semicolons"), ("\t", "tabs")):
+        names = [n.strip().strip('"') for n in text.split(sep)]
+        if len(names) > 1 and all(n and len(n) <= 64 and n.replace("_", "").replace(" ", "").isalnum() for n in names):
+            return name
+    return None
 
 
 def describe(head: bytes) -> str:
@@ -80,6 +91,10 @@ def describe(head: bytes) -> str:
             seen = f"lines of JSON values ({type(value).__name__}), not JSON objects"
         elif names := csv_header_names(head):
             seen = f"a CSV file with the columns {', '.join(names[:8])}, none of the flat form's"
+        elif (sep := _separator(first)) is not None:
+            seen = (f"a table separated by {sep} (its header: {first.decode('utf-8', 'replace')[:80]!r}); specmon "
+                    "reads comma-separated CSV: convert it, e.g. with python -c \"import pandas as pd, sys; "
+                    "pd.read_csv(sys.argv[1], sep=None, engine='python').to_csv(sys.argv[2], index=False)\" IN OUT")
         else:
             seen = "a text file without speculative-decoding lines (a server log with speculative decoding " \
                    "off, or logging below INFO?)"
