@@ -9,7 +9,7 @@ target's batch fills its compute). Nothing here predicts an unmeasured concurren
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -124,13 +124,13 @@ class Band:
         return not self.unsure
 
 
-def best_k(concurrency: Sequence[float], by_k: dict[int | None, Sequence[Speedup | None]]) -> list[Band]:
+def best_k(concurrency: Sequence[float], by_k: Mapping[int | None, Sequence[Speedup | None]]) -> list[Band]:
     """The draft length that measured best at each concurrency (0 where no k paid), merged into bands of
     neighbouring concurrencies with the same k; by_k maps each measured k > 0 to its speedup at each concurrency
     (None where that k was not measured there)."""
     bands: list[Band] = []
     for i, n in enumerate(concurrency):
-        measured = {k: s[i] for k, s in by_k.items() if s[i] is not None}
+        measured: dict[int | None, Speedup] = {k: sp for k, row in by_k.items() if (sp := row[i]) is not None}
         if not measured:
             continue
         k, s = max(measured.items(), key=lambda kv: kv[1].estimate)
@@ -225,7 +225,7 @@ def draft_lengths(cumulative: Sequence[float], steps: float, c: float | None, de
     q = stats.t_quantile(confidence, dof) if dof else stats.normal_quantile(confidence)
     for kk in range(1, len(p) + 1):
         mean = float(p[:kk].sum())
-        var = step_variance(p[:kk]) * max(design_effect, 1.0)
+        var = step_variance(p[:kk].tolist()) * max(design_effect, 1.0)
         half = q * math.sqrt(var / steps) if steps > 0 else None
         lo, hi = (1 + max(mean - half, 0.0), 1 + min(mean + half, kk)) if half is not None else (None, None)
         cost = None if c is None else 1 + kk * c

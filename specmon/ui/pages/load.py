@@ -28,7 +28,7 @@ def points_frame(curve: LoadCurve) -> pd.DataFrame:
 
 def _marks(curve: LoadCurve) -> alt.Chart | None:
     """Vertical rules: the best k's break-even N* (red, dashed) and the current load (blue)."""
-    rows = []
+    rows: list[dict[str, object]] = []
     if curve.best is not None and curve.best.crosses:
         rows.append({"concurrency": curve.best.break_even, "what": "break-even N*"})
     if curve.current is not None:
@@ -36,7 +36,7 @@ def _marks(curve: LoadCurve) -> alt.Chart | None:
     if not rows:
         return None
     colours = {"break-even N*": "#c62828", "running now": "#1565c0"}
-    shown = [r["what"] for r in rows]
+    shown = [str(r["what"]) for r in rows]
     return alt.Chart(pd.DataFrame(rows)).mark_rule(strokeWidth=2, strokeDash=[6, 3]).encode(
         x=_X, color=alt.Color("what:N", scale=alt.Scale(domain=shown, range=[colours[w] for w in shown]), title=None),
         tooltip=["what", alt.Tooltip("concurrency:Q", format=".3g")])

@@ -86,10 +86,10 @@ def render() -> None:
     for curve in curves:
         if not curve.known:
             continue
-        f = at_load.get(curve.run)
+        found = at_load.get(curve.run)
         text = f"**{md_text(curve.run)}**: {md_text(findings.at_load(curve))}. See the Load page."
-        (st.error if f is not None and f.state == findings.LOSING_AT_LOAD else
-         st.warning if f is not None and f.problem else st.info)(text)
+        (st.error if found is not None and found.state == findings.LOSING_AT_LOAD else
+         st.warning if found is not None and found.problem else st.info)(text)
     if rows and not any(c.known for c in curves):
         st.caption("Statuses here are at batch 1 (verifying k + 1 tokens costs one target step). Whether speculation "
                    "pays at your load is unknown until a baseline without speculation is measured: see the Load page.")
