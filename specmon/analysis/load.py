@@ -18,10 +18,11 @@ Where there is none, the payoff at load is unknown, and LoadCurve.note says what
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from specmon.core import load, stats
@@ -90,6 +91,7 @@ class LoadCurve:
     current: float | None = None  # the mean requests running over the run's latest windows
     note: str | None = None  # what is missing, where the payoff at load is unknown
     seen: list[float] = field(default_factory=list)  # concurrencies the run's windows ran at (no baseline needed)
+    demo: bool = False  # the demo's, shown only while nothing of the user's is stored
 
     @property
     def known(self) -> bool:
@@ -158,13 +160,13 @@ def _sweep_points(spec: pd.DataFrame, base: pd.DataFrame) -> list[LoadPoint]:
     return out
 
 
-# The windows that carry their load (requests running above 0 and a generation throughput), each with whether it
-# speculated and whether its run had annotated speculation off by then, summed into blocks: one engine (label set),
-# one run, one concurrency bin, one BLOCK_SECONDS bucket of time. What a block gives is one observation.
 _BIN = "CASE WHEN {n} <= 1 THEN 1 ELSE (2 ** ceil(log2({n})))::INTEGER END"
+# The windows that carry their load (requests running above 0 and a generation throughput) are summed into blocks:
+# one engine (label set), one run, one concurrency bin, one BLOCK_SECONDS bucket of time; what a block gives is one
+# observation. Each block's speculation period (specmon annotate --speculation) is found afterwards (_with_periods).
 _WINDOW_BLOCKS_SQL = f"""
 WITH w AS (
-    SELECT rs.run, rs.run_id, rs.template, w.k, w.labels::VARCHAR AS engine_key, w.end_ts, w.running_requests,
+    SELECT rs.run_id, w.k, w.labels::VARCHAR AS engine_key, w.end_ts, w.running_requests,
            w.generation_throughput, w.accepted_tokens, w.draft_tokens, w.drafts, w.accepted_per_position,
            (w.draft_tokens IS NOT NULL OR w.mean_acceptance_length IS NOT NULL) AS speculating
     FROM engine_windows w JOIN shown_segments rs USING (segment_id)
@@ -172,17 +174,37 @@ WITH w AS (
         SELECT r.name FROM baselines b JOIN runs r ON r.run_id = b.run_id JOIN runs o ON o.run_id = b.of_run_id
         WHERE o.name = ?))
 )
-SELECT w.run, w.k, w.engine_key, {_BIN.format(n="w.running_requests")} AS bin,
-       time_bucket(INTERVAL '{BLOCK_SECONDS:g} seconds', w.end_ts) AS block_ts,
-       w.speculating, coalesce(NOT p.speculation, false) AS off,
+SELECT w.run_id, w.k, {_BIN.format(n="w.running_requests")} AS bin, w.speculating,
+       min(w.end_ts) AS first_ts, max(w.end_ts) AS last_ts,
        avg(w.generation_throughput) AS throughput, avg(w.running_requests) AS running, count(*) AS windows,
        sum(w.accepted_tokens) AS accepted_tokens, sum(w.draft_tokens) AS draft_tokens, sum(w.drafts) AS drafts,
        sum(list_sum(w.accepted_per_position)) AS pos_accepted,
        sum(w.drafts + list_sum(w.accepted_per_position) - w.accepted_per_position[-1]) AS pos_checked,
        bool_and(len(w.accepted_per_position) > 0 AND w.drafts IS NOT NULL) AS counted
-FROM w ASOF LEFT JOIN speculation_periods p ON p.run_id = w.run_id AND w.end_ts >= p.starts_at
-GROUP BY ALL
+FROM w GROUP BY w.run_id, w.k, w.engine_key, bin, w.speculating,
+         time_bucket(INTERVAL '{BLOCK_SECONDS:g} seconds', w.end_ts)
 """
+_RUNS_SQL = "SELECT run_id, name, demo FROM runs"
+_PERIODS_SQL = "SELECT run_id, starts_at, speculation FROM speculation_periods ORDER BY run_id, starts_at, period_id"
+
+
+def _with_periods(blocks: pd.DataFrame, periods: pd.DataFrame) -> pd.DataFrame:
+    """Each block with `off`: whether its run had annotated speculation off when it ran. A block whose first and
+    last windows fall in different periods straddles a switch and is left out: an engine changing its
+    configuration is not steady."""
+    off = np.zeros(len(blocks), dtype=bool)
+    keep = np.ones(len(blocks), dtype=bool)
+    for run_id, mine in periods.groupby("run_id"):
+        rows = np.flatnonzero((blocks["run_id"] == run_id).to_numpy())
+        if not len(rows):
+            continue
+        starts = mine["starts_at"].to_numpy()
+        first = np.searchsorted(starts, blocks["first_ts"].to_numpy()[rows], side="right") - 1
+        last = np.searchsorted(starts, blocks["last_ts"].to_numpy()[rows], side="right") - 1
+        speculation = mine["speculation"].to_numpy(dtype=bool)
+        off[rows] = (first >= 0) & ~speculation[np.maximum(first, 0)]
+        keep[rows] = first == last
+    return blocks.assign(off=off)[keep]
 _CURRENT_SQL = """
 WITH w AS (
     SELECT rs.run, rs.template, w.end_ts, w.running_requests FROM engine_windows w JOIN shown_segments rs
@@ -239,14 +261,17 @@ def curves(store: Store, run: str | None = None) -> list[LoadCurve]:
     with store.reading():
         points = store.query_df(_POINTS_SQL)
         baselines = store.query_df(_BASELINES_SQL)
-        blocks = store.query_df(_WINDOW_BLOCKS_SQL, [run, run, run])
+        blocks = _with_periods(store.query_df(_WINDOW_BLOCKS_SQL, [run, run, run]), store.query_df(_PERIODS_SQL))
+        runs = store.query(_RUNS_SQL)
         current = store.query_df(_CURRENT_SQL.format(bin=_BIN.format(n="w.running_requests")),
                                  [run, run, f"{CURRENT_SPAN.total_seconds():g} seconds"])
+    blocks = blocks.assign(run=blocks["run_id"].map({run_id: name for run_id, name, _ in runs}))
+    demo = {name for _, name, is_demo in runs if is_demo}
     baseline_of = baselines.groupby("of_run")["baseline"].apply(list).to_dict() if not baselines.empty else {}
     is_baseline = set(baselines["baseline"]) if not baselines.empty else set()
     names = sorted((set(points["run"]) | set(blocks["run"])) - is_baseline)
     now = {r.run: r for r in current.itertuples()}
-    return [_curve(name, points, blocks, baseline_of.get(name, []), now.get(name))
+    return [replace(_curve(name, points, blocks, baseline_of.get(name, []), now.get(name)), demo=name in demo)
             for name in (names if run is None else [n for n in names if n == run])]
 
 

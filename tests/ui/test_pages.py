@@ -16,7 +16,7 @@ from specmon.core.settings import LIVE_DEFAULTS, PROPOSER_LABELS
 from specmon.store.database import Store
 from specmon.ui.widgets import md_text
 
-PAGES = ["overview", "acceptance", "economics", "drift", "ingest", "live", "losslessness"]
+PAGES = ["overview", "load", "acceptance", "economics", "drift", "ingest", "live", "losslessness"]
 
 
 def open_page(page: str) -> AppTest:

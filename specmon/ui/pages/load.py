@@ -111,7 +111,7 @@ def render() -> None:
     asked = st.query_params.get("run")
     run = st.selectbox("Run", names, index=names.index(asked) if asked in names else 0, key="load_run")
     curve = next(c for c in curves if c.run == run)
-    if data.summaries() and data.summaries()[0]["demo"]:
+    if curve.demo:
         st.warning(DEMO_NOTICE)
     if not curve.known:
         st.warning(md_text(sentence(curve.note) if curve.note else "Payoff at load unknown."))
