@@ -14,7 +14,6 @@ import json
 import signal
 import sys
 from collections.abc import Iterator
-from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -88,6 +87,13 @@ def _progress_bar(label: str):
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
+    from specmon.core.limits import MAX_ENGINE_K
+
+    if args.k is not None and not 0 <= args.k <= MAX_ENGINE_K:
+        raise SpecmonError(f"--k: {args.k} is not a draft length from 0 (speculation off) to {MAX_ENGINE_K}")
+    if args.baseline_of and args.k:
+        raise SpecmonError(f"--baseline-of {args.baseline_of!r} says the run served without speculation, and "
+                           f"--k {args.k} that it drafted {args.k} tokens a step: give one of them")
     status = EXIT_OK
     with _open_store(args) as store:
         for path in args.paths:
@@ -112,7 +118,7 @@ def _ingest_one(store: Store, path: str, name: str, args: argparse.Namespace) ->
     bar, update, stage = _progress_bar(Path(name).name)
     options = dict(run=args.run or ("stdin" if path == "-" else None), template=args.template,
                    skip_bad=args.skip_bad, report_path=args.report, fmt=args.format, sum_tol=args.sum_tol,
-                   progress=update, stage=stage)
+                   progress=update, stage=stage, baseline_of=args.baseline_of, k=args.k)
     try:
         if path == "-":
             return ingest_stream(store, sys.stdin.buffer, name, **options)
@@ -123,9 +129,10 @@ def _ingest_one(store: Store, path: str, name: str, args: argparse.Namespace) ->
 
 def _say_ingested(name: str, result: IngestResult) -> None:
     if result.status == "stored":
-        _out(f"{name}: stored {result.steps} steps, {result.positions} drafted positions "
-             f"in run {result.run!r}" + (f"; {result.rejected} rows rejected, see {result.report_path}"
-                                         if result.rejected else ""))
+        what = f"{result.steps} load measurements" if result.kind == "sweep" else \
+            f"{result.steps} steps, {result.positions} drafted positions"
+        _out(f"{name}: stored {what} in run {result.run!r}" + (f"; {result.rejected} rows rejected, see "
+                                                              f"{result.report_path}" if result.rejected else ""))
     elif result.status == "already ingested":
         _out(f"{name}: already ingested (same content); nothing changed")
     elif result.status == "nothing to ingest":
@@ -220,7 +227,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         for f in verdict.problems:
             print(f.headline)
     for row, why in verdict.unknown:
-        _err(f"cannot judge run {row['run']!r}, template {row['template'] or '-'!r}: {why}; pass --c")
+        _err(f"cannot judge run {row['run']!r}, template {row['template'] or '-'!r}: {why}"
+             + ("; pass --c" if row["c"] is None else ""))
     if verdict.problems:
         return EXIT_FINDING
     if verdict.unknown:
@@ -231,10 +239,59 @@ def cmd_check(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_recommend(args: argparse.Namespace) -> int:
+    from specmon.analysis import load
+    from specmon.verdicts.recommend import recommend
+
+    with _open_store(args) as store:
+        curves = load.curves(store, args.run)
+    if args.run and not curves:
+        _err(f"{store.path}: run {args.run!r} has no load measurements (load sweeps, benchmark results, or engine "
+             "windows with their running requests): see specmon summary for its runs")
+        return EXIT_ERROR
+    advice = [recommend(c) for c in curves]
+    if args.json:
+        print(json.dumps([{**c.to_dict(), **a.to_dict()} for c, a in zip(curves, advice, strict=True)], indent=2,
+                         default=_json_scalar))
+        return EXIT_OK
+    if not curves:
+        _out(f"{store.path}: no run measured load; ingest a load sweep, a `vllm bench serve` result, or engine logs "
+             "with their load lines, with a baseline without speculation")
+        return EXIT_OK
+    for c, a in zip(curves, advice, strict=True):
+        _out(f"run {c.run!r}: {a.words}")
+        for p in c.points:
+            s = p.speedup
+            interval = f" [95% CI {s.lo:.2f}, {s.hi:.2f}]" if s.lo is not None and s.hi is not None else \
+                " (no interval: one measurement)"
+            k = "k = ?" if p.k is None else f"k = {p.k}"
+            _out(f"  {k}, N = {p.concurrency:g}: speedup {s.estimate:.2f}{interval}, {p.throughput:,.0f} against "
+                 f"{p.baseline_throughput:,.0f} tokens/s")
+        if c.known:
+            _out(f"  baseline: {c.baseline}; intervals take {c.observations} as independent")
+            _out(f"  certainty: {a.certainty}; assumes {'; '.join(a.assumes)}")
+        for engine, text in a.engines.items():
+            _out(f"  {engine}:")
+            for line in text.splitlines():
+                _out(f"    {line}")
+    return EXIT_OK
+
+
 def cmd_annotate(args: argparse.Namespace) -> int:
     from specmon.drift import alarms
 
     at = parse_since(args.at, "--at") or times.utc_now()
+    if args.speculation:
+        with _open_store(args) as store:
+            period_id = alarms.annotate_speculation(store, args.run, args.speculation == "on", at, args.note)
+        if args.speculation == "off":
+            print(f"period {period_id}: run {args.run!r} served without speculation from {at:%Y-%m-%d %H:%M:%S} UTC "
+                  "until its next `--speculation on`; its windows there are the run's baseline at each load "
+                  "(`specmon recommend`, the Load page)")
+        else:
+            print(f"period {period_id}: run {args.run!r} served with speculation again from "
+                  f"{at:%Y-%m-%d %H:%M:%S} UTC")
+        return EXIT_OK
     with _open_store(args) as store:
         annotation_id = alarms.annotate(store, args.run, args.template, at, args.note)
     print(f"annotation {annotation_id}: run {args.run!r} rolled out template {args.template!r} at "
@@ -264,14 +321,17 @@ def cmd_pull(args: argparse.Namespace) -> int:
     samples = prometheus_api.pull(args.prometheus, start, end, _duration_seconds(args.step, "--step"),
                               timeout_s=args.timeout, total_timeout_s=args.total_timeout)
     if not samples:
-        _err(f"{args.prometheus}: no vllm:/llamacpp: spec_decode counters or sglang:spec_ gauges since {args.since}")
+        _err(f"{args.prometheus}: no vllm:/llamacpp: spec_decode counters, sglang:spec_ gauges or engine load series "
+             f"since {args.since}")
         return EXIT_FINDING
     with _open_store(args) as store:
-        result = ingest_samples(store, samples, f"{args.prometheus} since {args.since}", args.run, args.template)
+        result = ingest_samples(store, samples, f"{args.prometheus} since {args.since}", args.run, args.template,
+                                baseline_of=args.baseline_of)
     if result.status == "already ingested":
         _out(f"{args.prometheus}: nothing new since the last pull")
     else:
-        _out(f"{args.prometheus}: stored {result.steps} new samples of {len(samples)} in run {args.run!r}")
+        _out(f"{args.prometheus}: stored {result.steps} new samples of {len(samples)} in run {args.run!r}"
+             + (f", the baseline of run {args.baseline_of!r}" if args.baseline_of else ""))
     return EXIT_OK
 
 
@@ -280,10 +340,14 @@ def cmd_watch(args: argparse.Namespace) -> int:
     from specmon.follow.watcher import Watcher
 
     config = load_config(args.config) if args.config else WatchConfig()
+    if args.baseline_of and args.baseline_of == args.run:
+        raise SpecmonError(f"--baseline-of: run {args.run!r} cannot be its own baseline; give the sources without "
+                           "speculation a --run of their own")
     for kind, locations in (("log", args.log), ("steplog", args.steplog), ("inbox", args.inbox),
                             ("prometheus", args.prometheus)):
         for location in locations or []:
-            config.sources.append(SourceConfig(kind, location, args.run, args.template, args.c, args.skip_bad))
+            config.sources.append(SourceConfig(kind, location, args.run, args.template, args.c, args.skip_bad,
+                                               baseline_of=args.baseline_of))
     if args.interval is not None:
         config.interval_s = args.interval
     if args.stale_after is not None:
@@ -304,10 +368,13 @@ def _watch_log(line: str) -> None:
 
 
 def live_settings(args: argparse.Namespace) -> LiveSettings:
-    if args.k < 1:
-        raise SpecmonError(f"--k must be at least 1, got {args.k}")
+    # live's --k is a list (a sweep takes several; a single run the first), the other commands' one number
+    ks = args.k if isinstance(args.k, list) else [args.k] if args.k is not None else [LIVE_DEFAULTS.k]
+    for k in ks:
+        if k < 1:
+            raise SpecmonError(f"--k must be at least 1, got {k}")
     ngram = getattr(args, "ngram", False)
-    return LiveSettings(k=args.k, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+    return LiveSettings(k=ks[0], max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                         top_p=getattr(args, "top_p", None), seed=args.seed, ngram=ngram,
                         ngram_min=args.ngram_min if ngram else LIVE_DEFAULTS.ngram_min,
                         ngram_max=args.ngram_max if ngram else LIVE_DEFAULTS.ngram_max)
@@ -316,85 +383,118 @@ def live_settings(args: argparse.Namespace) -> LiveSettings:
 def cmd_live(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from specmon.core.settings import SWEEP_DEFAULTS, SweepSettings
     from specmon.pair import live_inputs
 
     # the arguments are checked before torch and transformers load (seconds), which only the commands that run
     # models import
     settings = live_settings(args)
+    if args.concurrency is None and args.k and len(args.k) > 1:
+        raise SpecmonError(f"--k {','.join(map(str, args.k))}: several draft lengths make a load sweep; give the "
+                           "batch sizes too (--concurrency 1,2,4,8)")
+    sweep = None
+    if args.concurrency is not None:
+        sweep = SweepSettings(tuple(args.concurrency), tuple(args.k or SWEEP_DEFAULTS.ks), args.repeats)
+        if not sweep.concurrency or min(sweep.concurrency) < 1:
+            raise SpecmonError(f"--concurrency must name batch sizes of at least 1, got {args.concurrency}")
+        if args.full_distributions:
+            raise SpecmonError("--full-distributions is for a single run, not a load sweep (--concurrency)")
     draft = None if settings.ngram else args.draft
     live_inputs.check_pair(args.target, draft)
     prompts = live_inputs.read_prompts(args.prompts)
 
     from specmon.analysis import summary
     from specmon.pair import live
+    from specmon.pair import sweep as sweeps
 
+    if args.threads:
+        live.set_threads(args.threads)
     pair = live.load_pair(args.target, draft)
     template = args.template or Path(args.prompts).stem
-    run = args.run or live.run_name(pair, settings)
-    bar = tqdm(total=len(prompts), unit="prompt", desc="live run", file=sys.stderr, disable=None)
+    meta = live.run_meta(settings, args.target, args.draft, args.prompts)
+    if sweep is None:
+        run = args.run or live.run_name(pair, settings)
+        bar = tqdm(total=len(prompts), unit="prompt", desc="live run", file=sys.stderr, disable=None)
+        with _open_store(args) as store:
+            done = live.record_run(store, pair, prompts, settings, run=run, template=template, meta=meta,
+                                   keep_log=args.out, full_distributions=args.full_distributions,
+                                   progress=lambda n, total: bar.update(n - bar.n))
+            bar.close()
+            seg = next(r for r in summary.summarize(store, run=run) if r["template"] == template)
+        print(f"run {run!r}: {done.steps} steps, {done.tokens} tokens in {done.seconds:.1f} s "
+              f"({done.tokens / done.seconds:.1f} tokens/s); alpha = {_fmt(seg['alpha'])} "
+              f"[{_fmt(seg['alpha_lo'])}, {_fmt(seg['alpha_hi'])}], predicted beta = {_fmt(seg['beta'])}, tokens "
+              f"per step = {_fmt(seg['tokens_per_step'], '.2f')}, c = {_fmt(seg['c'])}")
+        return EXIT_OK
+
+    run = args.run or sweeps.sweep_name(pair, settings)
+    bar = tqdm(total=0, unit="run", desc="live sweep", file=sys.stderr, disable=None)
+
+    def progress(done: int, total: int, what: str) -> None:
+        bar.total, bar.n = total, done
+        bar.set_description(what)  # in words: which repeat, which cell
+
     with _open_store(args) as store:
-        done = live.record_run(store, pair, prompts, settings, run=run, template=template,
-                               meta=live.run_meta(settings, args.target, args.draft, args.prompts),
-                               keep_log=args.out, full_distributions=args.full_distributions,
-                               progress=lambda n, total: bar.update(n - bar.n))
+        swept = sweeps.record_sweep(store, pair, prompts, settings, sweep, run=run, template=template,
+                                    meta={**meta, "k": sorted(set(sweep.ks))}, keep_log=args.out,
+                                    progress=progress)
         bar.close()
-        seg = next(r for r in summary.summarize(store, run=run) if r["template"] == template)
-    print(f"run {run!r}: {done.steps} steps, {done.tokens} tokens in {done.seconds:.1f} s "
-          f"({done.tokens / done.seconds:.1f} tokens/s); alpha = {_fmt(seg['alpha'])} [{_fmt(seg['alpha_lo'])}, "
-          f"{_fmt(seg['alpha_hi'])}], predicted beta = {_fmt(seg['beta'])}, tokens per step = "
-          f"{_fmt(seg['tokens_per_step'], '.2f')}, c = {_fmt(seg['c'])}")
+        segs = {r["template"]: r for r in summary.summarize(store, run=run)}
+    ks, sizes = (", ".join(map(str, sorted(set(values)))) for values in (sweep.ks, sweep.concurrency))
+    print(f"run {run!r}: {swept.steps} steps stored in {swept.seconds:.1f} s, and a load sweep of "
+          f"{len(swept.measurements)} runs ({sweep.repeats} repeats of plain decoding and k = {ks} at batch {sizes})")
+    table = [("k", "batch", "plain tokens/s", "spec tokens/s", "speedup [95% CI]", "alpha [95% CI]", "tokens/step",
+              "c")]
+    for p in swept.points:
+        seg = segs.get(sweeps.cell_name(template, p.k, p.concurrency), {})
+        s = p.speedup
+        table.append((str(p.k), str(p.concurrency), f"{p.baseline_tokens_per_s:.0f}", f"{p.tokens_per_s:.0f}",
+                      f"{s.estimate:.2f}x" + (f" [{s.lo:.2f}, {s.hi:.2f}]" if s.lo is not None else ""),
+                      f"{_fmt(seg.get('alpha'))} [{_fmt(seg.get('alpha_lo'))}, {_fmt(seg.get('alpha_hi'))}]",
+                      _fmt(seg.get("tokens_per_step"), ".2f"), _fmt(p.c)))
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        _out("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    for k, crossing in swept.crossings.items():
+        print(f"k = {k}: {crossing.describe()}")
     return EXIT_OK
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    import numpy as np
     from tqdm import tqdm
 
     from specmon.pair import live_inputs
 
     prompts = [p for path in args.prompts for p in live_inputs.read_prompts(path)]
-    greedy = replace(live_settings(args), temperature=0.0, top_p=None)
+    settings = live_settings(args)
     live_inputs.check_pair(args.target, args.draft)
 
-    from specmon.analysis import lossless
-    from specmon.core import stats  # torch and transformers: after the arguments are checked
-    from specmon.pair import live
+    from specmon.pair import live, verify  # torch and transformers: after the arguments are checked
 
-    target = live.load_pair(args.target, args.draft)
-    bar = tqdm(total=3 * len(prompts), unit="decode", desc="verify", file=sys.stderr, disable=None)
-    proposers = {"draft model": target, "n-gram": live.Pair(target.target, None, target.tokenizer, "ngram")}
-    failures = 0
-    for name, pair in proposers.items():
-        matched = 0
-        for i, prompt in enumerate(prompts):
-            spec = [t for step in live.generate(pair, prompt, greedy) for t in step.record["emitted_tokens"]]
-            plain = live.target_decode(pair, prompt, args.max_new_tokens)
-            bar.update()
-            if spec == plain:
-                matched += 1
-            else:
-                first = next((j for j, (a, b) in enumerate(zip(spec, plain, strict=False)) if a != b),
-                             min(len(spec), len(plain)))
-                print(f"MISMATCH ({name}, prompt {i}): speculative and plain greedy decoding differ at token {first}")
-        failures += matched < len(prompts)
-        print(f"greedy, {name}: {matched}/{len(prompts)} prompts decode exactly as the target alone")
-    sampled = replace(greedy, temperature=args.temperature)
-    pit: list[tuple[float, float]] = []
-    for i, prompt in enumerate(prompts):
-        for step in live.generate(target, prompt, replace(sampled, seed=sampled.seed + i)):
-            pit += step.pit
-        bar.update()
+    pair = live.load_pair(args.target, args.draft)
+    bar = tqdm(total=verify.decodes(len(prompts), args.concurrency), unit="decode", desc="verify", file=sys.stderr,
+               disable=None)
+    result = verify.verify(pair, prompts, settings, temperature=args.temperature, level=args.alpha,
+                           concurrency=args.concurrency, progress=bar.update)
     bar.close()
-    below, mass = np.array(pit).T
-    u = stats.randomized_pit_of(below, mass, np.random.default_rng(sampled.seed))
-    ks = stats.uniformity_ks(u)
-    ok = lossless.consistent(ks, args.alpha)
-    failures += not ok
-    print(f"sampled (T = {args.temperature:g}, draft model): randomized PIT of {len(u)} tokens, "
-          f"KS = {ks.statistic:.4f}, "
-          f"p = {ks.pvalue:.3g}: {'consistent with' if ok else 'NOT consistent with'} the target's distribution "
-          f"at the {args.alpha:g} level")
-    return EXIT_FINDING if failures else EXIT_OK
+    batch = "" if result.concurrency is None else f" at batch {result.concurrency}"
+    for check in result.greedy:
+        for m in result.mismatches:
+            if m.proposer == check.proposer:
+                where = f"prompt {m.prompt}" if m.sequence is None else f"batch {result.concurrency}, sequence " \
+                                                                          f"{m.sequence}, prompt {m.prompt}"
+                print(f"MISMATCH ({m.proposer}, {where}): speculative and plain greedy decoding differ at token "
+                      f"{m.first}")
+        what = "prompts" if result.concurrency is None else "sequences"
+        print(f"greedy{batch}, {check.proposer}: {check.matched}/{check.sequences} {what} decode exactly as the "
+              "target alone")
+    for pit in result.pit:
+        which = "" if pit.position is None else f", {pit.what}"
+        print(f"sampled (T = {result.temperature:g}, draft model{batch}{which}): randomized PIT of {pit.tokens} "
+              f"tokens, KS = {pit.ks.statistic:.4f}, p = {pit.ks.pvalue:.3g}: "
+              f"{'consistent with' if pit.ok else 'NOT consistent with'} the target's distribution at the "
+              f"{pit.level:g} level")
+    return EXIT_OK if result.ok else EXIT_FINDING
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -490,6 +590,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from specmon.ingest import demo
 
+    if args.write_sweep:
+        with open(args.write_sweep, "wb") as out:
+            n = demo.write_demo_sweep(out)
+        print(f"wrote {n} load measurements to {args.write_sweep}")
+        return EXIT_OK
     if args.write_log:
         with open(args.write_log, "wb") as out:
             n = demo.write_demo_log(out)
@@ -558,10 +663,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("ingest", parents=[db], help="store step logs, engine logs or Prometheus pages",
                        description="Store specmon step logs (JSON Lines, or the flat form as CSV or Parquet), vLLM, "
-                                   "llama.cpp or SGLang logs and JSON responses, or saved Prometheus /metrics pages; "
-                                   "the format is detected. Each file is one transaction: a file with any fault "
-                                   "stores nothing (exit 1) unless --skip-bad. Re-ingesting the same content is a "
-                                   "no-op.")
+                                   "llama.cpp or SGLang logs and JSON responses, saved Prometheus /metrics pages, "
+                                   "load sweeps or `vllm bench serve --save-result` results; the format is "
+                                   "detected. Each file is one transaction: a file with any fault stores nothing "
+                                   "(exit 1) unless --skip-bad. Re-ingesting the same content is a no-op.")
     p.add_argument("paths", nargs="+", metavar="PATH", help="files to ingest; - reads standard input")
     p.add_argument("--run", help="run to store into (default: the file name without extension)")
     p.add_argument("--template", help="template for steps whose log line names none")
@@ -571,6 +676,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip format detection: one of %(choices)s")
     p.add_argument("--sum-tol", type=float, default=DEFAULT_SUM_TOLERANCE,
                    help=f"how far a distribution may sum from 1 (default {DEFAULT_SUM_TOLERANCE:g})")
+    p.add_argument("--k", type=int, metavar="K", help="the draft length the server ran with, for benchmark results "
+                   "that do not record it (0: speculation off)")
+    p.add_argument("--baseline-of", metavar="RUN", help="these files ran without speculation, on the model, "
+                   "hardware and traffic of run RUN: its baseline (implies --k 0)")
     p.add_argument("--json", action="store_true", help="one JSON object per file on stdout")
     p.set_defaults(func=cmd_ingest)
 
@@ -600,12 +709,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="problems, statuses, alarms and template changes as JSON")
     p.set_defaults(func=cmd_check)
 
-    p = sub.add_parser("annotate", parents=[db], help="record a rollout (a template change the data cannot show)",
-                       description="Record that run RUN serves template T from --at on (like a deploy annotation). "
-                                   "Template-change verdicts, `specmon check` and the Drift page compare acceptance "
-                                   "before and after it.")
+    p = sub.add_parser("recommend", parents=[db], help="the speculation policy by concurrency the data supports",
+                       description="From each run's speedup at each measured concurrency (throughput with "
+                                   "speculation over the same without it: load sweeps, benchmark results, engine "
+                                   "windows against a baseline), the draft length to use up to which number of "
+                                   "running requests, and where to turn speculation off, in words and in vLLM's, "
+                                   "TensorRT-LLM's and SGLang's own configuration; nothing where the measurements "
+                                   "cannot tell the choices apart.")
+    p.add_argument("--run", help="one run (default: every run that measured load)")
+    p.add_argument("--json", action="store_true", help="one object per run: points, break-even, policy")
+    p.set_defaults(func=cmd_recommend)
+
+    p = sub.add_parser("annotate", parents=[db], help="record a rollout (a template change the data cannot show), "
+                       "or a period with speculation off", description="Record that run RUN serves template T from "
+                       "--at on (like a deploy annotation): template-change verdicts, `specmon check` and the Drift "
+                       "page compare acceptance before and after it. Or, with --speculation off|on, that RUN served "
+                       "without (or again with) speculation from --at on: the windows of an off period are the "
+                       "run's own baseline at each load.")
     p.add_argument("--run", required=True, help="the run (it must exist: see specmon summary)")
-    p.add_argument("--template", required=True, help="the template rolled out")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--template", help="the template rolled out")
+    what.add_argument("--speculation", choices=("off", "on"), help="speculation turned off (or on again)")
     p.add_argument("--at", help="when: an ISO-8601 time (UTC where it names no zone) or a duration ago like 30m, "
                    "2h (default: now)")
     p.add_argument("--note", help="free text shown with the verdict")
@@ -621,10 +745,33 @@ def build_parser() -> argparse.ArgumentParser:
                            help=f"new tokens per prompt (default {LIVE_DEFAULTS.max_new_tokens})")
     pair_args.add_argument("--seed", type=int, default=LIVE_DEFAULTS.seed)
 
-    p = sub.add_parser("live", parents=[db, pair_args], help="run speculative decoding of a local pair and store it",
+    from specmon.core.settings import SWEEP_DEFAULTS
+    from specmon.pair.live_inputs import int_list  # torch-free
+
+    p = sub.add_parser("live", parents=[db], help="run speculative decoding of a local pair and store it",
                        description="Speculative decoding (Leviathan et al.'s Algorithm 1, KV caches rolled back on "
                                    "rejection) of every prompt, every step logged with exact beta and timings, "
-                                   "stored as a run.")
+                                   "stored as a run. With --concurrency, a load sweep: B prompts decoded at once at "
+                                   "each batch size B, speculatively at each k (ragged acceptance) and plainly, "
+                                   "alternating, stored as the run's steps and a load sweep in the same run.")
+    # pair_args' options, but --k takes a list here (a sweep's draft lengths)
+    p.add_argument("--target", default=str(resources.TARGET_MODEL), help="target model directory or hub name "
+                   "(default: the shipped pair's target)")
+    p.add_argument("--draft", default=str(resources.DRAFT_MODEL), help="draft model (default: the shipped draft)")
+    p.add_argument("--k", type=int_list, metavar="K[,K...]",
+                   help=f"draft length (default {LIVE_DEFAULTS.k}); with --concurrency, draft lengths to sweep "
+                        f"(default {','.join(map(str, SWEEP_DEFAULTS.ks))})")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=LIVE_DEFAULTS.max_new_tokens,
+                   help=f"new tokens per prompt (default {LIVE_DEFAULTS.max_new_tokens})")
+    p.add_argument("--seed", type=int, default=LIVE_DEFAULTS.seed)
+    p.add_argument("--concurrency", type=int_list, metavar="B[,B...]",
+                   help="a load sweep at these batch sizes, e.g. "
+                        f"{','.join(map(str, SWEEP_DEFAULTS.concurrency))}: B prompts at once (the prompt set "
+                        "cycled where it has fewer)")
+    p.add_argument("--repeats", type=_positive_int, default=SWEEP_DEFAULTS.repeats,
+                   help=f"runs of each (k, batch size) and of its baseline in a sweep (default "
+                        f"{SWEEP_DEFAULTS.repeats})")
+    p.add_argument("--threads", type=_positive_int, help="torch threads (default: torch's own choice)")
     p.add_argument("--ngram", action="store_true", help="propose by n-gram prompt lookup instead of a draft model")
     p.add_argument("--ngram-min", type=_positive_int, default=LIVE_DEFAULTS.ngram_min)
     p.add_argument("--ngram-max", type=_positive_int, default=LIVE_DEFAULTS.ngram_max)
@@ -651,6 +798,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=_cost, default=1.0, help="temperature of the sampled check (default 1)")
     p.add_argument("--alpha", type=float, default=KS_LEVEL,
                    help=f"significance level of the KS test (default {KS_LEVEL:g})")
+    p.add_argument("--concurrency", type=_positive_int, metavar="N",
+                   help="decode N prompts at once (batched, ragged acceptance); each sequence must still equal its "
+                        "prompt decoded alone, and the PIT is tested per draft position too")
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("replay", parents=[db, pair_args],
@@ -666,7 +816,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("pull", parents=[db], help="store speculative-decoding counters from a Prometheus server",
-                       description="Read vLLM's (or llama.cpp's) spec_decode counters and SGLang's gauges from the "
+                       description="Read vLLM's (or llama.cpp's) spec_decode counters and SGLang's gauges, and the "
+                                   "engines' load series (requests running and waiting, tokens generated), from the "
                                    "Prometheus HTTP API (query_range) and store the samples; windows are the "
                                    "differences between consecutive samples of each series, restarts handled.")
     p.add_argument("--prometheus", required=True, metavar="URL", help="e.g. http://prometheus:9090")
@@ -674,6 +825,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step", default="1m", help="sample spacing (default 1m)")
     p.add_argument("--run", default="prometheus", help="run to store into (default prometheus)")
     p.add_argument("--template", help="segment label for these samples")
+    p.add_argument("--baseline-of", metavar="RUN", help="these engines ran without speculation, on the model, "
+                   "hardware and traffic of run RUN: its baseline")
     p.add_argument("--timeout", type=_seconds, default=PULL_REQUEST_TIMEOUT_S, metavar="SECONDS",
                    help=f"give up on a request not answered in full within this time (default "
                         f"{PULL_REQUEST_TIMEOUT_S:g})")
@@ -701,6 +854,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--template", help="template for those sources (default: the data's own, else the latest "
                    "`specmon annotate`)")
     p.add_argument("--c", type=_cost, help="draft cost / target cost, for break-even and status")
+    p.add_argument("--baseline-of", metavar="RUN", help="the sources named on the command line run without "
+                   "speculation, as the baseline of run RUN")
     p.add_argument("--skip-bad", action="store_true", help="skip bad lines (named in the log) instead of stopping "
                    "that source")
     p.add_argument("--webhook", metavar="URL", help="POST one JSON document per alarm or status change here")
@@ -743,8 +898,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("demo", parents=[db], help="load the demo data (or write its step log)",
-                       description="Load the shipped demo step log as the demo run; --write-log regenerates it.")
+                       description="Load the shipped demo step log and load sweep as the demo run; --write-log and "
+                                   "--write-sweep regenerate them.")
     p.add_argument("--write-log", metavar="PATH", help="write the demo step log from its seed instead")
+    p.add_argument("--write-sweep", metavar="PATH", help="write the demo load sweep from its seed instead")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("serve", parents=[db], help="start the dashboard (Streamlit)")

@@ -90,15 +90,19 @@ class Crossing:
 
 
 def crossing(concurrency: Sequence[float], speedups: Sequence[Speedup]) -> Crossing:
-    """The first crossing of 1 of a curve (points in increasing concurrency)."""
+    """The first crossing of 1 from above of a curve (points in increasing concurrency): where it stops paying. A
+    curve that loses at its lowest concurrencies and pays further up (a baseline that batches poorly at 1) is
+    judged from where it first pays."""
     n = [float(v) for v in concurrency]
     if not n:
         raise ValueError("no measured concurrency")
-    first_below = next((i for i, s in enumerate(speedups) if s.estimate < 1), None)
-    above_before = [i for i in range(first_below or 0) if speedups[i].estimate > 1]
-    if first_below is None or not above_before:
+    first_above = next((i for i, s in enumerate(speedups) if s.estimate > 1), None)
+    first_below = None if first_above is None else next(
+        (i for i in range(first_above + 1, len(n)) if speedups[i].estimate < 1), None)
+    if first_above is None or first_below is None:
         return Crossing(None, None, None, None, None, n[0], n[-1])
-    a, b = above_before[-1], first_below
+    a = max(i for i in range(first_above, first_below) if speedups[i].estimate > 1)
+    b = first_below
     sa, sb = speedups[a].estimate, speedups[b].estimate
     t = math.log(sa) / (math.log(sa) - math.log(sb))  # log S linear in log N between the two
     n_star = math.exp(math.log(n[a]) + t * (math.log(n[b]) - math.log(n[a])))

@@ -19,7 +19,7 @@ def _on_disk(*parts: str) -> Path:
 
 
 UI = _on_disk("ui")  # the dashboard
-PAGES = UI / "pages"  # its page files
+PAGES = UI / "views"  # its page files (not pages/: Streamlit would list that folder itself)
 APP = UI / "app.py"
 SERVER = UI / "dashboard_server.py"  # what `specmon serve` runs: APP with a start-up hook
 STREAMLIT_CONFIG = UI / "streamlit.toml"

@@ -73,6 +73,11 @@ def load_pair(target: str, draft: str | None) -> Pair:
     return Pair(target_model, draft_model, tokenizer, f"{Path(target).name}+{Path(draft).name if draft else 'ngram'}")
 
 
+def set_threads(n: int) -> None:
+    """torch's intra-op threads for this process (`specmon live --threads`)."""
+    torch.set_num_threads(n)
+
+
 def distribution(logits: torch.Tensor, temperature: float, top_p: float | None) -> torch.Tensor:
     """The sampling distribution over the last axis; temperature 0 gives the argmax as a point mass."""
     if temperature == 0:

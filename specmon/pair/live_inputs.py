@@ -3,6 +3,7 @@ directory exists. A mistyped argument is then reported at once, not after the se
 to import."""
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import orjson
@@ -34,3 +35,15 @@ def check_pair(target: str, draft: str | None) -> None:
         looks_local = path.startswith(("/", ".", "~")) or path.count("/") > 1
         if looks_local and not Path(path).expanduser().exists():
             raise SpecmonError(f"--{role} {path}: no such model directory")
+
+
+def int_list(text: str) -> list[int]:
+    """"1,2,4" as [1, 2, 4]: a sweep's batch sizes or draft lengths (argparse's type; their range is checked where
+    they are used, with the option's name)."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one integer")
+    return values

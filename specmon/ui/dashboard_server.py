@@ -24,7 +24,7 @@ _HEAD_START = "specmon-head-start"
 def prepare_first_page() -> None:
     from specmon.ui import data
     from specmon.ui.app import configure_page
-    from specmon.ui.pages import overview  # the default page, and through it the shared data module
+    from specmon.ui.views import overview  # the default page, and through it the shared data module
 
     # Streamlit's first uses in a process: recognising the icon as an emoji loads its emoji catalogue, and the first
     # element walks the whole call stack (a check for a REPL). Outside a page run both are drawn nowhere.

@@ -58,6 +58,12 @@ def test_a_curve_that_crosses_gives_the_last_paying_and_first_losing_concurrency
     assert "loses from 16" in c.describe()
 
 
+def test_a_curve_that_loses_at_batch_1_and_pays_above_crosses_where_it_stops_paying():
+    n, s = _curve([(1, 0.95, 0.02), (2, 1.2, 0.02), (4, 1.1, 0.02), (16, 0.8, 0.02)])
+    c = load.crossing(n, s)
+    assert (c.pays_up_to, c.loses_from) == (4, 16)
+
+
 @pytest.mark.parametrize("points, words", [
     ([(1, 1.3, 0.01), (8, 1.2, 0.01), (32, 1.05, 0.01)], "does not cross 1 within N = 1..32"),
     ([(1, 0.9, 0.01), (8, 0.8, 0.01)], "does not cross 1 within N = 1..8"),

@@ -218,6 +218,10 @@ def test_a_load_sweep_uploads_and_the_load_page_shows_its_break_even(app_url, br
     page.get_by_role("button", name="Ingest").click()
     page.get_by_text(f"{sweep.name}: stored 36 load measurements").wait_for(timeout=120_000)
     open_page(page, app_url, "load")
+    # the navigation names the pages by their titles (a folder Streamlit lists by itself would show file names)
+    nav = page.locator('[data-testid="stSidebarNav"]').inner_text().split("\n")
+    assert [n for n in nav if n.strip()] == ["Overview", "Load", "Acceptance", "Economics", "Drift", "Ingest",
+                                              "Live run", "Losslessness", "Sources"], nav
     page.get_by_text("pays up to 8 running requests, loses from 16").first.wait_for(timeout=30_000)
     page.get_by_text("k = 1 up to 8 running requests, speculation off from 16").first.wait_for(timeout=30_000)
     charts = page.locator('[data-testid="stVegaLiteChart"]')

@@ -257,7 +257,7 @@ def test_the_sources_page_lists_sources_and_flags_a_stale_one(tmp_path, monkeypa
     w.poll_once()
     time.sleep(1.0)
     at = AppTest.from_file(str(APP), default_timeout=90).run()
-    at.switch_page("specmon/ui/pages/sources.py").run()
+    at.switch_page("specmon/ui/views/sources.py").run()
     assert not at.exception, at.exception
     table = at.dataframe[0].value
     assert list(table["location"]) == [str(log)] and list(table["status"]) == ["stale"]

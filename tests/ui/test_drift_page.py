@@ -15,7 +15,7 @@ def test_drift_page_shows_engine_alarm_and_marks_the_annotation(app_db, tmp_path
         assert ingest_file(store, vllm_log(tmp_path / "vllm.log"), run="vllm-prod").status == "stored"
         alarms.annotate(store, "vllm-prod", "v2", START + timedelta(seconds=5 * DROP_AT - 2), "new system prompt")
     at = AppTest.from_file(str(APP), default_timeout=90).run()
-    at.switch_page("specmon/ui/pages/drift.py").run()
+    at.switch_page("specmon/ui/views/drift.py").run()
     assert not at.exception, at.exception
     # the page escapes Markdown in text from the data (backslashes, word joiners): compare the plain words
     errors = [e.value.replace("\\", "").replace("\u2060", "") for e in at.error]

@@ -22,7 +22,7 @@ PAGES = ["overview", "load", "acceptance", "economics", "drift", "ingest", "live
 def open_page(page: str) -> AppTest:
     at = AppTest.from_file(str(APP), default_timeout=90).run()
     if page != "overview":
-        at.switch_page(f"specmon/ui/pages/{page}.py").run()
+        at.switch_page(f"specmon/ui/views/{page}.py").run()
     assert not at.exception, at.exception
     return at
 
@@ -188,7 +188,7 @@ def test_live_page_renders_without_loading_torch(tmp_path):
     """torch loads when a run starts, not when the page is drawn (a fresh process: the tests' own has torch)."""
     code = ("import sys; from streamlit.testing.v1 import AppTest; "
             f"at = AppTest.from_file({str(APP)!r}, default_timeout=90).run(); "
-            "at.switch_page('specmon/ui/pages/live.py').run(); "
+            "at.switch_page('specmon/ui/views/live.py').run(); "
             "assert not at.exception, at.exception; assert at.title[0].value == 'Live run'; "
             "print('torch loaded' if 'torch' in sys.modules else 'torch not loaded')")
     r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "SPECMON_DB": str(tmp_path / "t.duckdb")},

@@ -1,1 +1,0 @@
-"""The dashboard's pages, one file each; Streamlit runs them by path."""
