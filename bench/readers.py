@@ -1,11 +1,13 @@
 """Throughput of the engine-log reader on a server log: lines per second, read in one go and resumed line by line.
 
-    python bench/readers.py [--lines 200000] [--workdir DIR]    # prints JSON; the docs' is bench/readers.json
+    python bench/readers.py [--lines 200000] [--workdir DIR] [--without-load-lines]
+    # prints JSON; the docs' is bench/readers.json
 
 The log repeats real vLLM V1 lines (one metrics line every ten lines, between throughput and HTTP access lines, as a
 busy server prints them), with their times moving on by ten seconds each. Measured in a fresh process each: the
 whole file through specmon.ingest.formats.engine_log.read, and the same lines fed to an EngineLogReader that is
-recreated from its state every 1,000 lines (what the watcher does between polls).
+recreated from its state every 1,000 lines (what the watcher does between polls). --without-load-lines writes HTTP
+access lines where the engine's load lines would be, to measure what reading the load lines costs.
 """
 from __future__ import annotations
 
@@ -26,14 +28,14 @@ ENGINE = ("(APIServer pid=1) INFO {ts} [loggers.py:271] Engine 000: Avg prompt t
 ACCESS = '(APIServer pid=1) INFO:     172.18.0.3:59734 - "POST /v1/chat/completions HTTP/1.1" 200 OK'
 
 
-def write_log(path: str, lines: int) -> None:
+def write_log(path: str, lines: int, load_lines: bool = True) -> None:
     t = datetime(2026, 5, 21, 0, 0, 0)
     with open(path, "w") as out:
         for i in range(lines):
             if i % 10 == 9:
                 t += timedelta(seconds=10)
                 out.write(METRICS.format(ts=t.strftime("%m-%d %H:%M:%S")) + "\n")
-            elif i % 10 == 8:
+            elif i % 10 == 8 and load_lines:
                 out.write(ENGINE.format(ts=t.strftime("%m-%d %H:%M:%S")) + "\n")
             else:
                 out.write(ACCESS + "\n")
@@ -71,11 +73,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--lines", type=int, default=200_000)
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--without-load-lines", action="store_true")
     args = ap.parse_args()
     workdir = args.workdir or tempfile.mkdtemp(prefix="specmon-bench-readers-")
     path = os.path.join(workdir, "server.log")
-    write_log(path, args.lines)
-    out = {"machine": machine(), "lines": args.lines, "bytes": os.path.getsize(path)}
+    write_log(path, args.lines, not args.without_load_lines)
+    out = {"machine": machine(), "lines": args.lines, "bytes": os.path.getsize(path),
+           "load_lines": not args.without_load_lines}
     for label, code in (("whole", WHOLE), ("resumed_every_1000", RESUMED)):
         r = run_child(code.format(path=path))
         r["lines_per_s"] = args.lines / r["seconds"]

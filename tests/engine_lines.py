@@ -58,3 +58,34 @@ REAL_SGLANG_OLD = ("[2025-10-22 10:27:57 TP0] Decode batch. #running-req: 1, #to
 REAL_SGLANG_NEW = ("[2026-09-11 23:47:28 TP0 EP0] Decode batch, #running-req: 1, #full token: 0, "
                    "full token usage: 0.00, #swa token: 0, swa token usage: 0.00, accept len: 3.08, accept rate: 0.41, "
                    "cuda graph: True, gen throughput (token/s): 3.12, #queue-req: 0")
+
+# Load lines as vLLM and SGLang print them, with the speculative lines of the same interval (the same lines sit in
+# tests/data/engines/vllm-v1-dp-1.log, vllm-v1-load-1.log, vllm-v0-load-1.log and sglang-load-1.log).
+REAL_V1_DP = [
+    "(APIServer pid=3617069) INFO 09-01 14:28:09 [loggers.py:123] Engine 000: Avg prompt throughput: 0.4 tokens/s, "
+    "Avg generation throughput: 16.0 tokens/s, Running: 0 reqs, Waiting: 0 reqs, GPU KV cache usage: 0.0%, Prefix "
+    "cache hit rate: 0.0%",
+    "(APIServer pid=3617069) INFO 09-01 14:28:09 [metrics.py:87] SpecDecoding metrics: Draft acceptance rate: 15.5%, "
+    "Mean acceptance length: 1.77, Accepted: 17 tokens, Drafted: 110 tokens, Per-position acceptance rate: 0.318, "
+    "0.182, 0.091, 0.091, 0.091",
+    "(APIServer pid=3617069) INFO 09-01 14:28:09 [loggers.py:123] Engine 001: Avg prompt throughput: 0.0 tokens/s, "
+    "Avg generation throughput: 15.9 tokens/s, Running: 0 reqs, Waiting: 0 reqs, GPU KV cache usage: 0.0%, Prefix "
+    "cache hit rate: 0.0%",
+    "(APIServer pid=3617069) INFO 09-01 14:28:09 [metrics.py:87] SpecDecoding metrics: Draft acceptance rate: 36.0%, "
+    "Mean acceptance length: 2.80, Accepted: 27 tokens, Drafted: 75 tokens, Per-position acceptance rate: 0.533, "
+    "0.333, 0.333, 0.333, 0.267"]
+
+REAL_V1_LOAD_ALONE = (
+    "(APIServer pid=1) INFO 07-21 12:32:37 [loggers.py:273] Engine 000: Avg prompt throughput: 6400.2 tokens/s, Avg "
+    "generation throughput: 0.1 tokens/s, Running: 2 reqs, Waiting: 8 reqs, GPU KV cache usage: 17.2%, Prefix cache "
+    "hit rate: 0.0%")
+
+REAL_V0_LOAD = [
+    "INFO 07-24 04:00:31 metrics.py:295] Avg prompt throughput: 558.7 tokens/s, Avg generation throughput: 127.4 "
+    "tokens/s, Running: 2 reqs, Swapped: 0 reqs, Pending: 0 reqs, GPU KV cache usage: 0.8%, CPU KV cache usage: 0.0%.",
+    "INFO 07-24 04:00:31 metrics.py:316] Speculative metrics: Draft acceptance rate: 0.000, System efficiency: 0.059, "
+    "Number of speculative tokens: 16, Number of accepted tokens: 0, Number of draft tokens tokens: 42272, Number of "
+    "emitted tokens tokens: 2642."]
+
+REAL_SGLANG_LOAD = ("[2025-02-27 04:46:39 TP0] Decode batch. #running-req: 8, #token: 62531, token usage: 0.12, "
+                    "gen throughput (token/s): 186.64, #queue-req: 0")

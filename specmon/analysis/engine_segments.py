@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -21,12 +22,29 @@ import pandas as pd
 from specmon.core import stats
 from specmon.core.segments import Estimate, PositionSummary, SegmentSummary, economics, position_summary
 from specmon.core.settings import BUCKETS, CONFIDENCE
-from specmon.ingest.formats.prometheus_metrics import COUNTERS, GAUGES
+from specmon.ingest.formats.prometheus_metrics import (
+    COUNTERS,
+    GAUGES,
+    GENERATED,
+    GENERATION_RATE,
+    LOAD,
+    PROMPT,
+    RUNNING,
+    WAITING,
+    is_counter,
+)
 from specmon.store.database import Store
 
+LOAD_COLUMNS = ("running_requests", "waiting_requests", "generation_throughput", "prompt_throughput")
+# What windows() returns, for log lines, JSON responses and Prometheus counters alike.
+WINDOW_COLUMNS = ("run", "template", "segment_id", "engine", "source", "end_ts", "start_ts", "drafts", "draft_tokens",
+                  "accepted_tokens", "accepted_per_position", "k", "mean_acceptance_length", "reported_rate",
+                  "ingested_at", *LOAD_COLUMNS, "labels")
 _WINDOWS_SQL = """
 SELECT rs.run, rs.template, w.segment_id, w.engine, w.source, w.end_ts, w.start_ts, w.drafts, w.draft_tokens,
-       w.accepted_tokens, w.accepted_per_position, w.k, w.mean_acceptance_length, w.reported_rate, i.ingested_at
+       w.accepted_tokens, w.accepted_per_position, w.k, w.mean_acceptance_length, w.reported_rate, i.ingested_at,
+       w.running_requests, w.waiting_requests, w.generation_throughput, w.prompt_throughput,
+       w.labels::VARCHAR AS labels
 FROM engine_windows w JOIN run_segments rs USING (segment_id) JOIN ingests i USING (ingest_id)
 WHERE (? IS NULL OR rs.run = ?) ORDER BY w.end_ts, w.window_id
 """
@@ -42,55 +60,84 @@ WHERE (? IS NULL OR rs.run = ?) GROUP BY ALL
 """
 
 
-def counter_windows(samples: pd.DataFrame) -> pd.DataFrame:
-    """Windows of counts from raw counter samples (columns segment_id, metric, series, labels, ts, value).
+def _key(labels: str | None) -> str:
+    """The engine a series belongs to: its label set without `position` (the per-position counter's own label)."""
+    found = json.loads(labels) if labels else {}
+    found.pop("position", None)
+    return json.dumps(found, sort_keys=True)
 
-    Per series, each sample after the first gives a window (previous ts, ts] with delta = value - previous, or
-    value where the counter fell (a restart). Series that differ only in labels are summed per scrape time;
-    per-position series go into accepted_per_position. Returns one row per (segment_id, end_ts).
+
+def counter_windows(samples: pd.DataFrame) -> pd.DataFrame:
+    """Windows from raw samples (columns segment_id, metric, series, labels, ts, value): the speculative-decoding
+    counters and the load series (prometheus_metrics.LOAD); SGLang's spec_accept gauges are left out.
+
+    Per series, each sample after the first ends a window (previous ts, ts]. A counter's window counts value -
+    previous, or value where the counter fell (a restart). Series of one engine (the same labels but for
+    `position`: vLLM's data-parallel `engine` label, model_name, Prometheus' instance) make one window per scrape
+    time, different engines separate windows; per-position series go into accepted_per_position. The load of a
+    window: running_requests and waiting_requests are the gauges' mean over the window's two ends (the time
+    average, were the gauge to move in a straight line between the scrapes); generation_throughput and
+    prompt_throughput are the token counters' increase over the window's seconds, or, for SGLang, which exports
+    no token counter, the mean of its gen_throughput gauge over the two ends. Returns one row per (segment_id,
+    labels, end_ts).
     """
     cols = ["segment_id", "start_ts", "end_ts", "drafts", "draft_tokens", "accepted_tokens",
-            "accepted_per_position", "k", "labels"]
-    counters = samples[~samples["metric"].isin(GAUGES)].sort_values(["segment_id", "metric", "series", "ts"])
-    if counters.empty:
+            "accepted_per_position", "k", "labels", *LOAD_COLUMNS]
+    kept = samples[~samples["metric"].isin(GAUGES)]
+    if kept.empty:
         return pd.DataFrame(columns=cols)
-    g = counters.groupby(["segment_id", "metric", "series"], sort=False)
-    counters = counters.assign(prev=g["value"].shift(), start_ts=g["ts"].shift())
-    d = counters[counters["prev"].notna()].copy()
-    d["delta"] = (d["value"] - d["prev"]).where(d["value"] >= d["prev"], d["value"])
-    d["kind"] = d["metric"].str.split(":").str[1]
+    kept = kept.sort_values(["segment_id", "metric", "series", "ts"])
+    g = kept.groupby(["segment_id", "metric", "series"], sort=False)
+    kept = kept.assign(prev=g["value"].shift(), start_ts=g["ts"].shift())
+    d = kept[kept["prev"].notna()].copy()
+    if d.empty:
+        return pd.DataFrame(columns=cols)
+    counter = d["metric"].map(is_counter)
+    # a counter's window counts its increase (everything, after a restart); a gauge's is its mean over the two ends
+    d["delta"] = (d["value"] - d["prev"]).where(d["value"] >= d["prev"], d["value"]).where(counter,
+                                                                                         (d["value"] + d["prev"]) / 2)
+    seconds = (d["ts"] - d["start_ts"]).dt.total_seconds()
+    d["rate"] = (d["delta"] / seconds).where(counter & (seconds > 0))
+    d["kind"] = d["metric"].map(lambda m: LOAD.get(m) or m.split(":", 1)[-1])
+    keys = {s: _key(s) for s in d["labels"].unique()}
+    d["key"] = d["labels"].map(keys)
     d["position"] = d["labels"].map(lambda s: json.loads(s).get("position") if s else None)
     rows = []
-    for (segment_id, end_ts), w in d.groupby(["segment_id", "ts"]):
+    for (segment_id, key, end_ts), w in d.groupby(["segment_id", "key", "ts"], sort=True):
         totals = w.groupby("kind")["delta"].sum()
+        rates = w.groupby("kind")["rate"].sum(min_count=1)
         per_pos = w[w["kind"] == COUNTERS[3]].groupby("position")["delta"].sum()
         per_pos = per_pos.sort_index(key=lambda idx: idx.astype(int))
-        label_sets = [json.loads(s) for s in w["labels"].unique() if s]
-        common = {k: v for k, v in (label_sets[0].items() if label_sets else []) if k != "position"
-                  and all(ls.get(k) == v for ls in label_sets)}
+        generation = rates.get(GENERATED)
         rows.append({
             "segment_id": segment_id, "start_ts": w["start_ts"].min(), "end_ts": end_ts,
             "drafts": totals.get(COUNTERS[0]), "draft_tokens": totals.get(COUNTERS[1]),
             "accepted_tokens": totals.get(COUNTERS[2]),
             "accepted_per_position": per_pos.tolist() if len(per_pos) else None,
-            "k": len(per_pos) or None, "labels": json.dumps(common)})
+            "k": len(per_pos) or None, "labels": key,
+            "running_requests": totals.get(RUNNING), "waiting_requests": totals.get(WAITING),
+            "generation_throughput": totals.get(GENERATION_RATE) if generation is None or pd.isna(generation)
+            else generation,
+            "prompt_throughput": rates.get(PROMPT)})
     return pd.DataFrame(rows, columns=cols)
 
 
 def windows(store: Store, run: str | None = None) -> pd.DataFrame:
-    """Every engine window: log lines and per-request JSON as stored, Prometheus counters differenced."""
+    """Every engine window: log lines and per-request JSON as stored, Prometheus counters differenced. Columns:
+    WINDOW_COLUMNS (the load columns are NULL where a source gives no load; a window with load and no speculative
+    figures is an engine without speculation, or an interval that drafted nothing)."""
     logged = store.query_df(_WINDOWS_SQL, [run, run])
     samples = store.query_df(_SAMPLES_SQL, [run, run])
-    if samples.empty:
-        return logged
-    counted = counter_windows(samples)
+    counted = counter_windows(samples) if not samples.empty else pd.DataFrame()
     if counted.empty:
-        return logged
+        return logged[list(WINDOW_COLUMNS)]
     segs = store.query_df(_SEGMENTS_SQL, [run, run])
     counted = counted.merge(segs, on="segment_id").assign(engine="prometheus", source="prometheus",
                                                           mean_acceptance_length=None, reported_rate=None)
-    return pd.concat([logged, counted[[c for c in logged.columns]]], ignore_index=True) if not logged.empty \
-        else counted
+    counted = counted[list(WINDOW_COLUMNS)]
+    if logged.empty:
+        return counted.reset_index(drop=True)
+    return pd.concat([logged[list(WINDOW_COLUMNS)], counted], ignore_index=True)
 
 
 def _has_positions(value: object) -> bool:
@@ -133,8 +180,23 @@ def summarize_engines(store: Store, by: str = "template", c: float | None = None
             cost, source = declared_c, "declared"
         else:
             cost, source = None, None
-        out.append(_segment(key, part, cost, bucket is not None, source))
+        spec = part[speculating(part)]
+        if len(spec):  # windows with the load alone do not dilute the acceptance figures
+            out.append(_segment(key, spec, cost, bucket is not None, source))
+        else:
+            out.append(replace(_segment(key, part, cost, bucket is not None, source), note=LOAD_ONLY_NOTE))
     return out
+
+
+LOAD_ONLY_NOTE = ("no acceptance figures: these windows carry the engine's load (requests running, throughput) and "
+                  "no speculative-decoding figures; the engine ran without speculation (a baseline: declare it with "
+                  "--baseline-of RUN) or drafted nothing")
+
+
+def speculating(windows: pd.DataFrame) -> pd.Series:
+    """Which windows carry speculative-decoding figures (the others carry the load alone)."""
+    return (windows["drafts"].notna() | windows["draft_tokens"].notna() | windows["accepted_tokens"].notna()
+            | windows["mean_acceptance_length"].notna() | windows["accepted_per_position"].map(_has_positions))
 
 
 def _tokens_per_step(part: pd.DataFrame, n_drafts: float | None) -> tuple[float | None, str | None]:

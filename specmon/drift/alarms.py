@@ -1,5 +1,5 @@
 """Drift alarms and template-change verdicts for any run in a store (the detector itself is specmon.drift.detector), and
-rollout annotations.
+rollout and speculation-period annotations.
 
 A run is one stream in time order, across its templates: a template change is what usually moves acceptance, so
 the reference window (the run's first points) stays the baseline across it. The stream is the run's verification
@@ -155,6 +155,21 @@ def annotate(store: Store, run: str, template: str, at: datetime, note: str | No
         return cur.execute("INSERT INTO annotations (run_id, template, starts_at, note, created_at) "
                            "VALUES (?, ?, ?, ?, ?) RETURNING annotation_id",
                            [found[0], template, at, note, created]).fetchall()[0][0]
+
+
+def annotate_speculation(store: Store, run: str, speculation: bool, at: datetime, note: str | None = None) -> int:
+    """Record that `run` served with speculation off (or on again) from `at` (UTC), until its next such period;
+    windows of an off period are measured as the run's own baseline. Returns the period's id."""
+    with store.transaction() as cur:
+        found = cur.execute("SELECT run_id FROM runs WHERE name = ?", [run]).fetchone()
+        if found is None:
+            names = [r[0] for r in cur.execute("SELECT name FROM runs WHERE NOT demo ORDER BY name").fetchall()]
+            raise SpecmonError(f"annotate: no run named {run!r} in {store.path}"
+                               + (f" (runs: {', '.join(map(repr, names))})" if names else " (it holds no runs)"))
+        created = datetime.now(timezone.utc).replace(tzinfo=None)
+        return cur.execute("INSERT INTO speculation_periods (run_id, starts_at, speculation, note, created_at) "
+                           "VALUES (?, ?, ?, ?, ?) RETURNING period_id",
+                           [found[0], at, speculation, note, created]).fetchall()[0][0]
 
 
 def run_annotations(store: Store, run: str) -> list[Event]:

@@ -39,6 +39,7 @@ class SourceConfig:
     skip_bad: bool = False
     step_s: float = DEFAULT_PROMETHEUS_STEP_S  # prometheus: sample spacing
     lookback_s: float = DEFAULT_PROMETHEUS_LOOKBACK_S  # prometheus: how far back the first pull reaches
+    baseline_of: str | None = None  # the source's engine runs without speculation, the baseline of this run
 
     @property
     def key(self) -> str:
@@ -75,7 +76,8 @@ def load_config(path: str) -> WatchConfig:
         c = 0.1
 
     Tables: [[log]] and [[steplog]] and [[inbox]] take `path`, [[prometheus]] takes `url` (and `step`,
-    `lookback` in seconds); every table takes run, template, c and skip_bad."""
+    `lookback` in seconds); every table takes run, template, c, skip_bad and baseline_of (`baseline_of = "RUN"`: the
+    source's engine runs without speculation, on the model, hardware and traffic of run RUN)."""
     try:
         with open(path, "rb") as fh:
             doc = tomllib.load(fh)
@@ -102,15 +104,20 @@ def load_config(path: str) -> WatchConfig:
             loc_key = "url" if kind == "prometheus" else "path"
             if not isinstance(table, dict) or not isinstance(table.get(loc_key), str):
                 raise SpecmonError(f"{where}: needs {loc_key} = \"...\"")
-            allowed = {loc_key, "run", "template", "c", "skip_bad", "step", "lookback"}
+            allowed = {loc_key, "run", "template", "c", "skip_bad", "step", "lookback", "baseline_of"}
             extra = set(table) - allowed
             if extra:
                 raise SpecmonError(f"{where}: unknown key(s) {', '.join(sorted(extra))}")
+            baseline_of = table.get("baseline_of")
+            if baseline_of is not None and (not isinstance(baseline_of, str) or not baseline_of):
+                raise SpecmonError(f"{where}: baseline_of must name a run, got {baseline_of!r}")
+            if baseline_of is not None and baseline_of == table.get("run"):
+                raise SpecmonError(f"{where}: run {baseline_of!r} cannot be its own baseline_of")
             config.sources.append(SourceConfig(
                 kind, table[loc_key], table.get("run"), table.get("template"),
                 _optional_number(table, "c", where), bool(table.get("skip_bad", False)),
                 _number(table, "step", DEFAULT_PROMETHEUS_STEP_S, where),
-                _number(table, "lookback", DEFAULT_PROMETHEUS_LOOKBACK_S, where)))
+                _number(table, "lookback", DEFAULT_PROMETHEUS_LOOKBACK_S, where), baseline_of))
     return config
 
 

@@ -66,7 +66,7 @@ def poll_log(store: Store, source: SourceConfig, log: Log) -> PollResult:
         log(f"skipped {fault}")
     new_pos = position_after(chunk, pos, reader.state())
     delivery = Delivery(chunk.dedupe_key(source.key), Path(source.location).name, "engine-log", source.run_name,
-                        "engine", now)
+                        "engine", now, baseline_of=source.baseline_of)
 
     def write(cur, run_id: int, ingest_id: int) -> Counts:
         by_template: dict[str, list] = {}
@@ -102,7 +102,7 @@ def poll_steplog(store: Store, source: SourceConfig, log: Log) -> PollResult:
             store, piece, name=source.location, run=source.run_name, template=template, fmt="steplog-jsonl",
             skip_bad=source.skip_bad, report_path=f"{source.location}.rejected.jsonl",
             dedupe_key=chunk.dedupe_key(source.key),
-            first_line=chunk.first_line,
+            first_line=chunk.first_line, baseline_of=source.baseline_of,
             in_transaction=lambda cur, r: save_position(cur, source, new_pos, r.steps, now))
     finally:
         os.unlink(piece)
@@ -140,7 +140,7 @@ def poll_inbox(store: Store, source: SourceConfig, log: Log, seen: dict[str, tup
         with store.cursor() as cur:
             template = source.template or annotated_template(cur, source.run or entry.stem, utc_now())
         result = ingest_file(store, str(entry), run=source.run, template=template, skip_bad=source.skip_bad,
-                             report_path=str(report))
+                             report_path=str(report), baseline_of=source.baseline_of)
         target = rejected_dir if result.status == "rejected" else done_dir
         target.mkdir(exist_ok=True)
         (target / f"{entry.name}.report.json").write_bytes(orjson.dumps(result.as_dict(), option=orjson.OPT_INDENT_2))
@@ -171,7 +171,8 @@ def poll_prometheus(store: Store, source: SourceConfig, log: Log) -> PollResult:
     new_pos = Position(state={"last_ts": newest.isoformat()})
     result: IngestResult = ingest_samples(
         store, samples, f"{source.location} {start:%Y-%m-%dT%H:%M:%S}..{end:%H:%M:%S}", source.run_name,
-        source.template, in_transaction=lambda cur, r: save_position(cur, source, new_pos, r.steps, end))
+        source.template, in_transaction=lambda cur, r: save_position(cur, source, new_pos, r.steps, end),
+        baseline_of=source.baseline_of)
     if result.status == "already ingested":
         mark(store, source, "ok", None, end)
         return PollResult()

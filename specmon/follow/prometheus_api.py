@@ -1,13 +1,14 @@
-"""Prometheus' HTTP API (`specmon pull`, watched Prometheus sources): the speculative-decoding series as samples;
-the metrics themselves are specmon.ingest.formats.prometheus_metrics', and saved pages (the text exposition format)
-are read by specmon.ingest.formats.prometheus_text.
+"""Prometheus' HTTP API (`specmon pull`, watched Prometheus sources): the speculative-decoding and load series as
+samples; the metrics themselves are specmon.ingest.formats.prometheus_metrics', and saved pages (the text exposition
+format) are read by specmon.ingest.formats.prometheus_text.
 
 specmon keeps the raw samples of the speculative-decoding counters (vLLM's, and llama.cpp's that mirror them)
 and takes differences between consecutive samples of the same series itself, so a saved page, a series of
 pages and a pull from a Prometheus server all go through one piece of code (specmon.analysis.engine_segments's
 counter_windows). A value below
 the previous one is a restart: the counter began again from zero, so the window counts the new value.
-SGLang's spec_accept_length and spec_accept_rate are gauges: kept as samples, never differenced or summed.
+SGLang's spec_accept_length and spec_accept_rate are gauges: kept as samples, never differenced or summed. The load
+gauges (requests running and waiting) are kept as samples too; each window takes their mean over its two ends.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from datetime import datetime, timezone
 from specmon.core import times
 from specmon.core.faults import SpecmonError
 from specmon.core.settings import PULL_REQUEST_TIMEOUT_S, PULL_TIMEOUT_S
-from specmon.ingest.formats.prometheus_metrics import COUNTERS, GAUGES, PREFIXES, Sample
+from specmon.ingest.formats.prometheus_metrics import GAUGES, Sample, is_counter, metrics
 
 # Bounds on what a Prometheus server can make `specmon pull` do: wait, and hold in memory.
 MAX_REPLY_BYTES = 256 << 20
@@ -136,15 +137,16 @@ def _server_error(where: str, status: int, body: bytes) -> SpecmonError:
 
 def parse_query_range(body: bytes, where: str, metric: str) -> list[Sample]:
     """The samples of a query_range answer, every part of its shape checked: a status of success, data with
-    resultType matrix, and per series a metric object of strings and values as [time, "number"] pairs. Counter
-    values must be finite and not negative. Anything else is a SpecmonError naming the part that is wrong."""
-    counter = metric not in GAUGES
+    resultType matrix, and per series a metric object of strings and values as [time, "number"] pairs. Values must
+    be finite, and not negative but for SGLang's spec_accept gauges. Anything else is a SpecmonError naming the
+    part that is wrong."""
+    nonnegative = metric not in GAUGES  # counters, and the load gauges (requests, tokens/s)
     samples = []
     for i, series in enumerate(_matrix(body, where)):
         at = f"data.result[{i}]"
         labels, values = _series(series, where, at)
         for j, pair in enumerate(values):
-            when, value = _sample(pair, where, f"{at}.values[{j}]", counter)
+            when, value = _sample(pair, where, f"{at}.values[{j}]", nonnegative, metric)
             samples.append(Sample(metric, labels, when, value))
     return samples
 
@@ -184,8 +186,8 @@ def _series(series: object, where: str, at: str) -> tuple[dict[str, str], list]:
     return {k: v for k, v in labels.items() if k != "__name__"}, values
 
 
-def _sample(pair: object, where: str, here: str, counter: bool) -> tuple[datetime, float]:
-    """One [time, "number"] pair as a naive UTC time and a finite value (not negative for a counter)."""
+def _sample(pair: object, where: str, here: str, nonnegative: bool, metric: str) -> tuple[datetime, float]:
+    """One [time, "number"] pair as a naive UTC time and a finite value (not negative unless an SGLang spec gauge)."""
     if not (isinstance(pair, list) and len(pair) == 2):
         raise _shape_error(where, f"{here} is not a [time, value] pair")
     ts, text = pair
@@ -201,8 +203,10 @@ def _sample(pair: object, where: str, here: str, counter: bool) -> tuple[datetim
         value = None
     if value is None or not math.isfinite(value):
         raise _shape_error(where, f"{here}: value {text!r} is not a finite number in a string")
-    if counter and value < 0:
-        raise _shape_error(where, f"{here}: counter value {text} is negative; a counter only counts up")
+    if nonnegative and value < 0:
+        raise _shape_error(where, f"{here}: counter value {text} is negative; a counter only counts up"
+                           if is_counter(metric) else f"{here}: value {text} is negative; requests and tokens/s "
+                                                      "are not")
     return when, value
 
 
@@ -221,13 +225,14 @@ def query_range(url: str, metric: str, start: datetime, end: datetime, step_s: f
 
 def pull(url: str, start: datetime, end: datetime, step_s: float, *,
          timeout_s: float = PULL_REQUEST_TIMEOUT_S, total_timeout_s: float = PULL_TIMEOUT_S) -> list[Sample]:
-    """The raw speculative-decoding samples Prometheus holds between start and end, every step_s seconds.
+    """The raw speculative-decoding and load samples Prometheus holds between start and end, every step_s seconds
+    (one request per metric: prometheus_metrics.metrics()).
 
     Each request must finish within timeout_s and the whole pull (one request per metric) within
     total_timeout_s; otherwise a SpecmonError says which limit was reached."""
     give_up = time.monotonic() + total_timeout_s
     samples = []
-    for metric in [p + c for p in PREFIXES for c in COUNTERS] + list(GAUGES):
+    for metric in metrics():
         left = give_up - time.monotonic()
         if left <= 0:
             raise SpecmonError(f"{url}: the pull did not finish within {total_timeout_s:g} s (--total-timeout)")

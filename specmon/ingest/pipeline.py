@@ -158,6 +158,7 @@ def ingest_file(
     dedupe_key: str | None = None,
     first_line: int = 1,
     baseline_of: str | None = None,
+    k: int | None = None,
     in_transaction: InTransaction | None = None,
 ) -> IngestResult:
     """Ingest one file; it becomes visible in one transaction or not at all. `name` names it in messages.
@@ -166,7 +167,8 @@ def ingest_file(
     what makes an ingest a no-op when repeated, `first_line` numbers the piece's lines as in the whole file, and
     `in_transaction(cur, counts)` runs inside the publishing transaction (to commit the read position with the
     data it covers); it is not called when the file is rejected or was already ingested. `baseline_of` declares
-    the file's run the baseline of another (it ran without speculation on the same model, hardware and traffic).
+    the file's run the baseline of another (it ran without speculation on the same model, hardware and traffic);
+    `k` is the draft length the run served, for results that do not record it (a baseline's is 0).
 
     progress(done, total) follows the reading in bytes; stage(what) names each step after it ("storing", "rollups",
     "committing"), which can take a while for a large file once every byte has been read."""
@@ -194,6 +196,7 @@ def ingest_file(
     sha = dedupe_key or file_sha256(path)
     job = Job(path=path, name=name, fmt=fmt, ingest_time=utc_now(), default_template=template or "",
               skip_bad=skip_bad, sum_tol=sum_tol, first_line=first_line, run_given=run, progress=progress,
+              k=0 if k is None and baseline_of else k,
               report=RejectReport(report_path or f"{Path(name).name}.rejected.jsonl"))
     reader = formats.module(fmt).Reader(job)
     try:

@@ -90,7 +90,7 @@ def test_a_well_formed_answer_gives_its_samples(serve):
     s = serve(reply(200, matrix([series([[t - 60, "10"], [t, "25.5"]])])))
     samples = pull(s.url)
     # one request per metric, each answered with the same series
-    assert s.requests == len(prometheus_api.PREFIXES) * len(prometheus_api.COUNTERS) + len(prometheus_api.GAUGES)
+    assert s.requests == len(prometheus_api.metrics())  # the speculative-decoding series and the load series
     assert len(samples) == 2 * s.requests
     assert samples[0].labels == {"engine": "0"} and samples[1].value == 25.5
     assert samples[1].ts == datetime.utcfromtimestamp(t)
@@ -185,7 +185,7 @@ def test_a_slow_server_meets_the_pull_deadline(serve):
     s = serve(slow)
     with pytest.raises(SpecmonError, match=r"did not finish within 1.5 s \(--total-timeout\)"):
         pull(s.url, timeout_s=5.0, total_timeout_s=1.5)
-    assert s.requests < len(prometheus_api.PREFIXES) * len(prometheus_api.COUNTERS)
+    assert s.requests < len(prometheus_api.metrics())
 
 
 def run_cli(specmon_cmd, tmp_path, url, *extra):

@@ -1,7 +1,9 @@
 """Real engine output (tests/data/engines/, pasted by users in public issues, pull requests and docs) ingested as a
 user would ingest it, and compared with the figures worked out by hand from each engine's own definitions
 (index.json says where each file comes from and how each figure follows). A figure the format cannot carry is
-null in the index: the reader must store NULL for it, not a guess."""
+null in the index: the reader must store NULL for it, not a guess. `windows` counts the windows with speculative
+figures; `load` lists, per window in line order, the load it carries (line, requests running, requests waiting,
+generation and prompt tokens/s, engine label), those with the load alone included."""
 import json
 from pathlib import Path
 
@@ -23,8 +25,12 @@ def _tol(entry: dict, figure: str) -> float:
 
 def _ingest(entry: dict, store: Store, tmp_path: Path) -> None:
     result = ingest_file(store, str(CORPUS / entry["file"]), name=entry["file"],
-                         report_path=str(tmp_path / "rejected.jsonl"))
+                         report_path=str(tmp_path / "rejected.jsonl"), **entry.get("options", {}))
     faults = [f.as_dict() for f in result.faults]
+    if "rejected" in entry["expected"]:  # a file the format's rules refuse, for the reason the index gives
+        assert result.status == "rejected", f"{entry['file']}: {result.status}"
+        assert [(f.line, f.field) for f in result.faults] == [tuple(x) for x in entry["expected"]["rejected"]], faults
+        return
     assert result.status == "stored", f"{entry['file']}: {result.status}: {faults}"
     assert result.fault_count == 0, f"{entry['file']}: faults {faults}"
 
@@ -41,7 +47,8 @@ def _check_sum(rows: list, col: int, expected, tol: float, what: str) -> None:
 def _check_windows(entry: dict, store: Store) -> None:
     exp = entry["expected"]
     rows = store.query("SELECT line, drafts, draft_tokens, accepted_tokens, accepted_per_position, k, "
-                       "mean_acceptance_length FROM engine_windows ORDER BY line")
+                       "mean_acceptance_length FROM engine_windows WHERE NOT (drafts IS NULL AND draft_tokens IS NULL "
+                       "AND accepted_tokens IS NULL AND mean_acceptance_length IS NULL) ORDER BY line")
     assert len(rows) == exp["windows"], f"windows: stored lines {[r[0] for r in rows]}"
     _check_sum(rows, 1, exp["drafts"], _tol(entry, "drafts"), "drafts")
     _check_sum(rows, 2, exp["draft_tokens"], EXACT, "draft_tokens")
@@ -75,6 +82,19 @@ def _check_windows(entry: dict, store: Store) -> None:
         assert weighted == pytest.approx(exp["L"], abs=_tol(entry, "L")), f"L: stored {lengths}"
 
 
+def _check_load(entry: dict, store: Store) -> None:
+    rows = store.query("SELECT line, running_requests, waiting_requests, generation_throughput, prompt_throughput, "
+                       "labels->>'engine' FROM engine_windows ORDER BY line")
+    expected = entry["expected"].get("load")
+    if expected is None:
+        assert all(r[1:5] == (None,) * 4 for r in rows), f"load: not in this format, stored {rows}"
+    else:
+        assert len(rows) == len(expected), f"load: stored lines {[r[0] for r in rows]}"
+        for got, want in zip(rows, expected, strict=True):
+            assert all(g == w if w is None or isinstance(w, str) else g == pytest.approx(w, abs=EXACT)
+                       for g, w in zip(got, want, strict=True)), f"load: stored {got}, expected {want}"
+
+
 def _check_samples(entry: dict, store: Store) -> None:
     exp = entry["expected"]
     rows = store.query("SELECT metric, sum(value), count(*) FROM counter_samples GROUP BY metric ORDER BY metric")
@@ -87,10 +107,13 @@ def test_real_engine_output(entry: dict, tmp_path: Path) -> None:
     store = Store(str(tmp_path / "t.duckdb"))
     try:
         _ingest(entry, store, tmp_path)
+        if "rejected" in entry["expected"]:
+            return
         if entry["format"] == "prometheus":
             _check_samples(entry, store)
         else:
             _check_windows(entry, store)
+            _check_load(entry, store)
     finally:
         store.close()
 

@@ -63,6 +63,7 @@ class Job:
     report: RejectReport
     first_line: int = 1
     run_given: str | None = None  # the run --run named (a reader whose rows name their own runs keeps them apart)
+    k: int | None = None  # the draft length the ingest names (--k), for results that do not record it; 0: off
     progress: Progress | None = None
     rows_read: int = 0
     steps: int = 0

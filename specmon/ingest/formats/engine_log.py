@@ -24,6 +24,16 @@ How each engine's figures become counts (the README's engine table says the same
 - SGLang prints gauges: accept len (tokens per step, bonus included) and, in most releases, accept rate, whose
   definition changed (older: accept len / draft tokens per round, bonus included; newer: (accept len - 1) / draft
   tokens per round). Which one a line uses is inferred where only one fits the printed figures, else unknown.
+
+The load each window ran at comes from the engines' throughput lines. vLLM logs, per engine and interval, `[Engine
+NNN: ]Avg prompt throughput: X tokens/s, Avg generation throughput: Y tokens/s, Running: N reqs, Waiting: M reqs,
+...` (V0: `Running: N reqs, Swapped: S reqs, Pending: P reqs`) and, from the same call, right after it, the
+speculative line of that engine (vllm/v1/metrics/loggers.py, LoggingStatLogger.log; vllm/engine/metrics.py in V0).
+The speculative line does not name its engine, so it is paired with the last unpaired load line of its own process
+(data-parallel engines log one pair after another). A load line that no speculative line follows is a window of
+its own with the load alone: an engine without speculation, or an interval in which nothing was drafted (vLLM
+prints no speculative line then). SGLang's `Decode batch` lines carry #running-req, gen throughput and #queue-req,
+with or without accept len.
 """
 from __future__ import annotations
 
@@ -42,9 +52,13 @@ SOURCE = "engine"
 SNIFF_ORDER = 20
 
 _NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+# compiled once: number() and count() run several times on every speculative line
+_NUMBER = re.compile(_NUM)
+_COUNTS = {unit: re.compile(r"(\d+)" + (rf"\s*{unit}" if unit else "")) for unit in ("", "tokens")}
 _VLLM_TS = re.compile(r"(?:^|\s)[A-Z]+ (\d{2})-(\d{2}) (\d{2}):(\d{2}):(\d{2})")
 _ISO_TS = re.compile(r"(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})")
 _PROCESS = re.compile(r"\(([^()]*\bpid=\d+)\)")  # vLLM's "(APIServer pid=N) " / "(EngineCore_0 pid=N) " prefix
+_PROCESS_AT_START = re.compile(r"\((\w+ pid=\d+)\)")  # the usual place and shape, tried first
 _FIELD = re.compile(r"(?:^|,)\s*([A-Za-z#][A-Za-z0-9 _/#()-]*?)\s*:\s")
 _LLAMA_COUNTS = re.compile(r"\(\s*(\d+) accepted /\s*(\d+) generated\)")
 _LLAMA_RATE = re.compile(r"draft acceptance(?: rate)? = (" + _NUM + ")")
@@ -54,13 +68,22 @@ _LLAMA_SLOT = re.compile(r"print_timing: id\s+(\d+)")
 _LLAMA_STATS = re.compile(r"\bstatistics\s+([\w.-]+):(.*)")
 _LLAMA_CALLS = re.compile(r"#calls\(b,g,a\)\s*=\s*(\d+)\s+\d+\s+\d+")
 _LLAMA_EXAMPLE = re.compile(r"^\s*(n_draft|n_predict|n_drafted|n_accept|accept)\s*=\s*(" + _NUM + r")%?\s*$")
+# vLLM's load line as V1 prints it; other shapes (V0, n/a, reordered fields) are read field by field.
+_RATE = r"(\d{1,15}(?:\.\d*)?)"
+_LOAD_FAST = re.compile(r"Avg prompt throughput: " + _RATE + r" tokens/s, Avg generation throughput: " + _RATE
+                        + r" tokens/s, Running: (\d{1,15}) reqs, Waiting: (\d{1,15}) reqs(?:,|\s*$)")
+_ENGINES_AGGREGATED = re.compile(r"(\d+) Engines Aggregated:\s*$")
+_SGLANG_RANK = re.compile(r"\[[^\]]*\b(DP\d+)\b[^\]]*\]")
 
 V1 = "SpecDecoding metrics:"
 V0 = "Speculative metrics:"
 LLAMA_SERVER = "draft acceptance"
 ACC_PER_POS = "acc per pos"
 SGLANG = "Decode batch"
-KEY_PHRASES = (V1, V0, LLAMA_SERVER, ACC_PER_POS)
+LOAD = "Avg generation throughput:"
+PROMPT = "Avg prompt throughput:"
+KEY_PHRASES = (V1, V0, LLAMA_SERVER, ACC_PER_POS, LOAD)
+SGLANG_LOAD = ("#running-req", "gen throughput (token/s)")
 
 
 # ---- values ---------------------------------------------------------------------------------------------------
@@ -78,7 +101,7 @@ def fields(text: str) -> dict[str, str]:
 
 def count(name: str, text: str | None, unit: str = "") -> int:
     """A non-negative integer count, optionally followed by its unit ("262 tokens")."""
-    m = re.fullmatch(r"(\d+)" + (rf"\s*{unit}" if unit else ""), (text or "").strip())
+    m = _COUNTS[unit].fullmatch((text or "").strip())
     if not m:
         raise RowFault(name, f"expected a count{' of ' + unit if unit else ''}, got {text!r}")
     value = int(m.group(1)) if len(m.group(1)) <= 17 else MAX_COUNT + 1  # no giant int is ever built
@@ -94,7 +117,7 @@ def number(name: str, text: str | None, *, percent: bool = False) -> float | Non
         t = t.removesuffix("%").strip()
     if t.lower() == "nan":
         return None
-    if not re.fullmatch(_NUM, t) or not math.isfinite(float(t)):
+    if not _NUMBER.fullmatch(t) or not math.isfinite(float(t)):
         raise RowFault(name, f"expected a number, got {text!r}")
     return float(t) / 100 if percent else float(t)
 
@@ -117,6 +140,66 @@ def depth(name: str, value: int) -> int:
     if not 1 <= value <= MAX_ENGINE_K:
         raise RowFault(name, f"{value} speculative tokens; specmon reads 1 to {MAX_ENGINE_K}")
     return value
+
+
+def _not_available(text: str) -> bool:
+    return text.lower() in ("n/a", "na", "nan", "-")
+
+
+def throughput(name: str, text: str | None) -> float | None:
+    """Tokens per second as engines print them ("50.3 tokens/s", "410.50"); None where printed as n/a."""
+    t = (text or "").strip().removesuffix("tokens/s").strip()
+    if _not_available(t):
+        return None
+    value = number(name, t)
+    if value is None or value < 0:
+        raise RowFault(name, f"expected tokens/s >= 0, got {text!r}")
+    return value
+
+
+def requests(name: str, text: str | None) -> float | None:
+    """A number of requests ("4 reqs", "4"); None where printed as n/a."""
+    t = (text or "").strip().removesuffix("reqs").strip()
+    return None if _not_available(t) else float(count(name, t))
+
+
+def vllm_load(line: str) -> tuple[str, float | None, float | None, float | None, float | None, str]:
+    """(engine, running, waiting, generation tokens/s, prompt tokens/s, source) of a vLLM load line. engine is
+    the `Engine NNN:` index, 'N engines aggregated', or '' where the release prints no label; V0's Pending
+    requests are its waiting ones."""
+    at = line.find(PROMPT)
+    if at < 0:
+        at = line.find(LOAD)
+    engine = ""
+    named = line.rfind("Engine", max(0, at - 24), at)  # the label ends right before the figures
+    if named >= 0:
+        engine = line[named + 6:at].strip(" :")
+        if not engine.isdigit():
+            label = _ENGINES_AGGREGATED.search(line, max(0, at - 40), at)
+            engine = f"{label.group(1)} engines aggregated" if label else ""
+    fast = _LOAD_FAST.match(line, at)
+    if fast:  # the common V1 shape, without building the field dict
+        prompt, generation, running, waiting = fast.groups()
+        return engine, float(running), float(waiting), float(generation), float(prompt), "vllm-v1-log"
+    f = fields(line[at:])
+    if "running" not in f:
+        raise RowFault("Running", "a load line without 'Running: N reqs'")
+    waiting = "waiting" if "waiting" in f else "pending" if "pending" in f else None
+    return (engine, requests("Running", f["running"]),
+            requests(waiting.capitalize(), f[waiting]) if waiting else None,
+            throughput("Avg generation throughput", f.get("avg generation throughput")),
+            throughput("Avg prompt throughput", f["avg prompt throughput"]) if "avg prompt throughput" in f else None,
+            "vllm-v0-log" if "swapped" in f or "pending" in f else "vllm-v1-log")
+
+
+def sglang_load(w: EngineWindow, f: dict[str, str]) -> None:
+    """SGLang's #running-req, gen throughput (token/s) and #queue-req, where the Decode batch line prints them."""
+    if "#running-req" in f:
+        w.running_requests = requests("#running-req", f["#running-req"])
+    if "gen throughput (token/s)" in f:
+        w.generation_throughput = throughput("gen throughput (token/s)", f["gen throughput (token/s)"])
+    if "#queue-req" in f:
+        w.waiting_requests = requests("#queue-req", f["#queue-req"])
 
 
 class _Timestamps:
@@ -226,6 +309,16 @@ def _vllm_v0(f: dict[str, str]) -> tuple[int, int, int, int | None]:
     return k, drafted, emitted, accepted
 
 
+def _v0_fields(text: str) -> dict[str, str]:
+    """A V0 line's fields; vLLM 0.5 printed 'Number of draft tokens tokens' and 'Number of emitted tokens
+    tokens'."""
+    f = fields(text)
+    for key in ("number of draft tokens", "number of emitted tokens"):
+        if key not in f and f"{key} tokens" in f:
+            f[key] = f.pop(f"{key} tokens")
+    return f
+
+
 def _is_v1_interval(f: dict[str, str]) -> bool:
     """vLLM's first V1 releases (0.8) printed per-interval counts under V0's 'Speculative metrics:' phrase, with no
     k or no emitted count, or with 'System efficiency: nan'; V0's running totals always carry all three."""
@@ -318,6 +411,8 @@ def _kind(line: str) -> str:
                          (SGLANG, "SGLang 'Decode batch' line")):
         if phrase in line:
             return what
+    if LOAD in line:
+        return "vLLM load line ('Avg generation throughput')"
     return "llama.cpp speculative example summary"
 
 
@@ -327,9 +422,10 @@ class EngineLogReader:
     """Reads an engine's text log one complete line at a time; can stop after any line and resume later.
 
     What must survive between reads is in state(): vLLM V0's last running totals per process, the time of each
-    process's last V1 line (the next window's start), the llama.cpp example's n_* fields seen so far, and a
-    llama-server window that may still get its "acc per pos" line. A window waiting for that line is released by
-    the next line of any other kind, or by finish() at the end of a file.
+    vLLM engine's last line (the next window's start), each process's load line still waiting for its speculative
+    line, the llama.cpp example's n_* fields seen so far, and a llama-server window that may still get its "acc
+    per pos" line. A window waiting for that line is released by the next line of any other kind, a load line by
+    the next load line of its process; finish() releases both at the end of a file.
     """
 
     def __init__(self, name: str, now: datetime, state: dict | None = None) -> None:
@@ -338,6 +434,9 @@ class EngineLogReader:
         state = state or {}
         self._v0: dict[str, list] = {p: list(v) for p, v in state.get("v0", {}).items()}
         self._v1_last: dict[str, str] = dict(state.get("v1_last", {}))
+        # per process: (line number, line, engine, running, waiting, generation, prompt, source) of its last load
+        # line, until the speculative line of the same interval (or the next load line) comes
+        self._load: dict[str, tuple] = {p: tuple(v) for p, v in state.get("load", {}).items()}
         self._example: dict[str, str] = dict(state.get("example", {}))
         pending = state.get("pending")
         self._pending: EngineWindow | None = _window_from_state(pending) if pending else None
@@ -351,7 +450,7 @@ class EngineLogReader:
     def state(self) -> dict:
         """A JSON-serialisable carry-over: EngineLogReader(name, now, state=r.state()) continues where r stopped."""
         return {"v0": {p: list(v) for p, v in self._v0.items()}, "v1_last": dict(self._v1_last),
-                "example": dict(self._example),
+                "load": {p: list(v) for p, v in self._load.items()}, "example": dict(self._example),
                 "pending": _window_state(self._pending) if self._pending else None, "slot": self._slot,
                 "stats": {k: list(v) for k, v in self._stats.items()},
                 "pending_stats": [None if x is None else list(x) for x in self._pending_stats]}
@@ -363,14 +462,45 @@ class EngineLogReader:
         return windows, faults
 
     def finish(self) -> None:
-        """The file ends here: release a window that was waiting for a following line."""
+        """The file ends here: release the windows that were waiting for a following line."""
         self._release()
+        for process in list(self._load):
+            self._load_alone(process, self._load.pop(process))
+
+    def _load_alone(self, process: str, load: tuple) -> None:
+        """A load line that no speculative line followed: a window with the load and no speculative figures."""
+        no, line, engine, running, waiting, generation, prompt, source = load
+        try:
+            ts = self._stamps.parse(line)
+        except RowFault as exc:
+            self._faults.append(Fault(self.name, no, exc.field, f"{_kind(line)}: {exc.reason}"))
+            return
+        w = EngineWindow("vllm", source, no, ts, labels={"engine": engine} if engine else {})
+        self._with_load(w, process, load)
+        self._windows.append(w)
+
+    def _with_load(self, w: EngineWindow, process: str, load: tuple | None) -> None:
+        """Put the load of its interval on a vLLM window, and its start: the previous line of its engine. Engine
+        0 keeps the process's clock (a single engine prints `Engine 000` in some releases and nothing in others);
+        a data-parallel engine has its own."""
+        clock = process
+        if load is not None:
+            w.running_requests, w.waiting_requests, w.generation_throughput, w.prompt_throughput = load[3:7]
+            engine = load[2]
+            if engine:
+                w.labels["engine"] = engine
+                if engine.strip("0"):
+                    clock = f"{process} engine {engine}"
+        if w.source != "vllm-v0-log" or w.load_only:  # V0's speculative windows start at their previous totals
+            w.start_ts = _from_iso(self._v1_last.get(clock))
+        if w.end_ts:
+            self._v1_last[clock] = w.end_ts.isoformat()
 
     def _release(self) -> None:
+        if self._pending is None:  # every line of a log comes here: no work when nothing waits
+            return
         w, stats = self._pending, self._pending_stats
         self._pending, self._pending_stats = None, []
-        if w is None:
-            return
         known = [x for x in stats if x is not None]
         if w.drafts is None and stats and len(known) == len(stats) and sum(x[1] for x in known) == w.draft_tokens \
                 and sum(x[2] for x in known) == w.accepted_tokens and sum(x[0] for x in known) > 0:
@@ -413,7 +543,7 @@ class EngineLogReader:
         is its beginning (a reader that bounds its reads says so; a longer line given whole is cut here)."""
         if cut or len(line) > MAX_ENGINE_LINE_BYTES:
             head = line[:MAX_ENGINE_LINE_BYTES]
-            if any(p in head for p in KEY_PHRASES) or (SGLANG in head and "accept len" in head):
+            if any(p in head for p in KEY_PHRASES) or SGLANG in head:
                 self._release()
                 self._faults.append(Fault(self.name, line_no, "", f"line longer than {MAX_ENGINE_LINE_BYTES} "
                                                                   "bytes; engine lines are far shorter"))
@@ -443,40 +573,78 @@ class EngineLogReader:
             return
         self._release()
         if V1 in line:
-            ts = self._stamps.parse(line)
-            w = _vllm_v1(fields(line.split(V1, 1)[1]), no, ts)
-            if w is None:
-                return
-            process = self._process(line)
-            w.start_ts = _from_iso(self._v1_last.get(process))
-            if ts:
-                self._v1_last[process] = ts.isoformat()
-            self._windows.append(w)
+            self._v1_line(no, line)
         elif V0 in line:
             self._v0_line(no, line)
+        elif LOAD in line:
+            self._load_line(no, line)
         elif LLAMA_SERVER in line:
             self._pending = _llama_server(line, no, self._stamps.parse(line))
-        elif SGLANG in line and "accept len" in line:
-            self._windows.append(_sglang(fields(line.split(SGLANG, 1)[1].lstrip(".,")), no,
-                                         self._stamps.parse(line)))
+        elif SGLANG in line:
+            self._sglang_line(no, line)
         else:
-            self._example_line(no, line)
+            example = _LLAMA_EXAMPLE.match(line)
+            if example:
+                self._example_line(no, example)
+
+    def _v1_line(self, no: int, line: str) -> None:
+        process = self._process(line)
+        # taken before the line is read: a speculative line that is a fault takes its load line with it, which
+        # would otherwise pass for an interval without speculation
+        load = self._load.pop(process, None)
+        w = _vllm_v1(fields(line.split(V1, 1)[1]), no, self._stamps.parse(line))
+        if w is None:
+            if load is not None:
+                self._load_alone(process, load)
+            return
+        self._with_load(w, process, load)
+        self._windows.append(w)
+
+    def _load_line(self, no: int, line: str) -> None:
+        """A vLLM load line waits for the speculative line of its interval; the process's previous one, if still
+        waiting, had none."""
+        load = (no, line, *vllm_load(line))
+        process = self._process(line)
+        earlier = self._load.get(process)
+        if earlier is not None:
+            self._load_alone(process, earlier)
+        self._load[process] = load
+
+    def _sglang_line(self, no: int, line: str) -> None:
+        """A Decode batch line: with accept len a speculative window, without it (speculation off) the load
+        alone; both carry #running-req, gen throughput and #queue-req."""
+        f = fields(line.split(SGLANG, 1)[1].lstrip(".,"))
+        if "accept len" in f:
+            w = _sglang(f, no, self._stamps.parse(line))
+        elif all(key in f for key in SGLANG_LOAD):
+            w = EngineWindow("sglang", "sglang-log", no, self._stamps.parse(line))
+        else:
+            return
+        sglang_load(w, f)
+        rank = _SGLANG_RANK.search(line)
+        if rank:
+            w.labels["engine"] = rank.group(1)  # one line per data-parallel rank
+        self._windows.append(w)
 
     @staticmethod
     def _process(line: str) -> str:
-        m = _PROCESS.search(line)
+        m = _PROCESS_AT_START.match(line) or _PROCESS.search(line)
         return m.group(1) if m else ""  # no prefix: the whole file is one process
 
     def _v0_line(self, no: int, line: str) -> None:
+        process = self._process(line)
+        load = self._load.pop(process, None)  # before the line is read, as for V1
         ts = self._stamps.parse(line)
-        f = fields(line.split(V0, 1)[1])
+        f = _v0_fields(line.split(V0, 1)[1])
         if _is_v1_interval(f):
             w = _vllm_v1_interval(f, no, ts)
             if w is not None:
+                self._with_load(w, process, load)
                 self._windows.append(w)
+            elif load is not None:
+                self._load_alone(process, load)
             return
         k, drafted, emitted, accepted = _vllm_v0(f)
-        process = self._process(line)
         prev = self._v0.get(process)
         self._v0[process] = [drafted, emitted, accepted, _iso(ts)]
         if prev is None or drafted < prev[0] or emitted < prev[1] or (accepted or 0) < (prev[2] or 0):
@@ -486,20 +654,20 @@ class EngineLogReader:
             start, d_draft, d_emit = _from_iso(prev[3]), drafted - prev[0], emitted - prev[1]
             d_acc = accepted - prev[2] if accepted is not None and prev[2] is not None else None
         if d_draft == 0:
+            if load is not None:
+                self._load_alone(process, load)
             return
         drafts = d_draft / k
         if not drafts <= d_emit <= drafts * (k + 1):
             raise RowFault("Number of emitted tokens", f"{d_emit} emitted in {drafts:g} steps since the previous "
                                                        f"line: each step emits 1 to k + 1 tokens")
         labels = {"v0 accepted tokens (any position)": d_acc} if d_acc is not None else {}
-        self._windows.append(EngineWindow("vllm", "vllm-v0-log", no, ts, start, drafts, float(d_draft),
-                                          d_emit - drafts, None, k, d_emit / drafts,
-                                          d_acc / d_draft if d_acc is not None else None, labels))
+        w = EngineWindow("vllm", "vllm-v0-log", no, ts, start, drafts, float(d_draft), d_emit - drafts, None, k,
+                         d_emit / drafts, d_acc / d_draft if d_acc is not None else None, labels)
+        self._with_load(w, process, load)
+        self._windows.append(w)
 
-    def _example_line(self, no: int, line: str) -> None:
-        m = _LLAMA_EXAMPLE.match(line) if "=" in line else None
-        if not m:
-            return
+    def _example_line(self, no: int, m: re.Match) -> None:
         self._example[m.group(1)] = m.group(2)
         if m.group(1) != "accept":
             return
@@ -518,7 +686,8 @@ class EngineLogReader:
 
 
 def read(path: str, name: str, now: datetime | None = None) -> tuple[list[EngineWindow], list[Fault]]:
-    """Every speculative-decoding figure in an engine's text log (plain or gzip; other lines are skipped)."""
+    """Every speculative-decoding and load figure in an engine's text log (plain or gzip; other lines are
+    skipped)."""
     reader = EngineLogReader(name, now or datetime.now(timezone.utc).replace(tzinfo=None))
     try:
         for no, raw, too_long in textio.lines(path, MAX_ENGINE_LINE_BYTES):
@@ -530,15 +699,16 @@ def read(path: str, name: str, now: datetime | None = None) -> tuple[list[Engine
 
 
 def sniff(head: bytes) -> str | None:
-    """An engine's speculative-decoding line in the first bytes."""
+    """An engine's speculative-decoding or load line in the first bytes."""
     text = head.decode("utf-8", "replace")
-    found = any(p in text for p in KEY_PHRASES) or (SGLANG in text and "accept len" in text) \
+    found = any(p in text for p in KEY_PHRASES) \
+        or (SGLANG in text and ("accept len" in text or "gen throughput" in text)) \
         or re.search(r"^\s*n_drafted\s*=", text, re.M) is not None
     return FORMATS[0] if found else None
 
 
 class Reader(WindowReader):
-    NOTHING = "no speculative-decoding lines of vLLM, llama.cpp or SGLang in this log"
+    NOTHING = "no speculative-decoding lines or load lines of vLLM, llama.cpp or SGLang in this log"
 
     def read(self) -> tuple[list[EngineWindow], list[Fault]]:
         return read(self.job.path, self.job.name, self.job.ingest_time)

@@ -4,6 +4,15 @@ specmon keeps the raw samples of the speculative-decoding counters (vLLM's, and 
 and takes differences between consecutive samples of the same series itself (specmon.analysis.engine_segments'
 counter_windows), so a saved page, a series of pages and a pull from a Prometheus server all go through one piece
 of code. SGLang's spec_accept_length and spec_accept_rate are gauges: kept as samples, never differenced or summed.
+
+Beside them, the load series each engine exports (LOAD: metric -> what it measures), checked against each engine's
+source: vLLM's vllm/v1/metrics/loggers.py (num_requests_running and num_requests_waiting are gauges,
+generation_tokens and prompt_tokens counters that prometheus_client exposes with `_total`), SGLang's
+metrics_collector.py (num_running_reqs, num_queue_reqs and gen_throughput, all gauges), llama.cpp's
+tools/server (requests_processing and requests_deferred gauges, tokens_predicted_total and prompt_tokens_total
+counters) and TensorRT-LLM's tensorrt_llm/metrics/collector.py (trtllm_num_requests_running and
+trtllm_num_requests_waiting gauges, trtllm_generation_tokens_total and trtllm_prompt_tokens_total counters; its
+server exposes them at /prometheus/metrics).
 """
 from __future__ import annotations
 
@@ -15,6 +24,20 @@ COUNTERS = ("spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total"
             "spec_decode_num_accepted_tokens_total", "spec_decode_num_accepted_tokens_per_pos_total")
 GAUGES = ("sglang:spec_accept_length", "sglang:spec_accept_rate")
 PREFIXES = ("vllm:", "llamacpp:")
+
+# What each load series measures: requests running or waiting (gauges), tokens generated or prompt tokens processed
+# (counters), or the engine's own generation rate in tokens/s (a gauge).
+RUNNING, WAITING, GENERATED, PROMPT, GENERATION_RATE = "running", "waiting", "generated", "prompt", "generation rate"
+LOAD = {
+    "vllm:num_requests_running": RUNNING, "vllm:num_requests_waiting": WAITING,
+    "vllm:generation_tokens_total": GENERATED, "vllm:prompt_tokens_total": PROMPT,
+    "sglang:num_running_reqs": RUNNING, "sglang:num_queue_reqs": WAITING, "sglang:gen_throughput": GENERATION_RATE,
+    "llamacpp:requests_processing": RUNNING, "llamacpp:requests_deferred": WAITING,
+    "llamacpp:tokens_predicted_total": GENERATED, "llamacpp:prompt_tokens_total": PROMPT,
+    "trtllm_num_requests_running": RUNNING, "trtllm_num_requests_waiting": WAITING,
+    "trtllm_generation_tokens_total": GENERATED, "trtllm_prompt_tokens_total": PROMPT,
+}
+LOAD_COUNTERS = frozenset(m for m, role in LOAD.items() if role in (GENERATED, PROMPT))
 
 
 @dataclass(frozen=True)
@@ -29,5 +52,20 @@ class Sample:
         return json.dumps(self.labels, sort_keys=True)
 
 
-def wanted(metric: str) -> bool:
+def speculative(metric: str) -> bool:
+    """A speculative-decoding counter or gauge."""
     return metric in GAUGES or any(metric == p + c for p in PREFIXES for c in COUNTERS)
+
+
+def wanted(metric: str) -> bool:
+    return speculative(metric) or metric in LOAD
+
+
+def is_counter(metric: str) -> bool:
+    """A counter (only counts up; a fall is a restart), as opposed to a gauge."""
+    return metric not in GAUGES and (metric in LOAD_COUNTERS or metric not in LOAD)
+
+
+def metrics() -> list[str]:
+    """Every metric a pull asks Prometheus for."""
+    return [p + c for p in PREFIXES for c in COUNTERS] + list(GAUGES) + list(LOAD)

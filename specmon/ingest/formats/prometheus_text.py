@@ -1,8 +1,11 @@
-"""Saved Prometheus pages: the text exposition format of vLLM's and llama.cpp's /metrics (plain or gzip).
+"""Saved Prometheus pages: the text exposition format of vLLM's, SGLang's, llama.cpp's /metrics and TensorRT-LLM's
+/prometheus/metrics (plain or gzip).
 
-Only the speculative-decoding counters (and SGLang's two gauges) are kept, as raw samples; windows are made later from
-the differences between consecutive samples of a series (specmon.analysis.engine_segments.counter_windows). A counter is
-a finite count >= 0; a sample's own timestamp must fall within the years 1 to 9999.
+Only the speculative-decoding counters (and SGLang's two gauges) and the engines' load series (requests running and
+waiting, tokens generated: prometheus_metrics.LOAD) are kept, as raw samples; windows are made later from the
+differences between consecutive samples of a series (specmon.analysis.engine_segments.counter_windows). A page with
+load series alone is an engine without speculation, a baseline. A counter is a finite count >= 0, and so is a load
+gauge; a sample's own timestamp must fall within the years 1 to 9999.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from specmon.core.faults import Fault, RowFault
 from specmon.core.limits import MAX_ENGINE_LINE_BYTES
 from specmon.ingest.formats import textio
 from specmon.ingest.formats.base import Job, Rejected
-from specmon.ingest.formats.prometheus_metrics import COUNTERS, GAUGES, PREFIXES, Sample, wanted
+from specmon.ingest.formats.prometheus_metrics import GAUGES, LOAD, Sample, is_counter, metrics, speculative, wanted
 from specmon.store.database import Store
 from specmon.store.rows import get_or_create_segment
 
@@ -55,13 +58,14 @@ def _sample(line: str, scrape_ts: datetime) -> Sample | None:
         return None
     labels = _labels(m.group(2)) if m else None
     if m is None or labels is None:
-        raise RowFault(metric, "a speculative-decoding sample that does not parse")
+        raise RowFault(metric, "a speculative-decoding or load sample that does not parse")
     try:
         value = float(m.group(3))
     except ValueError:
         raise RowFault(metric, f"value {m.group(3)[:40]!r} is not a number") from None
     if not math.isfinite(value) or (metric not in GAUGES and value < 0):
-        raise RowFault(metric, f"value {value:g}: a counter is a finite count >= 0")
+        raise RowFault(metric, f"value {value:g}: a counter is a finite count >= 0" if is_counter(metric) else
+                       f"value {value:g}: a load gauge (requests, tokens/s) is a finite number >= 0")
     if m.group(4) is None:
         return Sample(metric, labels, scrape_ts, value)
     ms = int(m.group(4)) if len(m.group(4)) <= 16 else _MAX_MS + 1
@@ -71,7 +75,8 @@ def _sample(line: str, scrape_ts: datetime) -> Sample | None:
 
 
 def parse_exposition(path: str, name: str, scrape_ts: datetime) -> tuple[list[Sample], list[Fault]]:
-    """The speculative-decoding samples of a text exposition (plain or gzip). Samples without their own timestamp
+    """The speculative-decoding and load samples of a text exposition (plain or gzip). Samples without their own
+    timestamp
     get scrape_ts (the file's modification time, for a saved page); with timestamps, one file can hold a series."""
     samples, faults = [], []
     try:
@@ -80,7 +85,7 @@ def parse_exposition(path: str, name: str, scrape_ts: datetime) -> tuple[list[Sa
             if not line.strip() or line.startswith("#"):
                 continue
             if too_long:
-                if any(line.startswith(p) for p in PREFIXES + ("sglang:",)):
+                if wanted(line.split("{")[0].split()[0]):
                     faults.append(Fault(name, no, "", f"line longer than {MAX_ENGINE_LINE_BYTES} bytes"))
                 continue
             try:
@@ -96,9 +101,14 @@ def parse_exposition(path: str, name: str, scrape_ts: datetime) -> tuple[list[Sa
 
 
 def sniff(head: bytes) -> str | None:
+    """A sample line of a wanted metric: a speculative-decoding counter or gauge, or a load series."""
     text = head.decode("utf-8", "replace")
-    found = any(f"{p}{c}" in text for p in PREFIXES for c in COUNTERS) or any(g in text for g in GAUGES)
-    return FORMATS[0] if found else None
+    if not any(metric in text for metric in metrics()):  # most files: no line to look at
+        return None
+    for line in text.splitlines():
+        if line and line[0] != "#" and wanted(line.split("{", 1)[0].split(" ", 1)[0].strip()):
+            return FORMATS[0]
+    return None
 
 
 def write_samples(cur: duckdb.DuckDBPyConnection, samples: list[Sample], ingest_id: int, segment_id: int) -> int:
@@ -131,8 +141,8 @@ class Reader:
         mtime = times.from_epoch(os.path.getmtime(job.path))
         samples, faults = parse_exposition(job.path, job.name, mtime)
         if not samples and not faults:
-            raise Rejected([Fault(job.name, 0, "", "no vllm:/llamacpp: spec_decode counters or sglang:spec_ gauges "
-                                                   "in this page")])
+            raise Rejected([Fault(job.name, 0, "", "no vllm:/llamacpp: spec_decode counters, sglang:spec_ gauges "
+                                                   f"or load series ({', '.join(LOAD)}) in this page")])
         for fault in faults:
             job.fault(fault)
         job.check()
@@ -140,6 +150,9 @@ class Reader:
         job.notes.append(f"{len(samples)} samples; windows are the differences between consecutive samples of a "
                          "series (a page without sample timestamps counts as one scrape at "
                          f"{mtime:%Y-%m-%d %H:%M:%S} UTC, the file's modification time)")
+        if samples and not any(speculative(s.metric) for s in samples):
+            job.notes.append("load series only, no speculative-decoding counters: an engine without speculation "
+                             "(a baseline; declare it with --baseline-of RUN)")
 
     def attach(self) -> dict | None:
         return None
