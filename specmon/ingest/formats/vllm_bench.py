@@ -91,6 +91,13 @@ def _number(doc: dict, name: str, *, positive: bool = False, required: bool = Tr
     return float(value)
 
 
+def _required(doc: dict, name: str, *, positive: bool = False) -> float:
+    """A number the result must give (RowFault naming it where absent)."""
+    value = _number(doc, name, positive=positive)
+    assert value is not None  # _number raises for a required one that is missing
+    return value
+
+
 def _count(doc: dict, name: str) -> float | None:
     value = _number(doc, name, required=False)
     if value is not None and not value.is_integer():
@@ -101,14 +108,14 @@ def _count(doc: dict, name: str) -> float | None:
 def _concurrency(doc: dict) -> tuple[float, str]:
     """(requests in flight, where that figure comes from)."""
     if doc.get("max_concurrency") is not None:
-        value = _number(doc, "max_concurrency", positive=True)
+        value = _required(doc, "max_concurrency", positive=True)
         if value > MAX_CONCURRENCY:
             raise RowFault("max_concurrency", f"{value:g} requests in flight is beyond any engine")
         return value, "max_concurrency"
-    duration = _number(doc, "duration", positive=True)
+    duration = _required(doc, "duration", positive=True)
     if doc.get("mean_e2el_ms") is not None:
         completed = _count(doc, "completed") or 0.0
-        return completed * _number(doc, "mean_e2el_ms") / 1000 / duration, \
+        return completed * _required(doc, "mean_e2el_ms") / 1000 / duration, \
             "mean: completed x mean_e2el_ms / duration"
     latencies = doc.get("latencies")
     if isinstance(latencies, list) and latencies:
@@ -162,8 +169,8 @@ def _date(doc: dict) -> datetime | None:
 
 def parse_result(doc: dict, line: int, given_k: int | None) -> BenchPoint:
     """One load point from one benchmark result; raises RowFault naming the field."""
-    duration = _number(doc, "duration", positive=True)
-    rate = _number(doc, "output_throughput")
+    duration = _required(doc, "duration", positive=True)
+    rate = _required(doc, "output_throughput")
     tokens = _count(doc, "total_output_tokens")
     if tokens is not None and abs(tokens / duration - rate) > RATE_TOLERANCE * max(rate, 1e-9):
         raise RowFault("output_throughput", f"{rate:g} disagrees with total_output_tokens / duration = "
