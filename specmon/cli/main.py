@@ -129,9 +129,7 @@ def _ingest_one(store: Store, path: str, name: str, args: argparse.Namespace) ->
 
 def _say_ingested(name: str, result: IngestResult) -> None:
     if result.status == "stored":
-        what = f"{result.steps} load measurements" if result.kind == "sweep" else \
-            f"{result.steps} steps, {result.positions} drafted positions"
-        _out(f"{name}: stored {what} in run {result.run!r}" + (f"; {result.rejected} rows rejected, see "
+        _out(f"{name}: stored {result.stored_what()} in run {result.run!r}" + (f"; {result.rejected} rows rejected, see "
                                                               f"{result.report_path}" if result.rejected else ""))
     elif result.status == "already ingested":
         _out(f"{name}: already ingested (same content); nothing changed")

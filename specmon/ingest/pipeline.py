@@ -49,6 +49,14 @@ class IngestResult:
     report_path: str | None = None
     kind: str = "steplog"  # what the format stores: steplog (steps), engine (windows), sweep (load measurements)
 
+    def stored_what(self) -> str:
+        """What was stored, in the words of its kind: steps, engine windows or load measurements."""
+        if self.kind == "sweep":
+            return f"{self.steps:,} load measurements"
+        if self.kind == "engine":
+            return f"{self.steps:,} engine windows"
+        return f"{self.steps:,} steps ({self.positions:,} drafted positions)"
+
     def as_dict(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k != "faults"}
         d["faults"] = [f.as_dict() for f in self.faults]

@@ -29,7 +29,7 @@ def test_simulate_pipe_ingest_reproduces_beta_and_tokens_per_step(tmp_path, spec
     assert sim.returncode == 0 and b"beta = 0.8800" in sim.stderr
     ing = run(specmon_cmd, "ingest", "--db", db, "-", stdin=sim.stdout)
     assert ing.returncode == 0, ing.stderr
-    assert b"<stdin>: stored 50000 steps, 200000 drafted positions" in ing.stdout
+    assert b"<stdin>: stored 50,000 steps (200,000 drafted positions)" in ing.stdout
     out = run(specmon_cmd, "summary", "--db", db, "--json")
     rows = json.loads(out.stdout)
     assert len(rows) == 1 and SUMMARY_KEYS <= rows[0].keys()

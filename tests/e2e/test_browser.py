@@ -194,7 +194,7 @@ def test_a_real_vllm_log_uploads_and_shows_on_overview(app_url, browser):
     page.get_by_text(".log, .txt, .out").first.wait_for()
     upload(page, app_url, VLLM_LOG)
     page.get_by_role("button", name="Ingest").click()
-    page.get_by_text(f"{VLLM_LOG.name}: stored 4 steps").wait_for(timeout=120_000)
+    page.get_by_text(f"{VLLM_LOG.name}: stored 5 engine windows").wait_for(timeout=120_000)
     open_page(page, app_url, "overview")
     page.get_by_text(VLLM_LOG.stem, exact=True).first.wait_for(state="attached", timeout=30_000)  # a grid cell
     assert page.get_by_text("Demo data").count() == 0

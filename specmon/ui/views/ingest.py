@@ -27,9 +27,7 @@ def result_message(result) -> tuple[str, str]:
     if result.status == "rejected":
         return "error", (f"**{file}**: rejected, nothing stored — {result.fault_count} fault(s). Fix them, or "
                          "tick *store the good rows* to skip bad rows.")
-    what = f"{result.steps:,} load measurements" if result.kind == "sweep" else \
-        f"{result.steps:,} steps ({result.positions:,} drafted positions)"
-    text = f"**{file}**: stored {what} in run **{md_text(result.run)}**."
+    text = f"**{file}**: stored {result.stored_what()} in run **{md_text(result.run)}**."
     if result.rejected:
         text += f" {result.rejected:,} rows were rejected (listed below)."
     return "success", text
