@@ -5,6 +5,7 @@ from datetime import datetime, timedelta
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from specmon.analysis import load
 from specmon.store.database import Store
@@ -49,6 +50,7 @@ def simulate_day(store: Store, rng: np.random.Generator, persistence_s: float = 
                                                 for h in range(24)])
 
 
+@pytest.mark.slow  # a Monte-Carlo coverage check
 def test_intervals_from_blocks_of_windows_cover_the_true_speedup(tmp_path):
     """40 simulated days whose throughput noise persists a minute, 3 concurrencies each: 120 intervals (Monte-Carlo
     error of the coverage about 0.02). Measured over 60 days: 0.95, 0.94, 0.93 at 30, 60, 120 s of persistence; with

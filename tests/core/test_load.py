@@ -102,6 +102,7 @@ def _steps(rng: np.random.Generator, requests: int, k: int) -> tuple[np.ndarray,
     return np.array(out), np.array(req)
 
 
+@pytest.mark.slow  # a Monte-Carlo coverage check
 def test_tokens_per_step_of_a_shorter_draft_from_the_rates_covers_its_truth():
     """E[L(k')] = 1 + sum of the cumulative rates up to k' equals the mean of 1 + min(A, k') of the same steps, and
     its interval, widened by the design effect of L's request-clustered interval, covers the true value in about 95%

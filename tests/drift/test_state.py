@@ -105,6 +105,7 @@ def kept_points(store: Store, run: str) -> list[int]:
     return [r[0] for r in store.query("SELECT points FROM drift_states WHERE run = ? ORDER BY points", [run])]
 
 
+@pytest.mark.slow  # long streams cut into many pieces
 def test_pieces_in_order_advance_the_kept_state_and_match_the_whole_stream(store, tmp_path, lines, monkeypatch):
     monkeypatch.setattr(drift_state, "CHUNK_POINTS", 2100)  # long pieces are read in several chunks
     cuts = [0, 1500, 2600, 4100, 5000, 6400, 7300, len(lines)]  # the first piece is shorter than the reference
@@ -139,6 +140,7 @@ def test_pieces_in_order_advance_the_kept_state_and_match_the_whole_stream(store
     assert any(ch.source == "annotation" for ch in result.changes)
 
 
+@pytest.mark.slow  # long streams cut into many pieces
 def test_pieces_out_of_order_rebuild_where_steps_arrive_before_the_last_one(store, tmp_path, lines, monkeypatch):
     monkeypatch.setattr(drift_state, "CHUNK_POINTS", 3000)
     cuts = [0, 2500, 3300, 5200, 6100, len(lines)]

@@ -142,6 +142,7 @@ EVIL_FILE = "**up** ![u](u.png) --.jsonl"  # a relative image would be fetched f
 FETCHED = ("127.0.0.1:9", "p.png", "t.png", "i.png", "u.png")
 
 
+@pytest.mark.slow  # a second app and browser
 def test_names_show_as_text_and_fetch_nothing(start_app, browser, tmp_path):
     db = str(tmp_path / "names.duckdb")
     steps = tmp_path / "steps.jsonl"

@@ -133,6 +133,7 @@ def test_bad_inputs_get_clear_errors(tmp_path, specmon_cmd, pair):
         live.load_pair(TARGET, str(other))
 
 
+@pytest.mark.slow  # transcripts through the live pair
 def test_replay_predicts_acceptance_from_transcripts(tmp_path, specmon_cmd, pair):
     transcripts = tmp_path / "traffic.jsonl"
     lines = []

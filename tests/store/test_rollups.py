@@ -204,6 +204,7 @@ def rollup_rows(store: Store) -> tuple[list, list]:
             store.query("SELECT * FROM rollup_positions ORDER BY ALL"))
 
 
+@pytest.mark.slow  # random data at several sizes against full scans
 def test_rollups_give_the_full_scan_figures_on_random_data(store, tmp_path):
     rng = np.random.default_rng(7)
     demo.ensure_demo(store)
