@@ -258,6 +258,7 @@ def _segment(key: dict, part: pd.DataFrame, c: float | None, bucketed: bool,
     drafted, accepted = _sum_or_none(part["draft_tokens"]), _sum_or_none(part["accepted_tokens"])
     mean_draft_len = drafted / n_drafts if drafted and n_drafts else None
     bucket = key.get("bucket")
+    per_position = _positions(part, iv) if iv else ()
     return SegmentSummary(
         run=key["run"], template=key.get("template") or None, day=None,
         bucket_start=pd.Timestamp(bucket).isoformat() if bucketed and not pd.isna(bucket) else None,
@@ -266,10 +267,10 @@ def _segment(key: dict, part: pd.DataFrame, c: float | None, bucketed: bool,
         design_effect=iv.design_effect if iv else None,
         interval_dof=None if iv is None or math.isinf(iv.dof) else iv.dof, beta=Estimate(), gap_z=None,
         agreement=None, tokens_per_step=tokens, mean_draft_len=mean_draft_len,
-        economics=economics(k, c, c_source, alpha, tokens, mean_draft_len),
+        economics=economics(k, c, c_source, alpha, tokens, mean_draft_len, per_position, n_drafts or 0),
         first_ts=part["end_ts"].min().isoformat(), last_ts=part["end_ts"].max().isoformat(), source="engine",
         costs=None, ts_inferred_steps=0, last_ingest=part["ingested_at"].max().isoformat(),
-        per_position=_positions(part, iv) if iv else (),
+        per_position=per_position,
         engine=", ".join(sorted(part["engine"].unique())),
         draft_acceptance_rate=accepted / drafted if accepted is not None and drafted else None,
         windows=len(part), note=note, running_requests=_mean_or_none(part, "running_requests"),

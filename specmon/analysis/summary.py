@@ -339,6 +339,7 @@ def segment_of(row: dict, positions: list[dict], c_given: float | None, by: str,
     tokens = _tokens(row, interval.dof)
     gap_z, agreement = _gap(row)
     c, c_source = _cost(row, c_given, c_declared)
+    per_position = _positions(positions, steps, interval)
     return SegmentSummary(
         run=row["run"],
         template=(row["template"] or None) if by != "run" else None,
@@ -348,11 +349,11 @@ def segment_of(row: dict, positions: list[dict], c_given: float | None, by: str,
         checked=int(row["checked"]), accepted=int(row["accepted"]), alpha=alpha,
         design_effect=finite(interval.design_effect), interval_dof=finite(interval.dof), beta=_beta(row),
         gap_z=gap_z, agreement=agreement, tokens_per_step=tokens, mean_draft_len=finite(row["mean_g"]),
-        economics=economics(k, c, c_source, alpha, tokens, finite(row["mean_g"])),
+        economics=economics(k, c, c_source, alpha, tokens, finite(row["mean_g"]), per_position, steps),
         first_ts=row["first_ts"].isoformat() if row["first_ts"] is not None else None,
         last_ts=row["last_ts"].isoformat() if row["last_ts"] is not None else None,
         source="steplog", costs=_live_costs(row), ts_inferred_steps=int(row["ts_inferred"]),
-        last_ingest=row["last_ingest"].isoformat(), per_position=_positions(positions, steps, interval),
+        last_ingest=row["last_ingest"].isoformat(), per_position=per_position,
     )
 
 

@@ -129,8 +129,8 @@ def _ingest_one(store: Store, path: str, name: str, args: argparse.Namespace) ->
 
 def _say_ingested(name: str, result: IngestResult) -> None:
     if result.status == "stored":
-        _out(f"{name}: stored {result.stored_what()} in run {result.run!r}" + (f"; {result.rejected} rows rejected, see "
-                                                              f"{result.report_path}" if result.rejected else ""))
+        rejected = f"; {result.rejected} rows rejected, see {result.report_path}" if result.rejected else ""
+        _out(f"{name}: stored {result.stored_what()} in run {result.run!r}{rejected}")
     elif result.status == "already ingested":
         _out(f"{name}: already ingested (same content); nothing changed")
     elif result.status == "nothing to ingest":
@@ -160,7 +160,7 @@ def _fmt(x: float | None, spec: str = ".3f") -> str:
 
 
 def _print_table(rows: list[dict]) -> None:
-    head = ("run", "template", "day", "k", "steps", "alpha [95% CI]", "beta", "L", "c", "alpha*", "1+kc", "status")
+    head = ("run", "template", "day", "k", "steps", "alpha [95% CI]", "beta", "L", "c", "alpha*", "1+gc", "status")
     table = [head]
     for r in rows:
         beta = display.beta(r["beta"], r["beta_lo"], r["beta_hi"])

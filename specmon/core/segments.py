@@ -51,7 +51,7 @@ def why_unknown(row: dict) -> str:
     if not row.get("k"):
         return "no step drafted a token, so there is no draft length to judge" if not row.get("drafted") else \
             "its draft length k is unknown"
-    return "its per-token acceptance alpha has no interval"
+    return "neither its tokens per step L nor its per-token acceptance alpha has an interval"
 
 
 def point_beta(lo: float | None, hi: float | None) -> float | None:
@@ -79,42 +79,67 @@ class Economics:
     c: float | None = None
     c_source: str | None = None
     break_even_alpha: float | None = None
+    break_even_alpha_basis: str | None = None  # BASES: how break_even_alpha was derived
+    break_even_alpha_iid: float | None = None
     break_even_tokens: float | None = None
     speedup_iid: float | None = None
     speedup_measured: float | None = None
     status: str = "unknown"
-    status_model_free: str = "unknown"
+    status_basis: str | None = None  # BASES: what the headline status compares
+    status_iid: str = "unknown"
+
+
+# What a break-even alpha or a status rests on: the measured tokens per step (no model of acceptance), the measured
+# per-position profile, or the i.i.d. model (one acceptance probability at every checked position).
+TOKENS, PROFILE, IID = "tokens per step", "per-position profile", "i.i.d."
+BASES = (TOKENS, PROFILE, IID)
 
 
 def economics(k: int | None, c: float | None, c_source: str | None, alpha: Estimate, tokens: Estimate,
-              mean_draft_len: float | None) -> Economics:
-    """Break-even, speedups and the two statuses from a segment's k, draft cost c, per-token acceptance (observed
-    alpha, or predicted beta for a replay) and tokens per step L, each with its interval.
+              mean_draft_len: float | None, positions: tuple[PositionSummary, ...] = (),
+              steps: float = 0) -> Economics:
+    """Break-even, speedups and the statuses from a segment's k, draft cost c, per-token acceptance (observed
+    alpha, or predicted beta for a replay), tokens per step L, each with its interval, and its per-position counts.
 
-    Unknown inputs give unknown outputs (None, status "unknown"): break-even needs k and c; the i.i.d. speedup and
-    `status` also alpha (its interval); the model-free status L's interval; the measured speedup
-    L / (1 + mean g * c) needs only c, L and the mean draft length. Where c > 1 no alpha breaks even: break-even
-    alpha is None and the status, where alpha's interval is known, is "losing".
+    A step emits L tokens for the cost of 1 + g c target steps (g the mean draft length, k where unknown), so the
+    headline `status` is L's interval against break_even_tokens = 1 + g c: it assumes nothing about how acceptance
+    varies by position or between requests (docs/math.md). Only where L has no interval (a replay predicts alpha
+    alone) does it fall back to alpha against the i.i.d. alpha*, and status_basis says so. `status_iid`, alpha's
+    interval against the i.i.d. alpha*, is a diagnostic: biased wherever acceptance falls with the draft position.
+    break_even_alpha is derived from the measured per-position profile where every position was counted
+    (theory.profile_break_even_alpha), else it is the i.i.d. alpha*.
+
+    Unknown inputs give unknown outputs (None, status "unknown"): break-even needs k and c; the measured speedup
+    L / (1 + g c) needs only c, L and g. Where no alpha breaks even (c > 1 under the i.i.d. model) the i.i.d.
+    alpha* is None and the i.i.d. status, where alpha's interval is known, is "losing".
     """
     if c is None:
         return Economics(c_source=c_source)
-    be_alpha = be_tokens = s_iid = None
-    status = status_model_free = "unknown"
+    be_alpha = be_iid = be_tokens = s_iid = be_basis = basis = None
+    status = status_iid = "unknown"
     if k:
         be_raw = theory.break_even_alpha(k, c)
-        be_alpha = finite(be_raw)
-        be_tokens = float(theory.break_even_tokens(k, c))
+        be_iid = finite(be_raw)
+        g = mean_draft_len if mean_draft_len else k
+        be_tokens = float(theory.break_even_tokens(g, c))
+        be_alpha, be_basis = be_iid, IID
+        if positions and steps and all(p.checked for p in positions):
+            be_alpha = theory.profile_break_even_alpha([p.checked for p in positions],
+                                                       [p.accepted for p in positions], steps, be_tokens)
+            be_basis = PROFILE
         if alpha.value is not None:
             s_iid = float(theory.speedup(alpha.value, k, c))
         if alpha.bounded:
-            status = segment_status(alpha.lo, alpha.hi, be_raw)  # type: ignore[arg-type]
+            status_iid = segment_status(alpha.lo, alpha.hi, be_raw)  # type: ignore[arg-type]
         if tokens.bounded:
-            # L against 1 + k c, the break-even that assumes nothing about how acceptance varies (docs/math.md)
-            status_model_free = segment_status(tokens.lo, tokens.hi, be_tokens)  # type: ignore[arg-type]
+            status, basis = segment_status(tokens.lo, tokens.hi, be_tokens), TOKENS  # type: ignore[arg-type]
+        elif alpha.bounded:
+            status, basis = status_iid, IID
     s_measured = None
     if tokens.value is not None and mean_draft_len is not None:
         s_measured = finite(tokens.value / (1.0 + mean_draft_len * c))
-    return Economics(finite(c), c_source, be_alpha, be_tokens, s_iid, s_measured, status, status_model_free)
+    return Economics(finite(c), c_source, be_alpha, be_basis, be_iid, be_tokens, s_iid, s_measured, status, basis,
+                     status_iid)
 
 
 @dataclass(frozen=True)

@@ -80,6 +80,39 @@ def break_even_alpha(k: int, c: float) -> float:
     return hi
 
 
+def profile_break_even_alpha(checked: Sequence[float], accepted: Sequence[float], steps: float,
+                             tokens_break_even: float) -> float | None:
+    """The per-token acceptance at break-even for a measured per-position profile, not the i.i.d. model.
+
+    checked[i] and accepted[i] count position i + 1 over `steps` steps. Acceptance is lowered (or raised) by one
+    factor lam at every position, keeping the profile's shape: position i's cumulative rate accepted[i] / steps
+    becomes that times lam^(i+1) and its checked share checked[i] / steps times lam^i. lam* solves
+    L(lam) = 1 + sum_i accepted[i] / steps * lam^(i+1) = tokens_break_even, and the answer is the per-token
+    acceptance accepted / checked of that profile (at lam = 1, the observed alpha). None where no factor reaches
+    break-even (no conditional rate may pass 1) or nothing was accepted."""
+    n = np.asarray(checked, dtype=float) / steps if steps else np.zeros(0)
+    r = np.asarray(accepted, dtype=float) / steps if steps else np.zeros(0)
+    if not len(r) or r.sum() <= 0:
+        return None
+    conditional = np.divide(r, n, out=np.zeros_like(r), where=n > 0)
+    lam_max = 1.0 / float(conditional.max())
+    powers = np.arange(1, len(r) + 1)
+
+    def tokens(lam: float) -> float:
+        return 1.0 + float(np.sum(r * lam ** powers))
+
+    if tokens(lam_max) < tokens_break_even:
+        return None
+    lo, hi = 0.0, lam_max  # L rises with lam from 1 at lam = 0
+    for _ in range(64):
+        mid = 0.5 * (lo + hi)
+        if tokens(mid) < tokens_break_even:
+            lo = mid
+        else:
+            hi = mid
+    return float(np.sum(r * hi ** powers) / np.sum(n * hi ** (powers - 1)))
+
+
 def beta(p: np.ndarray, q: np.ndarray) -> np.ndarray | float:
     """Probability that a token drawn from q is accepted against p: sum_x min(p(x), q(x)), per row."""
     p = np.asarray(p)

@@ -22,7 +22,7 @@ from typing import Any
 
 from specmon.analysis import load, summary
 from specmon.analysis.load import LoadCurve
-from specmon.core.segments import is_problem, why_unknown
+from specmon.core.segments import IID, is_problem, why_unknown
 from specmon.core.settings import DEFAULT_ARL0_STEPS
 from specmon.drift import alarms
 from specmon.store.database import Store
@@ -81,14 +81,22 @@ class Finding:
 def _segment_finding(row: dict, curve: LoadCurve | None = None) -> Finding:
     status = row["status"]
     label = f"run {row['run']!r}, template {row['template'] or '-'!r}"
-    detail = (f"{label}: alpha = {_fmt(row['alpha'])} [95% CI {_fmt(row['alpha_lo'])}, {_fmt(row['alpha_hi'])}] "
-              f"vs break-even alpha* = {_fmt(row['break_even_alpha'])} at k = {row['k']}, c = {_fmt(row['c'])}, "
-              f"at batch 1 ({at_load(curve)})")
+    if row.get("status_basis") == IID:  # a replay: predicted acceptance alone
+        judged = (f"alpha = {_fmt(row['alpha'])} [95% CI {_fmt(row['alpha_lo'])}, {_fmt(row['alpha_hi'])}] vs "
+                  f"break-even alpha* = {_fmt(row['break_even_alpha'])} (i.i.d. model)")
+    else:
+        judged = (f"tokens per step L = {_fmt(row['tokens_per_step'], '.2f')} [95% CI "
+                  f"{_fmt(row['tokens_per_step_lo'], '.2f')}, {_fmt(row['tokens_per_step_hi'], '.2f')}] vs break-even "
+                  f"1 + g c = {_fmt(row['break_even_tokens'], '.2f')} (alpha = {_fmt(row['alpha'])} [95% CI "
+                  f"{_fmt(row['alpha_lo'])}, {_fmt(row['alpha_hi'])}], break-even alpha* = "
+                  f"{_fmt(row['break_even_alpha'])})")
+    detail = f"{label}: {judged} at k = {row['k']}, c = {_fmt(row['c'])}, at batch 1 ({at_load(curve)})"
     return Finding(SEGMENT, f"status:{row['template']}", status, is_problem(status), row["run"], row["template"],
                    status.upper(), detail, "overview", row.get("last_ts"), row.get("alpha"), row.get("alpha_lo"),
                    row.get("alpha_hi"), row.get("break_even_alpha"),
-                   {k: row[k] for k in ("run", "template", "status", "alpha", "alpha_lo", "alpha_hi",
-                                        "break_even_alpha", "c", "k", "steps")})
+                   {k: row.get(k) for k in ("run", "template", "status", "status_basis", "tokens_per_step",
+                                            "tokens_per_step_lo", "tokens_per_step_hi", "break_even_tokens", "alpha",
+                                            "alpha_lo", "alpha_hi", "break_even_alpha", "c", "k", "steps")})
 
 
 def at_load(curve: LoadCurve | None) -> str:

@@ -47,3 +47,36 @@ def test_a_segment_of_one_request_has_an_interval_and_no_database_error(store):
     assert row["interval_dof"] is None  # the normal quantile: no spread between clusters to estimate
     iv = stats.cluster_robust_interval(np.array([5.0, 0.0]), np.array([10.0, 0.0]))
     assert iv.lo < 0.5 < iv.hi
+
+
+def test_the_headline_status_holds_at_break_even_where_acceptance_falls_along_the_draft(store):
+    """Acceptance 0.85, 0.70, 0.55, 0.45 by position (as EAGLE-style drafts show) with c set so that L = 1 + k c
+    exactly: the deployment is at break-even. The i.i.d. alpha* (about 0.727) lies above the observed alpha (about
+    0.692), so alpha against it calls the segment losing, more surely the more data; L against 1 + k c, the
+    headline, does not, and the break-even alpha of the measured profile sits inside alpha's interval."""
+    import io
+
+    import numpy as np
+    import orjson
+
+    from specmon.analysis import summary
+    from specmon.core import segments, theory
+    from specmon.ingest.pipeline import ingest_stream
+
+    conditional = np.array([0.85, 0.70, 0.55, 0.45])
+    true_tokens = 1 + np.cumprod(conditional).sum()
+    c = (true_tokens - 1) / 4
+    rng = np.random.default_rng(11)
+    draws = rng.random((20_000, 4)) < conditional
+    accepted = np.where(draws.all(axis=1), 4, draws.argmin(axis=1))  # the accepted prefix
+    log = b"".join(orjson.dumps({"request_id": f"r{i // 20}", "ts": 1.77e9 + i * 0.05, "k": 4, "template": "t",
+                                 "draft_tokens": [1, 2, 3, 4], "accepted": int(a)}, option=orjson.OPT_APPEND_NEWLINE)
+                   for i, a in enumerate(accepted))
+    ingest_stream(store, io.BytesIO(log), "profile.jsonl", run="profile")
+    row = summary.summarize(store, c=float(c))[0]
+    assert row["alpha_hi"] < theory.break_even_alpha(4, c) == row["break_even_alpha_iid"]
+    assert row["status_iid"] == "losing"
+    assert (row["status"], row["status_basis"]) == ("at risk", segments.TOKENS)
+    assert row["tokens_per_step_lo"] < row["break_even_tokens"] < row["tokens_per_step_hi"]
+    assert row["break_even_alpha_basis"] == segments.PROFILE
+    assert row["alpha_lo"] < row["break_even_alpha"] < row["alpha_hi"]

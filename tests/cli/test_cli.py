@@ -167,8 +167,8 @@ def test_model_free_status_agrees_on_the_demo(tmp_path, specmon_cmd):
     by_template = {r["template"]: r for r in rows}
     for r in rows:
         assert r["tokens_per_step_lo"] < r["tokens_per_step"] < r["tokens_per_step_hi"]
-    assert by_template["v1"]["status_model_free"] == "healthy"
-    assert by_template["v2"]["status_model_free"] == "losing"
+    assert by_template["v1"]["status_iid"] == "healthy"
+    assert by_template["v2"]["status_iid"] == "losing"
     assert by_template["v2"]["tokens_per_step_hi"] < by_template["v2"]["break_even_tokens"]
 
 

@@ -71,24 +71,28 @@ def test_summary_json_keys_of_every_source_are_the_readme_table(tmp_path, specmo
 def test_economics_follow_the_theory():
     alpha, tokens = Estimate(0.8, 0.75, 0.85), Estimate(3.0, 2.8, 3.2)
     e = economics(4, 0.1, "given", alpha, tokens, 3.5)
-    assert e.break_even_alpha == pytest.approx(theory.break_even_alpha(4, 0.1))
-    assert e.break_even_tokens == pytest.approx(1.4)
+    assert e.break_even_alpha == e.break_even_alpha_iid == pytest.approx(theory.break_even_alpha(4, 0.1))
+    assert e.break_even_alpha_basis == segments.IID  # no per-position counts given
+    assert e.break_even_tokens == pytest.approx(1.35)  # 1 + g c with the mean draft length g = 3.5
     assert e.speedup_iid == pytest.approx(float(theory.speedup(0.8, 4, 0.1)))
     assert e.speedup_measured == pytest.approx(3.0 / 1.35)
-    assert (e.status, e.status_model_free, e.c, e.c_source) == ("healthy", "healthy", 0.1, "given")
+    assert (e.status, e.status_basis, e.status_iid, e.c, e.c_source) == ("healthy", segments.TOKENS, "healthy", 0.1,
+                                                                         "given")
 
 
 def test_economics_straddling_and_below_break_even():
     be = theory.break_even_alpha(4, 0.3)
-    assert economics(4, 0.3, "measured", Estimate(be, be - 0.01, be + 0.01), Estimate(), None).status == "at risk"
+    # no interval on L (a replay): the status falls back on alpha against the i.i.d. alpha*, and says so
+    replay = economics(4, 0.3, "measured", Estimate(be, be - 0.01, be + 0.01), Estimate(), None)
+    assert (replay.status, replay.status_basis) == ("at risk", segments.IID)
     losing = economics(4, 0.3, "measured", Estimate(0.1, 0.05, 0.15), Estimate(1.1, 1.0, 1.2), 4.0)
-    assert (losing.status, losing.status_model_free) == ("losing", "losing")
+    assert (losing.status, losing.status_iid) == ("losing", "losing")
 
 
 def test_economics_unknowns_give_none_and_unknown():
     assert economics(4, None, None, Estimate(0.8, 0.7, 0.9), Estimate(3.0, 2.9, 3.1), 4.0) == segments.Economics()
     no_interval = economics(4, 0.1, "given", Estimate(0.8), Estimate(3.0), 4.0)
-    assert no_interval.status == no_interval.status_model_free == "unknown"
+    assert no_interval.status == no_interval.status_iid == "unknown" and no_interval.status_basis is None
     assert no_interval.speedup_iid is not None and no_interval.speedup_measured is not None
     # c > 1: no alpha breaks even, so break-even alpha is unknown and every segment loses
     dear = economics(4, 1.5, "given", Estimate(0.99, 0.98, 1.0), Estimate(), None)

@@ -140,3 +140,22 @@ def test_topk_bounds_against_brute_force_on_small_vocabularies(seed):
     both = p_top.keys() & q_top.keys()
     old_hi = lo + min(1 - sum(p_top[x] for x in both), 1 - sum(q_top[x] for x in both))
     assert hi <= old_hi + 1e-12
+
+
+def test_the_profile_break_even_is_the_iid_one_on_a_geometric_profile_and_the_observed_alpha_at_break_even():
+    steps = 10_000.0
+    a, k, c = 0.7, 4, 0.25
+    reached = a ** np.arange(k + 1)  # share of steps whose accepted prefix reaches each position
+    checked, accepted = steps * reached[:-1], steps * reached[1:]
+    be = theory.profile_break_even_alpha(checked, accepted, steps, float(theory.break_even_tokens(k, c)))
+    assert be == pytest.approx(theory.break_even_alpha(k, c), abs=1e-9)
+    # a falling profile exactly at break-even: its break-even alpha is its own alpha, below the i.i.d. alpha*
+    rates = np.cumprod([0.85, 0.70, 0.55, 0.45])
+    checked, accepted = steps * np.concatenate([[1.0], rates[:-1]]), steps * rates
+    tokens = 1 + rates.sum()
+    be = theory.profile_break_even_alpha(checked, accepted, steps, tokens)
+    assert be == pytest.approx(accepted.sum() / checked.sum(), abs=1e-9)
+    assert be < theory.break_even_alpha(4, (tokens - 1) / 4)
+    # unreachable: even conditional rates scaled to 1 emit fewer tokens than break-even asks; nothing accepted
+    assert theory.profile_break_even_alpha(checked, accepted, steps, 5.5) is None
+    assert theory.profile_break_even_alpha(checked, 0 * accepted, steps, 1.5) is None

@@ -19,7 +19,7 @@ def buckets_frame(rows: list[dict]) -> pd.DataFrame:
         "tokens/step L": r["tokens_per_step"], "L 95% CI": (f"{r['tokens_per_step_lo']:.2f} – "
                                                             f"{r['tokens_per_step_hi']:.2f}"
                                                             if r["tokens_per_step_lo"] is not None else ""),
-        "1 + k·c": r["break_even_tokens"], "status (model-free)": r["status_model_free"],
+        "1 + g·c": r["break_even_tokens"], "status (i.i.d. alpha)": r["status_iid"],
         "steps": r["steps"], "requests": r["requests"]} for r in rows if r["alpha"] is not None])
 
 
@@ -130,10 +130,12 @@ def render() -> None:
     if result.design is not None:
         st.markdown("**Detector statistic**")
         st.altair_chart(cusum_chart(result.cusum, result.design.h), width="stretch")
-    st.caption("Model-free status: tokens per step L (with its request-clustered interval) against 1 + k·c, which "
-               "assumes nothing about how acceptance varies along the draft.")
+    st.caption("Status: tokens per step L (with its request-clustered interval) against 1 + g·c (g the mean draft "
+               "length), which assumes nothing about how acceptance varies along the draft. The i.i.d. status "
+               "compares alpha with the i.i.d. model's alpha*, a diagnostic: where acceptance falls with the draft "
+               "position it leans towards losing, the more so the more data.")
     table(df.assign(status=df["status"].map(STATUS_BADGE),
-                           **{"status (model-free)": df["status (model-free)"].map(STATUS_BADGE)}),
+                           **{"status (i.i.d. alpha)": df["status (i.i.d. alpha)"].map(STATUS_BADGE)}),
                  hide_index=True, width="stretch")
 
 
