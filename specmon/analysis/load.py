@@ -7,7 +7,7 @@ Two kinds of measurement feed a run's load curve:
 - engine windows that carry their load (requests running, generation throughput), from engine logs, Prometheus or
   a watched engine: binned by running requests (1, 2, 3-4, 5-8, 9-16, ...). A request outlives a 10-second log
   window, so neighbouring windows are not independent: the observations are blocks, the windows of one engine in one
-  bin within one BLOCK_SECONDS bucket of time (longer than most requests last), their mean throughput one
+  bin within one WINDOW_BLOCK_SECONDS bucket of time (longer than most requests last), their mean throughput one
   observation.
 The baseline (throughput without speculation at the same concurrency) is, in order: the run's own k = 0
 measurements; the measurements of a run declared its baseline (`--baseline-of`); the run's own windows in periods
@@ -26,13 +26,9 @@ import numpy as np
 import pandas as pd
 
 from specmon.core import load, stats
-from specmon.core.settings import CONFIDENCE
+from specmon.core.settings import CONFIDENCE, WINDOW_BLOCK_SECONDS
 from specmon.store.database import Store
 
-# Requests last seconds to minutes; a block this long makes neighbouring blocks all but independent (measured in
-# tests/analysis/test_load_windows.py: coverage 0.93-0.95 for throughput noise that persists 30 to 120 s, where
-# 120-second blocks gave 0.86).
-BLOCK_SECONDS = 600.0
 # The load a run serves now: the mean requests running over its last windows, within this span of its last one.
 CURRENT_SPAN = timedelta(minutes=5)
 # A bin needs this many observations on each side for a speedup with an interval.
@@ -162,8 +158,9 @@ def _sweep_points(spec: pd.DataFrame, base: pd.DataFrame) -> list[LoadPoint]:
 
 _BIN = "CASE WHEN {n} <= 1 THEN 1 ELSE (2 ** ceil(log2({n})))::INTEGER END"
 # The windows that carry their load (requests running above 0 and a generation throughput) are summed into blocks:
-# one engine (label set), one run, one concurrency bin, one BLOCK_SECONDS bucket of time; what a block gives is one
-# observation. Each block's speculation period (specmon annotate --speculation) is found afterwards (_with_periods).
+# one engine (label set), one run, one concurrency bin, one WINDOW_BLOCK_SECONDS bucket of time; what a block gives
+# is one observation. Each block's speculation period (specmon annotate --speculation) is found afterwards
+# (_with_periods).
 _WINDOW_BLOCKS_SQL = f"""
 WITH w AS (
     SELECT rs.run_id, w.k, w.labels::VARCHAR AS engine_key, w.end_ts, w.running_requests,
@@ -182,7 +179,7 @@ SELECT w.run_id, w.k, {_BIN.format(n="w.running_requests")} AS bin, w.speculatin
        sum(w.drafts + list_sum(w.accepted_per_position) - w.accepted_per_position[-1]) AS pos_checked,
        bool_and(len(w.accepted_per_position) > 0 AND w.drafts IS NOT NULL) AS counted
 FROM w GROUP BY w.run_id, w.k, w.engine_key, bin, w.speculating,
-         time_bucket(INTERVAL '{BLOCK_SECONDS:g} seconds', w.end_ts)
+         time_bucket(INTERVAL '{WINDOW_BLOCK_SECONDS:g} seconds', w.end_ts)
 """
 _RUNS_SQL = "SELECT run_id, name, demo FROM runs"
 _PERIODS_SQL = "SELECT run_id, starts_at, speculation FROM speculation_periods ORDER BY run_id, starts_at, period_id"
@@ -302,7 +299,7 @@ def _curve(run: str, points: pd.DataFrame, blocks: pd.DataFrame, baseline_runs: 
         measured = _window_points(spec, base) if not spec.empty and not base.empty else []
         if measured:
             crossings, best, bands = _crossings(measured)
-            return LoadCurve(run, how, f"{BLOCK_SECONDS / 60:g}-minute blocks of one engine's windows", measured,
+            return LoadCurve(run, how, f"{WINDOW_BLOCK_SECONDS / 60:g}-minute blocks of one engine's windows", measured,
                              crossings, best, bands, template, current, None, seen)
     note = ("payoff at load is unknown: there is no throughput without speculation at the same concurrencies to "
             "compare with. Measure a baseline: ingest an engine without speculation with --baseline-of "

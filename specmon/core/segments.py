@@ -157,13 +157,14 @@ class PositionSummary:
     beta_hi: float | None
 
 
-def position_summary(position: int, checked: float, accepted: float, steps: float, alpha: stats.Interval,
+def position_summary(position: int, checked: float, accepted: float, steps: float, alpha: stats.Interval | None,
                      beta_lo: float | None = None, beta_hi: float | None = None) -> PositionSummary:
     """A position's rates: conditional = accepted / checked with a Wilson interval at the segment's effective
     sample size (checked / design effect) and alpha's degrees of freedom, since the correlation within a cluster
-    widens every position; cumulative = accepted / steps (vLLM's and llama.cpp's per-position rate)."""
+    widens every position (no interval where alpha has none); cumulative = accepted / steps (vLLM's and
+    llama.cpp's per-position rate)."""
     lo = hi = None
-    if checked:
+    if checked and alpha is not None:
         deff = alpha.design_effect if math.isfinite(alpha.design_effect) else 1.0
         n_eff = checked / deff
         lo, hi = stats.wilson_interval(accepted / checked * n_eff, n_eff, CONFIDENCE, alpha.dof)

@@ -11,6 +11,12 @@ from dataclasses import dataclass
 
 # Every interval specmon reports (alpha, beta, L, per-position rates) is a two-sided 95% interval.
 CONFIDENCE = 0.95
+# Engine windows are summed into blocks of this many seconds of one engine before any interval: a request outlives a
+# 10-second log window or a 15-second scrape, so neighbouring windows share its noise, and a block this much longer
+# than most requests makes neighbouring blocks all but independent (tests/analysis/test_load_windows.py: coverage
+# 0.93-0.95 for throughput noise that persists 30 to 120 s, where 120-second blocks gave 0.86;
+# tests/analysis/test_engine_intervals.py for acceptance and L).
+WINDOW_BLOCK_SECONDS = 600.0
 # |z| above this says observed and predicted acceptance differ beyond sampling noise (two-sided p ~ 0.003).
 GAP_Z_LIMIT = 3.0
 # The level of the losslessness KS tests (`specmon verify`, the Losslessness page): p below it fails.
