@@ -17,6 +17,7 @@ from specmon.follow.config import Log, SourceConfig, WatchConfig
 from specmon.follow.notify import Notice, Webhook
 from specmon.follow.polls import PollResult, SourceStopped, poll_inbox, poll_log, poll_prometheus, poll_steplog
 from specmon.follow.positions import mark, register
+from specmon.follow.scrape import poll_scrape
 from specmon.store.database import Store
 from specmon.verdicts import findings
 
@@ -82,6 +83,8 @@ class Watcher:
             return poll_steplog(self.store, source, self.log)
         if source.kind == "inbox":
             return poll_inbox(self.store, source, self.log, state.inbox_seen)
+        if source.kind == "scrape":
+            return poll_scrape(self.store, source, self.log)
         return poll_prometheus(self.store, source, self.log)
 
     def _failed(self, source: SourceConfig, state: _SourceState, exc: Exception) -> None:
