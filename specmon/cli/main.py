@@ -851,7 +851,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "([[log]] path=..., run=..., template=..., c=...; README: Watching a deployment)")
     p.add_argument("--interval", type=float, metavar="SECONDS", help="seconds between polls (default 1)")
     p.add_argument("--run", help="run for the sources named on the command line (default: the file name; "
-                   "'prometheus' for a server)")
+                   "'prometheus' for a server; host:port for a scraped engine)")
     p.add_argument("--template", help="template for those sources (default: the data's own, else the latest "
                    "`specmon annotate`)")
     p.add_argument("--c", type=_cost, help="draft cost / target cost, for break-even and status")
@@ -866,7 +866,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "without data (default 300)")
     p.set_defaults(func=cmd_watch)
 
-    p = sub.add_parser("alert-rule", help="print a Prometheus alerting rule over vLLM's counters",
+    p = sub.add_parser("alert-rule", help="print a Prometheus alerting rule over an engine's counters",
                        description="A Prometheus rule that fires while accepted tokens per draft over a window is "
                                    "below the break-even k*c (mean acceptance length below 1 + k*c).")
     p.add_argument("--k", type=_positive_int, required=True, help="draft length served")

@@ -36,7 +36,8 @@ class Watcher:
 
     def __init__(self, store: Store, config: WatchConfig, log: Log = print):
         if not config.sources:
-            raise SpecmonError("nothing to watch: name a --log, --steplog, --inbox or --prometheus, or a --config")
+            raise SpecmonError("nothing to watch: name a --log, --steplog, --inbox, --prometheus or --scrape, or a "
+                               "--config")
         self.store, self.config, self.log = store, config, log
         self._stop = threading.Event()
         self._states = {s.key: _SourceState() for s in config.sources}
