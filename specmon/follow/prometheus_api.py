@@ -33,10 +33,11 @@ MAX_REPLY_BYTES = 256 << 20
 
 
 def _http_get(url: str, timeout_s: float, where: str, max_bytes: int | None = None,
-              too_large: str = "pull a shorter --since or a longer --step") -> tuple[int, bytes]:
+              too_large: str = "pull a shorter --since or a longer --step", asked: str = "Prometheus query",
+              deadline: str = "--timeout") -> tuple[int, bytes]:
     """GET url with an overall deadline: connecting, the headers and the whole body within timeout_s seconds, and a
-    body of at most max_bytes (default MAX_REPLY_BYTES; `too_large` says what to do about a larger one). Errors name
-    `where` (the server and the query) rather than the whole URL.
+    body of at most max_bytes (default MAX_REPLY_BYTES). Errors name `where` (the server and the query) rather than
+    the whole URL, and say what was asked, the setting behind the deadline and what to do about a larger body.
 
     A per-read timeout alone lets a server that trickles a byte at a time hold the caller forever, so a timer
     shuts the socket down at the deadline, which ends any read in progress."""
@@ -74,13 +75,13 @@ def _http_get(url: str, timeout_s: float, where: str, max_bytes: int | None = No
             raise http.client.IncompleteRead(body, resp.length)
     except (OSError, http.client.HTTPException) as exc:
         if expired.is_set():
-            raise SpecmonError(f"{where}: no complete answer within {timeout_s:g} s (--timeout)") from None
-        raise SpecmonError(f"{where}: Prometheus query failed ({exc or type(exc).__name__})") from None
+            raise SpecmonError(f"{where}: no complete answer within {timeout_s:g} s ({deadline})") from None
+        raise SpecmonError(f"{where}: {asked} failed ({exc or type(exc).__name__})") from None
     finally:
         timer.cancel()
         conn.close()
     if expired.is_set():  # cut short where the body has no length of its own, so it looked complete
-        raise SpecmonError(f"{where}: no complete answer within {timeout_s:g} s (--timeout)")
+        raise SpecmonError(f"{where}: no complete answer within {timeout_s:g} s ({deadline})")
     if len(body) > limit:
         raise SpecmonError(f"{where}: the answer is larger than {limit:,} bytes; {too_large}")
     return resp.status, body

@@ -31,7 +31,8 @@ def fetch_page(url: str, timeout_s: float = SCRAPE_TIMEOUT_S) -> tuple[bytes, da
     """The page's body and the time it arrived (naive UTC), within timeout_s seconds overall."""
     where = f"{url} (scrape)"
     status, body = _http_get(url, timeout_s, where, MAX_PAGE_BYTES,
-                             "scrape the engine's metrics endpoint itself (/metrics, /prometheus/metrics)")
+                             "scrape the engine's metrics endpoint itself (/metrics, /prometheus/metrics)",
+                             asked="the scrape", deadline="a scrape's deadline")
     if status != 200:
         text = body[:200].decode("utf-8", "replace").strip() or "(empty body)"
         raise SpecmonError(f"{where}: the engine answered HTTP {status}: {text}")

@@ -268,8 +268,13 @@ def answering():
 
 
 def test_a_page_must_come_whole_within_the_deadline(answering):
-    with pytest.raises(SpecmonError, match=r"\(scrape\): no complete answer within 0.5 s"):
+    with pytest.raises(SpecmonError, match=r"\(scrape\): no complete answer within 0.5 s \(a scrape's deadline\)"):
         scrape.fetch_page(answering(trickle), timeout_s=0.5)
+
+
+def test_an_engine_that_is_not_there_is_named(tmp_path):
+    with pytest.raises(SpecmonError, match=r"127.0.0.1:9/metrics \(scrape\): the scrape failed \(.*refused"):
+        scrape.fetch_page("http://127.0.0.1:9/metrics")
 
 
 def test_a_page_larger_than_the_bound_is_refused(answering, monkeypatch):
