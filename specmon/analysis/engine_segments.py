@@ -28,11 +28,13 @@ from specmon.ingest.formats.prometheus_metrics import (
     GAUGES,
     GENERATED,
     GENERATION_RATE,
-    LOAD,
+    POSITION_LABELS,
     PROMPT,
     RUNNING,
     WAITING,
     is_counter,
+    position,
+    role,
 )
 from specmon.store.database import Store
 
@@ -62,15 +64,18 @@ WHERE (? IS NULL OR rs.run = ?) GROUP BY ALL
 
 
 def _key(labels: str | None) -> str:
-    """The engine a series belongs to: its label set without `position` (the per-position counter's own label)."""
+    """The engine a series belongs to: its label set without the per-position counter's own label (`position`;
+    TensorRT-LLM's `token_position`)."""
     found = json.loads(labels) if labels else {}
-    found.pop("position", None)
+    for name in POSITION_LABELS:
+        found.pop(name, None)
     return json.dumps(found, sort_keys=True)
 
 
 def counter_windows(samples: pd.DataFrame) -> pd.DataFrame:
     """Windows from raw samples (columns segment_id, metric, series, labels, ts, value): the speculative-decoding
-    counters and the load series (prometheus_metrics.LOAD); SGLang's spec_accept gauges are left out.
+    counters and the load series (prometheus_metrics.LOAD); the speculative gauges (SGLang's spec_accept,
+    TensorRT-LLM's acceptance_length and draft_overhead) are left out.
 
     Per series, each sample after the first ends a window (previous ts, ts]. A counter's window counts value -
     previous, or value where the counter fell (a restart). Series of one engine (the same labels but for
@@ -99,10 +104,10 @@ def counter_windows(samples: pd.DataFrame) -> pd.DataFrame:
                                                                                          (d["value"] + d["prev"]) / 2)
     seconds = (d["ts"] - d["start_ts"]).dt.total_seconds()
     d["rate"] = (d["delta"] / seconds).where(counter & (seconds > 0))
-    d["kind"] = d["metric"].map(lambda m: LOAD.get(m) or m.split(":", 1)[-1])
+    d["kind"] = d["metric"].map(role)
     keys = {s: _key(s) for s in d["labels"].unique()}
     d["key"] = d["labels"].map(keys)
-    d["position"] = d["labels"].map(lambda s: json.loads(s).get("position") if s else None)
+    d["position"] = d["labels"].map(lambda s: position(json.loads(s)) if s else None)
     rows = []
     for (segment_id, key, end_ts), w in d.groupby(["segment_id", "key", "ts"], sort=True):
         totals = w.groupby("kind")["delta"].sum()

@@ -342,7 +342,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
         raise SpecmonError(f"--baseline-of: run {args.run!r} cannot be its own baseline; give the sources without "
                            "speculation a --run of their own")
     for kind, locations in (("log", args.log), ("steplog", args.steplog), ("inbox", args.inbox),
-                            ("prometheus", args.prometheus)):
+                            ("prometheus", args.prometheus), ("scrape", args.scrape)):
         for location in locations or []:
             config.sources.append(SourceConfig(kind, location, args.run, args.template, args.c, args.skip_bad,
                                                baseline_of=args.baseline_of))
@@ -844,11 +844,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "then moved to DIR/done/ or DIR/rejected/ with its report; repeatable")
     p.add_argument("--prometheus", action="append", metavar="URL", help="pull from where the last pull stopped, "
                    "every interval; repeatable")
+    p.add_argument("--scrape", action="append", metavar="URL", help="an engine's own Prometheus page (vLLM, "
+                   "SGLang, llama-server: http://host:port/metrics; TensorRT-LLM: .../prometheus/metrics), read "
+                   "every interval; repeatable")
     p.add_argument("--config", metavar="FILE", help="a TOML file naming sources, one table per source "
                    "([[log]] path=..., run=..., template=..., c=...; README: Watching a deployment)")
     p.add_argument("--interval", type=float, metavar="SECONDS", help="seconds between polls (default 1)")
     p.add_argument("--run", help="run for the sources named on the command line (default: the file name; "
-                   "'prometheus' for a server)")
+                   "'prometheus' for a server; host:port for a scraped engine)")
     p.add_argument("--template", help="template for those sources (default: the data's own, else the latest "
                    "`specmon annotate`)")
     p.add_argument("--c", type=_cost, help="draft cost / target cost, for break-even and status")
@@ -863,14 +866,16 @@ def build_parser() -> argparse.ArgumentParser:
                    "without data (default 300)")
     p.set_defaults(func=cmd_watch)
 
-    p = sub.add_parser("alert-rule", help="print a Prometheus alerting rule over vLLM's counters",
+    p = sub.add_parser("alert-rule", help="print a Prometheus alerting rule over an engine's counters",
                        description="A Prometheus rule that fires while accepted tokens per draft over a window is "
                                    "below the break-even k*c (mean acceptance length below 1 + k*c).")
     p.add_argument("--k", type=_positive_int, required=True, help="draft length served")
     p.add_argument("--c", type=_cost, required=True, help="draft cost / target cost on your hardware")
     p.add_argument("--window", default="15m", help="rate window (default 15m)")
     p.add_argument("--for", dest="for_", default="30m", help="how long it must hold before firing (default 30m)")
-    p.add_argument("--prefix", default="vllm", choices=("vllm", "llamacpp"), help="metric prefix (default vllm)")
+    p.add_argument("--prefix", default="vllm", choices=("vllm", "llamacpp", "trtllm"),
+                   help="whose counters: vLLM's (vllm:), llama-server's (llamacpp:) or TensorRT-LLM's (trtllm_) "
+                        "(default vllm)")
     p.set_defaults(func=cmd_alert_rule)
 
     p = sub.add_parser("theory", help="speedup table, best k and break-even for a draft cost c",

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import tomllib
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -9,7 +10,9 @@ from pathlib import Path
 from specmon.core.faults import SpecmonError
 from specmon.core.settings import DEFAULT_STALE_AFTER_S
 
-KINDS = ("log", "steplog", "inbox", "prometheus")
+KINDS = ("log", "steplog", "inbox", "prometheus", "scrape")
+# The kinds located by a URL rather than a path.
+URL_KINDS = ("prometheus", "scrape")
 # Where the watcher writes its log lines (the CLI: stdout with a time stamp).
 Log = Callable[[str], None]
 
@@ -29,7 +32,8 @@ DEFAULT_ALARM_EVERY_S = 5.0
 
 @dataclass
 class SourceConfig:
-    """One followed source. kind: log (an engine's log), steplog, inbox (a folder) or prometheus (a URL)."""
+    """One followed source. kind: log (an engine's log), steplog, inbox (a folder), prometheus (a Prometheus
+    server's URL) or scrape (an engine's own /metrics URL)."""
 
     kind: str
     location: str
@@ -40,6 +44,7 @@ class SourceConfig:
     step_s: float = DEFAULT_PROMETHEUS_STEP_S  # prometheus: sample spacing
     lookback_s: float = DEFAULT_PROMETHEUS_LOOKBACK_S  # prometheus: how far back the first pull reaches
     baseline_of: str | None = None  # the source's engine runs without speculation, the baseline of this run
+    interval_s: float | None = None  # scrape: seconds between scrapes (None: every poll of the watcher)
 
     @property
     def key(self) -> str:
@@ -51,6 +56,8 @@ class SourceConfig:
             return self.run
         if self.kind == "prometheus":
             return "prometheus"
+        if self.kind == "scrape":  # the engine's host:port
+            return urllib.parse.urlsplit(self.location).netloc or "scrape"
         return Path(self.location).stem or "default"
 
 
@@ -76,7 +83,8 @@ def load_config(path: str) -> WatchConfig:
         c = 0.1
 
     Tables: [[log]] and [[steplog]] and [[inbox]] take `path`, [[prometheus]] takes `url` (and `step`,
-    `lookback` in seconds); every table takes run, template, c, skip_bad and baseline_of (`baseline_of = "RUN"`: the
+    `lookback` in seconds), [[scrape]] takes `url` (an engine's /metrics) and `interval` (seconds between scrapes);
+    every table takes run, template, c, skip_bad and baseline_of (`baseline_of = "RUN"`: the
     source's engine runs without speculation, on the model, hardware and traffic of run RUN)."""
     try:
         with open(path, "rb") as fh:
@@ -101,10 +109,11 @@ def load_config(path: str) -> WatchConfig:
             tables = [tables]
         for i, table in enumerate(tables, start=1):
             where = f"{path}: [[{kind}]] #{i}"
-            loc_key = "url" if kind == "prometheus" else "path"
+            loc_key = "url" if kind in URL_KINDS else "path"
             if not isinstance(table, dict) or not isinstance(table.get(loc_key), str):
                 raise SpecmonError(f"{where}: needs {loc_key} = \"...\"")
-            allowed = {loc_key, "run", "template", "c", "skip_bad", "step", "lookback", "baseline_of"}
+            allowed = {loc_key, "run", "template", "c", "skip_bad", "step", "lookback", "baseline_of",
+                       *(("interval",) if kind == "scrape" else ())}
             extra = set(table) - allowed
             if extra:
                 raise SpecmonError(f"{where}: unknown key(s) {', '.join(sorted(extra))}")
@@ -117,7 +126,8 @@ def load_config(path: str) -> WatchConfig:
                 kind, table[loc_key], table.get("run"), table.get("template"),
                 _optional_number(table, "c", where), bool(table.get("skip_bad", False)),
                 _number(table, "step", DEFAULT_PROMETHEUS_STEP_S, where),
-                _number(table, "lookback", DEFAULT_PROMETHEUS_LOOKBACK_S, where), baseline_of))
+                _number(table, "lookback", DEFAULT_PROMETHEUS_LOOKBACK_S, where), baseline_of,
+                _optional_number(table, "interval", where)))
     return config
 
 

@@ -32,12 +32,16 @@ from specmon.ingest.formats.prometheus_metrics import GAUGES, Sample, is_counter
 MAX_REPLY_BYTES = 256 << 20
 
 
-def _http_get(url: str, timeout_s: float, where: str) -> tuple[int, bytes]:
-    """GET url with an overall deadline: connecting, the headers and the whole body within timeout_s seconds.
-    Errors name `where` (the server and the query) rather than the whole URL.
+def _http_get(url: str, timeout_s: float, where: str, max_bytes: int | None = None,
+              too_large: str = "pull a shorter --since or a longer --step", asked: str = "Prometheus query",
+              deadline: str = "--timeout") -> tuple[int, bytes]:
+    """GET url with an overall deadline: connecting, the headers and the whole body within timeout_s seconds, and a
+    body of at most max_bytes (default MAX_REPLY_BYTES). Errors name `where` (the server and the query) rather than
+    the whole URL, and say what was asked, the setting behind the deadline and what to do about a larger body.
 
     A per-read timeout alone lets a server that trickles a byte at a time hold the caller forever, so a timer
     shuts the socket down at the deadline, which ends any read in progress."""
+    limit = MAX_REPLY_BYTES if max_bytes is None else max_bytes
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise SpecmonError(f"{where}: not an http:// or https:// URL")
@@ -66,21 +70,20 @@ def _http_get(url: str, timeout_s: float, where: str) -> tuple[int, bytes]:
             raise TimeoutError
         conn.request("GET", target, headers=headers)
         resp = conn.getresponse()
-        body = _read_at_most(resp, MAX_REPLY_BYTES + 1)
-        if resp.length and len(body) <= MAX_REPLY_BYTES:  # http.client counts down the bytes a Content-Length promised
+        body = _read_at_most(resp, limit + 1)
+        if resp.length and len(body) <= limit:  # http.client counts down the bytes a Content-Length promised
             raise http.client.IncompleteRead(body, resp.length)
     except (OSError, http.client.HTTPException) as exc:
         if expired.is_set():
-            raise SpecmonError(f"{where}: no complete answer within {timeout_s:g} s (--timeout)") from None
-        raise SpecmonError(f"{where}: Prometheus query failed ({exc or type(exc).__name__})") from None
+            raise SpecmonError(f"{where}: no complete answer within {timeout_s:g} s ({deadline})") from None
+        raise SpecmonError(f"{where}: {asked} failed ({exc or type(exc).__name__})") from None
     finally:
         timer.cancel()
         conn.close()
     if expired.is_set():  # cut short where the body has no length of its own, so it looked complete
-        raise SpecmonError(f"{where}: no complete answer within {timeout_s:g} s (--timeout)")
-    if len(body) > MAX_REPLY_BYTES:
-        raise SpecmonError(f"{where}: the answer is larger than {MAX_REPLY_BYTES:,} bytes; pull a shorter --since or "
-                           "a longer --step")
+        raise SpecmonError(f"{where}: no complete answer within {timeout_s:g} s ({deadline})")
+    if len(body) > limit:
+        raise SpecmonError(f"{where}: the answer is larger than {limit:,} bytes; {too_large}")
     return resp.status, body
 
 

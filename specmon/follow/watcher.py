@@ -17,6 +17,7 @@ from specmon.follow.config import Log, SourceConfig, WatchConfig
 from specmon.follow.notify import Notice, Webhook
 from specmon.follow.polls import PollResult, SourceStopped, poll_inbox, poll_log, poll_prometheus, poll_steplog
 from specmon.follow.positions import mark, register
+from specmon.follow.scrape import poll_scrape
 from specmon.store.database import Store
 from specmon.verdicts import findings
 
@@ -35,7 +36,8 @@ class Watcher:
 
     def __init__(self, store: Store, config: WatchConfig, log: Log = print):
         if not config.sources:
-            raise SpecmonError("nothing to watch: name a --log, --steplog, --inbox or --prometheus, or a --config")
+            raise SpecmonError("nothing to watch: name a --log, --steplog, --inbox, --prometheus or --scrape, or a "
+                               "--config")
         self.store, self.config, self.log = store, config, log
         self._stop = threading.Event()
         self._states = {s.key: _SourceState() for s in config.sources}
@@ -82,6 +84,8 @@ class Watcher:
             return poll_steplog(self.store, source, self.log)
         if source.kind == "inbox":
             return poll_inbox(self.store, source, self.log, state.inbox_seen)
+        if source.kind == "scrape":
+            return poll_scrape(self.store, source, self.log)
         return poll_prometheus(self.store, source, self.log)
 
     def _failed(self, source: SourceConfig, state: _SourceState, exc: Exception) -> None:

@@ -13,6 +13,13 @@ tools/server (requests_processing and requests_deferred gauges, tokens_predicted
 counters) and TensorRT-LLM's tensorrt_llm/metrics/collector.py (trtllm_num_requests_running and
 trtllm_num_requests_waiting gauges, trtllm_generation_tokens_total and trtllm_prompt_tokens_total counters; its
 server exposes them at /prometheus/metrics).
+
+TensorRT-LLM's speculative-decoding series (the same collector.py) are named apart from vLLM's and llama.cpp's:
+trtllm_spec_decode_num_draft_tokens_total and trtllm_spec_decode_num_accepted_tokens_total are counters of every
+iteration's draft and accepted tokens, trtllm_spec_decode_accepted_tokens_total{token_position} counts accepted
+tokens per draft position (added when a request finishes), and trtllm_spec_decode_acceptance_length and
+trtllm_spec_decode_draft_overhead are gauges of the last iteration (kept as samples, never differenced). It exports
+no count of drafts (verification steps), so its windows carry draft and accepted tokens but no drafts.
 """
 from __future__ import annotations
 
@@ -22,8 +29,18 @@ from datetime import datetime
 
 COUNTERS = ("spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total",
             "spec_decode_num_accepted_tokens_total", "spec_decode_num_accepted_tokens_per_pos_total")
-GAUGES = ("sglang:spec_accept_length", "sglang:spec_accept_rate")
+# Speculative-decoding gauges: kept as samples, never differenced or summed into windows.
+GAUGES = ("sglang:spec_accept_length", "sglang:spec_accept_rate", "trtllm_spec_decode_acceptance_length",
+          "trtllm_spec_decode_draft_overhead")
 PREFIXES = ("vllm:", "llamacpp:")
+# TensorRT-LLM's counters, by the role (one of COUNTERS) each plays in a window.
+TRTLLM_COUNTERS = {
+    "trtllm_spec_decode_num_draft_tokens_total": COUNTERS[1],
+    "trtllm_spec_decode_num_accepted_tokens_total": COUNTERS[2],
+    "trtllm_spec_decode_accepted_tokens_total": COUNTERS[3],
+}
+# The label naming a per-position counter's draft position: vLLM's and llama.cpp's, then TensorRT-LLM's.
+POSITION_LABELS = ("position", "token_position")
 
 # What each load series measures: requests running or waiting (gauges), tokens generated or prompt tokens processed
 # (counters), or the engine's own generation rate in tokens/s (a gauge).
@@ -54,7 +71,20 @@ class Sample:
 
 def speculative(metric: str) -> bool:
     """A speculative-decoding counter or gauge."""
-    return metric in GAUGES or any(metric == p + c for p in PREFIXES for c in COUNTERS)
+    return metric in GAUGES or metric in TRTLLM_COUNTERS or any(metric == p + c for p in PREFIXES for c in COUNTERS)
+
+
+def role(metric: str) -> str:
+    """What a wanted metric measures in a window: its LOAD role, its COUNTERS name (whichever engine's naming), or,
+    for a gauge, its own name."""
+    if metric in LOAD:
+        return LOAD[metric]
+    return TRTLLM_COUNTERS.get(metric) or metric.split(":", 1)[-1]
+
+
+def position(labels: dict) -> str | None:
+    """The draft position a per-position counter's labels name (None for every other series)."""
+    return next((labels[name] for name in POSITION_LABELS if name in labels), None)
 
 
 def wanted(metric: str) -> bool:
@@ -68,4 +98,4 @@ def is_counter(metric: str) -> bool:
 
 def metrics() -> list[str]:
     """Every metric a pull asks Prometheus for."""
-    return [p + c for p in PREFIXES for c in COUNTERS] + list(GAUGES) + list(LOAD)
+    return [p + c for p in PREFIXES for c in COUNTERS] + list(TRTLLM_COUNTERS) + list(GAUGES) + list(LOAD)

@@ -1,17 +1,19 @@
-"""Saved Prometheus pages: the text exposition format of vLLM's, SGLang's, llama.cpp's /metrics and TensorRT-LLM's
-/prometheus/metrics (plain or gzip).
+"""Prometheus pages, saved or scraped: the text exposition format of vLLM's, SGLang's, llama.cpp's /metrics and
+TensorRT-LLM's /prometheus/metrics (plain or gzip when saved). One parser (parse_lines) reads a file and an HTTP body.
 
-Only the speculative-decoding counters (and SGLang's two gauges) and the engines' load series (requests running and
-waiting, tokens generated: prometheus_metrics.LOAD) are kept, as raw samples; windows are made later from the
-differences between consecutive samples of a series (specmon.analysis.engine_segments.counter_windows). A page with
-load series alone is an engine without speculation, a baseline. A counter is a finite count >= 0, and so is a load
-gauge; a sample's own timestamp must fall within the years 1 to 9999.
+Only the speculative-decoding counters (and the speculative gauges of SGLang and TensorRT-LLM) and the engines' load
+series (requests running and waiting, tokens generated: prometheus_metrics.LOAD) are kept, as raw samples; windows
+are made later from the differences between consecutive samples of a series
+(specmon.analysis.engine_segments.counter_windows). A page with load series alone is an engine without speculation,
+a baseline. A counter is a finite count >= 0, and so is a load gauge; a sample's own timestamp must fall within the
+years 1 to 9999.
 """
 from __future__ import annotations
 
 import math
 import os
 import re
+from collections.abc import Iterable, Iterator
 from datetime import datetime, timedelta
 
 import duckdb
@@ -29,6 +31,9 @@ from specmon.store.rows import get_or_create_segment
 FORMATS = ("prometheus",)
 SOURCE = "engine"
 SNIFF_ORDER = 30
+# What a page without any wanted metric lacks, for the messages that say so.
+NOTHING_WANTED = ("no vllm:/llamacpp:/trtllm_ spec_decode counters, speculative gauges (sglang:spec_accept_*, "
+                  f"trtllm_spec_decode_acceptance_length) or load series ({', '.join(LOAD)})")
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+(-?\d+))?\s*$")
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"\s*(?:,|$)')
 
@@ -74,30 +79,50 @@ def _sample(line: str, scrape_ts: datetime) -> Sample | None:
     return Sample(metric, labels, datetime(1970, 1, 1) + timedelta(milliseconds=ms), value)
 
 
-def parse_exposition(path: str, name: str, scrape_ts: datetime) -> tuple[list[Sample], list[Fault]]:
-    """The speculative-decoding and load samples of a text exposition (plain or gzip). Samples without their own
-    timestamp
-    get scrape_ts (the file's modification time, for a saved page); with timestamps, one file can hold a series."""
+def parse_lines(lines: Iterable[tuple[int, bytes, bool]], name: str,
+                scrape_ts: datetime) -> tuple[list[Sample], list[Fault]]:
+    """The speculative-decoding and load samples of a page's lines (line number, bytes, cut for being too long), for
+    a saved page and a scraped one alike. Samples without their own timestamp get scrape_ts; faults name `name`,
+    the line and the metric."""
     samples, faults = [], []
+    for no, raw, too_long in lines:
+        line = raw.decode("utf-8", "replace")
+        if not line.strip() or line.startswith("#"):
+            continue
+        if too_long:
+            if wanted(line.split("{")[0].split()[0]):
+                faults.append(Fault(name, no, "", f"line longer than {MAX_ENGINE_LINE_BYTES} bytes"))
+            continue
+        try:
+            sample = _sample(line, scrape_ts)
+        except RowFault as exc:
+            faults.append(Fault(name, no, exc.field, exc.reason))
+            continue
+        if sample is not None:
+            samples.append(sample)
+    return samples, faults
+
+
+def parse_exposition(path: str, name: str, scrape_ts: datetime) -> tuple[list[Sample], list[Fault]]:
+    """The speculative-decoding and load samples of a text exposition file (plain or gzip). Samples without their
+    own timestamp get scrape_ts (the file's modification time, for a saved page); with timestamps, one file can
+    hold a series."""
     try:
-        for no, raw, too_long in textio.lines(path, MAX_ENGINE_LINE_BYTES):
-            line = raw.decode("utf-8", "replace")
-            if not line.strip() or line.startswith("#"):
-                continue
-            if too_long:
-                if wanted(line.split("{")[0].split()[0]):
-                    faults.append(Fault(name, no, "", f"line longer than {MAX_ENGINE_LINE_BYTES} bytes"))
-                continue
-            try:
-                sample = _sample(line, scrape_ts)
-            except RowFault as exc:
-                faults.append(Fault(name, no, exc.field, exc.reason))
-                continue
-            if sample is not None:
-                samples.append(sample)
+        return parse_lines(textio.lines(path, MAX_ENGINE_LINE_BYTES), name, scrape_ts)
     except textio.Unreadable as exc:
         return [], [Fault(name, 0, "", str(exc))]
-    return samples, faults
+
+
+def parse_body(body: bytes, name: str, scrape_ts: datetime) -> tuple[list[Sample], list[Fault]]:
+    """The same for a page received over HTTP (an engine's /metrics), lines bounded as in a file."""
+    return parse_lines(_body_lines(body), name, scrape_ts)
+
+
+def _body_lines(body: bytes) -> Iterator[tuple[int, bytes, bool]]:
+    if body.startswith(textio.BOM):
+        body = body[len(textio.BOM):]
+    for no, raw in enumerate(body.splitlines(), start=1):
+        yield no, raw[:MAX_ENGINE_LINE_BYTES], len(raw) > MAX_ENGINE_LINE_BYTES
 
 
 def sniff(head: bytes) -> str | None:
@@ -141,8 +166,7 @@ class Reader:
         mtime = times.from_epoch(os.path.getmtime(job.path))
         samples, faults = parse_exposition(job.path, job.name, mtime)
         if not samples and not faults:
-            raise Rejected([Fault(job.name, 0, "", "no vllm:/llamacpp: spec_decode counters, sglang:spec_ gauges "
-                                                   f"or load series ({', '.join(LOAD)}) in this page")])
+            raise Rejected([Fault(job.name, 0, "", f"{NOTHING_WANTED} in this page")])
         for fault in faults:
             job.fault(fault)
         job.check()
