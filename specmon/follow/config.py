@@ -27,6 +27,9 @@ DEFAULT_PROMETHEUS_STEP_S = 15.0
 DEFAULT_ALARM_EVERY_S = 5.0
 
 
+DEFAULT_OUTBOX_MAX_AGE_S = 24 * 3600.0
+
+
 @dataclass
 class SourceConfig:
     """One followed source. kind: log (an engine's log), steplog, inbox (a folder) or prometheus (a URL)."""
@@ -62,10 +65,13 @@ class WatchConfig:
     webhook: str | None = None
     dashboard_url: str = ""  # prefixed to the link path in webhooks, e.g. http://host:8501
     alarm_every_s: float = DEFAULT_ALARM_EVERY_S
+    alertmanager: str | None = None  # an Alertmanager's base URL: findings are posted to it as alerts
+    outbox_max_age_s: float = DEFAULT_OUTBOX_MAX_AGE_S  # a notice not delivered by then is given up
 
 
 def load_config(path: str) -> WatchConfig:
-    """A TOML file: top-level interval, stale_after, alarm_every (seconds), webhook, dashboard_url (all optional),
+    """A TOML file: top-level interval, stale_after, alarm_every, outbox_max_age (seconds), webhook, alertmanager,
+    dashboard_url (all optional),
     and one table per
     source, as arrays of tables named by kind:
 
@@ -86,7 +92,8 @@ def load_config(path: str) -> WatchConfig:
     except tomllib.TOMLDecodeError as exc:
         raise SpecmonError(f"{path}: not valid TOML ({exc})") from None
     config = WatchConfig()
-    known = {"interval", "stale_after", "alarm_every", "webhook", "dashboard_url", *KINDS}
+    known = {"interval", "stale_after", "alarm_every", "webhook", "dashboard_url", "alertmanager", "outbox_max_age",
+             *KINDS}
     unknown = set(doc) - known
     if unknown:
         raise SpecmonError(f"{path}: unknown key(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(known))})")
@@ -95,6 +102,8 @@ def load_config(path: str) -> WatchConfig:
     config.alarm_every_s = _number(doc, "alarm_every", DEFAULT_ALARM_EVERY_S, path)
     config.webhook = doc.get("webhook")
     config.dashboard_url = doc.get("dashboard_url", "")
+    config.alertmanager = doc.get("alertmanager")
+    config.outbox_max_age_s = _number(doc, "outbox_max_age", DEFAULT_OUTBOX_MAX_AGE_S, path)
     for kind in KINDS:
         tables = doc.get(kind, [])
         if isinstance(tables, dict):
