@@ -14,8 +14,9 @@ from datetime import datetime
 
 import orjson
 
+from specmon.analysis.sources import ALERTMANAGER
 from specmon.core.segments import is_problem
-from specmon.follow.outbox import ALERTMANAGER, Message, new_id
+from specmon.follow.outbox import Message, new_id
 from specmon.verdicts import findings
 from specmon.verdicts.findings import Finding
 

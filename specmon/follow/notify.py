@@ -7,8 +7,9 @@ from dataclasses import dataclass
 
 import orjson
 
+from specmon.analysis.sources import WEBHOOK
 from specmon.core.times import utc_now
-from specmon.follow.outbox import WEBHOOK, Message, new_id
+from specmon.follow.outbox import Message, new_id
 from specmon.verdicts.findings import Finding
 
 

@@ -26,8 +26,6 @@ from specmon.core.times import utc_now
 from specmon.follow.config import DEFAULT_OUTBOX_MAX_AGE_S, Log
 from specmon.store.database import Store
 
-WEBHOOK, ALERTMANAGER = "webhook", "alertmanager"
-CHANNELS = (WEBHOOK, ALERTMANAGER)
 DEFAULT_REQUEST_TIMEOUT_S = 10.0
 FIRST_RETRY_S = 1.0
 MAX_RETRY_S = 300.0
@@ -70,20 +68,6 @@ def put(cur: duckdb.DuckDBPyConnection, messages: list[Message], now: datetime, 
 
 def pending(store: Store) -> bool:
     return bool(store.query("SELECT count(*) FROM outbox WHERE delivered_at IS NULL AND gave_up_at IS NULL")[0][0])
-
-
-def counts(store: Store) -> list[tuple[str, int, int]]:
-    """(channel, rows pending, rows undeliverable) for each channel."""
-    got = {ch: (int(p), int(u)) for ch, p, u in store.query(
-        "SELECT channel, count(*) FILTER (WHERE delivered_at IS NULL AND gave_up_at IS NULL), "
-        "count(*) FILTER (WHERE gave_up_at IS NOT NULL) FROM outbox GROUP BY channel")}
-    return [(ch, *got.get(ch, (0, 0))) for ch in CHANNELS]
-
-
-def undeliverable(store: Store):
-    """The rows given up, newest first, as a DataFrame (the Sources page)."""
-    return store.query_df("SELECT channel, receiver, run, event, created_at, attempts, gave_up_at, last_error "
-                          "FROM outbox WHERE gave_up_at IS NOT NULL ORDER BY gave_up_at DESC")
 
 
 def post(url: str, body: bytes, timeout_s: float) -> str | None:
