@@ -13,10 +13,10 @@ from specmon.store.database import Store
 
 def watched_sources(store: Store):
     """Every watched source as stored (kind, location, run, template, status, last read, last data, rows, last
-    error, failing since, stale_after_s), as a DataFrame; `source_health` judges it."""
+    error, failing since, stale_after_s, failed reads), as a DataFrame; `source_health` judges it."""
     return store.query_df(
         "SELECT kind, location, run, template, status, last_read, last_data, rows, last_error, failing_since, "
-        "stale_after_s FROM watch_sources ORDER BY kind, location")
+        "stale_after_s, failures FROM watch_sources ORDER BY kind, location")
 
 
 def source_health(sources, now: datetime | None = None):

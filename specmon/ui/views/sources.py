@@ -39,13 +39,14 @@ def render() -> None:
                "(`specmon watch --stale-after`, default 300 s); **failing** when reading it fails (it is retried "
                "with back-off); **stopped** at a bad line (watch it with `--skip-bad` to skip such lines).")
     shown = health.assign(lag=health["lag_s"].round(1))[
-        ["status", "kind", "location", "run", "template", "last_data", "lag", "last_read", "rows", "last_error",
-         "failing_since"]]
+        ["status", "kind", "location", "run", "template", "last_data", "lag", "last_read", "rows", "failures",
+         "last_error", "failing_since"]]
     table(shown, hide_index=True, use_container_width=True, column_config={
         "last_data": st.column_config.DatetimeColumn("last data (UTC)"),
         "last_read": st.column_config.DatetimeColumn("last read (UTC)"),
         "lag": st.column_config.NumberColumn("seconds since data"),
         "rows": st.column_config.NumberColumn("rows stored"),
+        "failures": st.column_config.NumberColumn("failed reads"),
         "failing_since": st.column_config.DatetimeColumn("failing since (UTC)"),
     })
 
