@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest, start_http_s
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from specmon.analysis.load import LoadCurve
 from specmon.analysis.sources import outbox_counts, source_health, watched_sources
 from specmon.core.faults import SpecmonError
 from specmon.core.segments import STATUSES
@@ -45,6 +46,13 @@ def _gauge(name: str, doc: str, labels: Iterable[str], values: Iterable[tuple[tu
         if value is not None:
             family.add_metric(list(key), float(value))
     return family
+
+
+def _break_even(curve: LoadCurve, at_load: dict | None) -> float | None:
+    """The run's break-even concurrency as `check` states it at the current load, else its best k's."""
+    if at_load is not None:
+        return at_load.get("break_even")
+    return curve.best.break_even if curve.best is not None and curve.best.crosses else None
 
 
 class StoreCollector(Collector):
@@ -82,7 +90,7 @@ class StoreCollector(Collector):
         return out + self._sources(sources) + self._outbox(outbox)
 
     def _runs(self, verdict: findings.Verdict) -> list[Metric]:
-        last: dict[str, str] = {}
+        last: dict[str, str] = {c.run: "" for c in verdict.curves}  # a sweep's run has no time of its own
         for r in verdict.segments:
             last[r["run"]] = max(last.get(r["run"], ""), r.get("last_ts") or "")
         kept = set(sorted(last, key=lambda run: last[run], reverse=True)[:self.max_runs])
@@ -123,8 +131,9 @@ class StoreCollector(Collector):
             _gauge("specmon_speedup_upper_ratio", "Upper bound of the measured speedup's 95% interval",
                    SEGMENT_LABELS, [(k, f.get("speedup_hi")) for k, f in at_load.items() if k[0] in kept]),
             _gauge("specmon_break_even_concurrency", "Concurrency (requests running) where the measured speedup "
-                   "crosses 1", SEGMENT_LABELS,
-                   [(k, f.get("break_even")) for k, f in at_load.items() if k[0] in kept]),
+                   "crosses 1 (of the draft length served now where the current load is known, else of the best "
+                   "draft length)", SEGMENT_LABELS,
+                   [(k, _break_even(c, at_load.get(k))) for c in curves if (k := (c.run, c.template or ""))]),
             _gauge("specmon_concurrency", "Requests running, on average over the run's latest engine windows",
                    SEGMENT_LABELS, [((c.run, c.template or ""), c.current) for c in curves]),
             _gauge("specmon_load_status", "The payoff at the current concurrency, one series per status: 1 for "
