@@ -2,8 +2,9 @@
 
 A finding fires while it is a problem that still holds: a segment losing or at risk, a run losing or at risk at its
 load, a drift alarm open, a template change that hurt. Alertmanager resolves an alert that is not posted again
-within its resolve_timeout (5 minutes by default), so the watcher posts every firing alert again each
-DEFAULT_RESEND_S; when the finding stops firing it posts the alert once more with endsAt, which resolves it.
+within its resolve_timeout (5 minutes by default), so the watcher posts every firing alert again every
+alert_resend seconds (default 60; specmon.follow.config); when the finding stops firing it posts the alert once
+more with endsAt, which resolves it.
 An alert is known to Alertmanager by its labels (alertname, run, template, kind, subject, severity): a finding that
 moves from at risk to losing changes its severity, so the at-risk alert is resolved and the losing one fires.
 """
@@ -20,8 +21,6 @@ from specmon.follow.outbox import Message, new_id
 from specmon.verdicts import findings
 from specmon.verdicts.findings import Finding
 
-# Well under Alertmanager's default resolve_timeout of 5 minutes.
-DEFAULT_RESEND_S = 60.0
 FIRING, RESOLVED = "firing", "resolved"
 ALERT_NAMES = {
     findings.SEGMENT: "SpeculativeDecodingSegmentStatus",
@@ -91,5 +90,5 @@ def changes(found: list[Finding], known: dict[str, str], url: str, dashboard_url
 
 
 def firing(found: list[Finding], url: str, dashboard_url: str, now: datetime) -> list[Message]:
-    """Every firing alert again (posted each DEFAULT_RESEND_S so that Alertmanager keeps it open)."""
+    """Every firing alert again (posted every alert_resend seconds, so that Alertmanager keeps it open)."""
     return [_message(f, f.state, FIRING, url, dashboard_url, now) for f in found if fires(f.kind, f.state)]

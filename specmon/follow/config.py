@@ -28,6 +28,8 @@ DEFAULT_ALARM_EVERY_S = 5.0
 
 
 DEFAULT_OUTBOX_MAX_AGE_S = 24 * 3600.0
+# Well under Alertmanager's default resolve_timeout of 5 minutes, after which an alert not posted again resolves.
+DEFAULT_ALERT_RESEND_S = 60.0
 
 
 @dataclass
@@ -67,11 +69,12 @@ class WatchConfig:
     alarm_every_s: float = DEFAULT_ALARM_EVERY_S
     alertmanager: str | None = None  # an Alertmanager's base URL: findings are posted to it as alerts
     outbox_max_age_s: float = DEFAULT_OUTBOX_MAX_AGE_S  # a notice not delivered by then is given up
+    alert_resend_s: float = DEFAULT_ALERT_RESEND_S  # firing alerts are posted again this often
 
 
 def load_config(path: str) -> WatchConfig:
-    """A TOML file: top-level interval, stale_after, alarm_every, outbox_max_age (seconds), webhook, alertmanager,
-    dashboard_url (all optional),
+    """A TOML file: top-level interval, stale_after, alarm_every, outbox_max_age, alert_resend (seconds), webhook,
+    alertmanager, dashboard_url (all optional),
     and one table per
     source, as arrays of tables named by kind:
 
@@ -93,7 +96,7 @@ def load_config(path: str) -> WatchConfig:
         raise SpecmonError(f"{path}: not valid TOML ({exc})") from None
     config = WatchConfig()
     known = {"interval", "stale_after", "alarm_every", "webhook", "dashboard_url", "alertmanager", "outbox_max_age",
-             *KINDS}
+             "alert_resend", *KINDS}
     unknown = set(doc) - known
     if unknown:
         raise SpecmonError(f"{path}: unknown key(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(known))})")
@@ -104,6 +107,7 @@ def load_config(path: str) -> WatchConfig:
     config.dashboard_url = doc.get("dashboard_url", "")
     config.alertmanager = doc.get("alertmanager")
     config.outbox_max_age_s = _number(doc, "outbox_max_age", DEFAULT_OUTBOX_MAX_AGE_S, path)
+    config.alert_resend_s = _number(doc, "alert_resend", DEFAULT_ALERT_RESEND_S, path)
     for kind in KINDS:
         tables = doc.get(kind, [])
         if isinstance(tables, dict):

@@ -140,12 +140,12 @@ class Watcher:
             self.outbox.wake()
 
     def _repost_firing(self) -> None:
-        """Post every run's firing alerts again each alertmanager.DEFAULT_RESEND_S (one already waiting in the
-        outbox is not queued twice)."""
+        """Post every run's firing alerts again every alert_resend_s (one already waiting in the outbox is not
+        queued twice)."""
         if not self.config.alertmanager or not self.outbox:
             return
         for run, found in self._firing.items():
-            if not found or time.monotonic() - self._reposted_at.get(run, -1e9) < alertmanager.DEFAULT_RESEND_S:
+            if not found or time.monotonic() - self._reposted_at.get(run, -1e9) < self.config.alert_resend_s:
                 continue
             self._reposted_at[run] = time.monotonic()
             now = utc_now()
