@@ -333,6 +333,18 @@ def cmd_pull(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _metrics_flags(p: argparse.ArgumentParser, port: bool = True) -> None:
+    from specmon.core.settings import DEFAULT_METRICS_RUNS, METRICS_RUNS_ENV
+
+    if port:
+        p.add_argument("--metrics-port", type=int, metavar="PORT", help="serve specmon's own Prometheus series at "
+                       "http://ADDRESS:PORT/metrics")
+        p.add_argument("--metrics-address", default="127.0.0.1", help="address for --metrics-port (default "
+                       "127.0.0.1: this machine only)")
+    p.add_argument("--metrics-runs", type=_positive_int, metavar="N", help="/metrics exports the N runs with the "
+                   f"most recent data (default ${METRICS_RUNS_ENV} or {DEFAULT_METRICS_RUNS})")
+
+
 def cmd_watch(args: argparse.Namespace) -> int:
     from specmon.follow.config import SourceConfig, WatchConfig, load_config
     from specmon.follow.watcher import Watcher
@@ -354,9 +366,25 @@ def cmd_watch(args: argparse.Namespace) -> int:
         config.webhook = args.webhook
     if args.dashboard_url:
         config.dashboard_url = args.dashboard_url
+    if args.alertmanager:
+        config.alertmanager = args.alertmanager
 
     with _open_store(args) as store:
-        Watcher(store, config, log=_watch_log).run_until_signalled()
+        watcher = Watcher(store, config, log=_watch_log)
+        exporter = None
+        if args.metrics_port is not None:
+            from specmon.core import environment
+            from specmon.core.settings import METRICS_RUNS_ENV
+            from specmon.follow import metrics
+
+            exporter = metrics.serve(store, args.metrics_address, args.metrics_port, args.metrics_runs
+                                     or int(environment.value(METRICS_RUNS_ENV)))  # type: ignore[call-overload]
+            _watch_log(f"serving /metrics on http://{args.metrics_address}:{exporter.server_port}/metrics")
+        try:
+            watcher.run_until_signalled()
+        finally:
+            if exporter is not None:
+                exporter.shutdown()
     return EXIT_OK
 
 
@@ -644,7 +672,8 @@ class _FormatNames:
 def cmd_serve(args: argparse.Namespace) -> int:
     from specmon.ui.serve import serve
 
-    return serve(args.db, args.address, args.port, args.watch, _watch_log, lambda: _open_store(args))
+    return serve(args.db, args.address, args.port, args.watch, _watch_log, lambda: _open_store(args),
+                 metrics_runs=args.metrics_runs)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -864,6 +893,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "http://host:8501")
     p.add_argument("--stale-after", type=float, metavar="SECONDS", help="show a source as stale after this long "
                    "without data (default 300)")
+    p.add_argument("--alertmanager", metavar="URL", help="post findings as alerts to this Alertmanager "
+                   "(http://host:9093; API v2), re-posted while they fire and resolved when they close")
+    _metrics_flags(p)
     p.set_defaults(func=cmd_watch)
 
     p = sub.add_parser("alert-rule", help="print a Prometheus alerting rule over an engine's counters",
@@ -912,6 +944,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--address", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--watch", metavar="FILE", help="also run `specmon watch --config FILE` beside the dashboard "
                    "(stopped with it)")
+    _metrics_flags(p, port=False)  # the dashboard serves /metrics on its own port
     p.set_defaults(func=cmd_serve)
     return parser
 

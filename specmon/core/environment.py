@@ -14,9 +14,11 @@ from specmon.core.settings import (
     DB_ENV,
     DEFAULT_DB,
     DEFAULT_LOCK_TIMEOUT_S,
+    DEFAULT_METRICS_RUNS,
     LOCK_TIMEOUT_ENV,
     MEMORY_LIMIT,
     MEMORY_LIMIT_ENV,
+    METRICS_RUNS_ENV,
     REFRESH_ENV,
 )
 
@@ -48,6 +50,12 @@ def _path(text: str) -> str:
     return text
 
 
+def _count(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ValueError("expected a whole number of at least 1")
+    return int(text)
+
+
 @dataclass(frozen=True)
 class Variable:
     name: str
@@ -62,6 +70,7 @@ VARIABLES = {v.name: v for v in (
              "how long a command waits while another process writes the database"),
     Variable(MEMORY_LIMIT_ENV, _memory, MEMORY_LIMIT, "DuckDB's memory cap for every specmon connection"),
     Variable(REFRESH_ENV, _seconds(0.1, 3600), 2.0, "how often an open dashboard page looks for new data"),
+    Variable(METRICS_RUNS_ENV, _count, DEFAULT_METRICS_RUNS, "how many runs specmon's /metrics exports"),
 )}
 
 

@@ -52,6 +52,10 @@ LOCK_TIMEOUT_ENV = "SPECMON_LOCK_TIMEOUT"
 DEFAULT_LOCK_TIMEOUT_S = 60.0
 # How often an open dashboard page looks for new data (seconds; one stat of the database file per look).
 REFRESH_ENV = "SPECMON_REFRESH_S"
+# specmon's own /metrics exports the runs with the most recent data, this many (`--metrics-runs`), so that its
+# label values stay bounded however many runs the database holds.
+DEFAULT_METRICS_RUNS = 20
+METRICS_RUNS_ENV = "SPECMON_METRICS_RUNS"
 # A watched source that reads fine but delivers no new data for this long is shown stale (`stale_after`).
 DEFAULT_STALE_AFTER_S = 300.0
 # How far a logged distribution may sum from 1 before a step is rejected (`ingest --sum-tol`; a float32 softmax

@@ -30,6 +30,11 @@ DEFAULT_PROMETHEUS_STEP_S = 15.0
 DEFAULT_ALARM_EVERY_S = 5.0
 
 
+DEFAULT_OUTBOX_MAX_AGE_S = 24 * 3600.0
+# Well under Alertmanager's default resolve_timeout of 5 minutes, after which an alert not posted again resolves.
+DEFAULT_ALERT_RESEND_S = 60.0
+
+
 @dataclass
 class SourceConfig:
     """One followed source. kind: log (an engine's log), steplog, inbox (a folder), prometheus (a Prometheus
@@ -69,10 +74,14 @@ class WatchConfig:
     webhook: str | None = None
     dashboard_url: str = ""  # prefixed to the link path in webhooks, e.g. http://host:8501
     alarm_every_s: float = DEFAULT_ALARM_EVERY_S
+    alertmanager: str | None = None  # an Alertmanager's base URL: findings are posted to it as alerts
+    outbox_max_age_s: float = DEFAULT_OUTBOX_MAX_AGE_S  # a notice not delivered by then is given up
+    alert_resend_s: float = DEFAULT_ALERT_RESEND_S  # firing alerts are posted again this often
 
 
 def load_config(path: str) -> WatchConfig:
-    """A TOML file: top-level interval, stale_after, alarm_every (seconds), webhook, dashboard_url (all optional),
+    """A TOML file: top-level interval, stale_after, alarm_every, outbox_max_age, alert_resend (seconds), webhook,
+    alertmanager, dashboard_url (all optional),
     and one table per
     source, as arrays of tables named by kind:
 
@@ -94,7 +103,8 @@ def load_config(path: str) -> WatchConfig:
     except tomllib.TOMLDecodeError as exc:
         raise SpecmonError(f"{path}: not valid TOML ({exc})") from None
     config = WatchConfig()
-    known = {"interval", "stale_after", "alarm_every", "webhook", "dashboard_url", *KINDS}
+    known = {"interval", "stale_after", "alarm_every", "webhook", "dashboard_url", "alertmanager", "outbox_max_age",
+             "alert_resend", *KINDS}
     unknown = set(doc) - known
     if unknown:
         raise SpecmonError(f"{path}: unknown key(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(known))})")
@@ -103,6 +113,9 @@ def load_config(path: str) -> WatchConfig:
     config.alarm_every_s = _number(doc, "alarm_every", DEFAULT_ALARM_EVERY_S, path)
     config.webhook = doc.get("webhook")
     config.dashboard_url = doc.get("dashboard_url", "")
+    config.alertmanager = doc.get("alertmanager")
+    config.outbox_max_age_s = _number(doc, "outbox_max_age", DEFAULT_OUTBOX_MAX_AGE_S, path)
+    config.alert_resend_s = _number(doc, "alert_resend", DEFAULT_ALERT_RESEND_S, path)
     for kind in KINDS:
         tables = doc.get(kind, [])
         if isinstance(tables, dict):

@@ -1,24 +1,24 @@
-"""Notices: what the watcher tells a person when a finding opens or closes, logged and POSTed to a webhook."""
+"""Notices: what the watcher tells a person when a finding opens or closes, logged and POSTed to a webhook (through
+the outbox, specmon.follow.outbox)."""
 from __future__ import annotations
 
-import queue
-import threading
-import time
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 
 import orjson
 
+from specmon.analysis.sources import WEBHOOK
 from specmon.core.times import utc_now
-from specmon.follow.config import Log
+from specmon.follow.outbox import Message, new_id
 from specmon.verdicts.findings import Finding
 
 
 @dataclass(frozen=True)
 class Notice:
-    """One webhook document: what changed (a finding's new state), for which run and template, and the figures."""
+    """One webhook document: what changed (a finding's new state), for which run and template, and the figures;
+    id is the same on every attempt to send it, so a receiver can drop a repeat."""
 
+    id: str
     event: str  # specmon.verdicts.findings.EVENTS: segment_losing, segment_at_risk, segment_recovered, ...
     run: str
     template: str
@@ -34,7 +34,7 @@ class Notice:
     @staticmethod
     def of(finding: Finding, event: str, status: str, dashboard_url: str = "") -> Notice:
         link = f"{dashboard_url.rstrip('/')}/{finding.page}?run={urllib.parse.quote(finding.run)}"
-        return Notice(event, finding.run, finding.template, status, finding.alpha, finding.alpha_lo,
+        return Notice(new_id(), event, finding.run, finding.template, status, finding.alpha, finding.alpha_lo,
                       finding.alpha_hi, finding.break_even, utc_now().isoformat() + "Z", link, finding.headline)
 
     def as_json(self) -> bytes:
@@ -44,36 +44,6 @@ class Notice:
         return f"{self.event}: run {self.run!r} template {self.template or '-'!r}: {self.detail}"
 
 
-class Webhook:
-    """POSTs notices from a background thread, with retries; never blocks the caller."""
-
-    def __init__(self, url: str, log: Log, attempts: int = 5, timeout_s: float = 10.0):
-        self.url, self.log, self.attempts, self.timeout_s = url, log, attempts, timeout_s
-        self._queue: queue.Queue[Notice | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="specmon-webhook", daemon=True)
-        self._thread.start()
-
-    def send(self, notice: Notice) -> None:
-        self._queue.put(notice)
-
-    def close(self, wait_s: float = 10.0) -> None:
-        self._queue.put(None)
-        self._thread.join(wait_s)
-
-    def _run(self) -> None:
-        while (notice := self._queue.get()) is not None:
-            delay = 0.5
-            for attempt in range(1, self.attempts + 1):
-                try:
-                    req = urllib.request.Request(self.url, data=notice.as_json(), method="POST",
-                                                 headers={"Content-Type": "application/json"})
-                    with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                        resp.read()
-                    break
-                except Exception as exc:  # a bad receiver must not end the thread
-                    if attempt == self.attempts:
-                        self.log(f"webhook {self.url}: gave up on {notice.event} for run {notice.run!r} after "
-                                 f"{attempt} attempts ({exc})")
-                    else:
-                        time.sleep(delay)
-                        delay = min(delay * 2, 10.0)
+def webhook_message(notice: Notice, url: str, subject: str) -> Message:
+    """The outbox row that POSTs the notice to the webhook (its id is the notice's)."""
+    return Message(notice.id, notice.run, subject, notice.event, WEBHOOK, url, notice.as_json())

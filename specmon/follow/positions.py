@@ -43,5 +43,6 @@ def mark(store: Store, source: SourceConfig, status: str, error: str | None, now
     with store.transaction() as cur:
         cur.execute(
             "UPDATE watch_sources SET status = ?, last_read = ?, last_error = ?, "
-            "failing_since = CASE WHEN ? IS NULL THEN NULL ELSE coalesce(failing_since, ?) END "
-            "WHERE source_key = ?", [status, now, error, error, now, source.key])
+            "failing_since = CASE WHEN ? IS NULL THEN NULL ELSE coalesce(failing_since, ?) END, "
+            "failures = coalesce(failures, 0) + CASE WHEN ? IS NULL THEN 0 ELSE 1 END "
+            "WHERE source_key = ?", [status, now, error, error, now, error, source.key])

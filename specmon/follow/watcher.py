@@ -2,7 +2,7 @@
 
 A source that fails (file gone, server down, a bad line) is retried with back-off and shown as failing; the others
 go on. After each poll that stored data, the run's findings (specmon.verdicts) are gathered again and what changed
-is announced (specmon.follow.notify).
+is announced (specmon.follow.notify, specmon.follow.alertmanager) through the outbox (specmon.follow.outbox).
 """
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 
 from specmon.core.faults import SpecmonError
 from specmon.core.times import utc_now
+from specmon.follow import alertmanager, outbox
 from specmon.follow.config import Log, SourceConfig, WatchConfig
-from specmon.follow.notify import Notice, Webhook
+from specmon.follow.notify import Notice, webhook_message
 from specmon.follow.polls import PollResult, SourceStopped, poll_inbox, poll_log, poll_prometheus, poll_steplog
 from specmon.follow.positions import mark, register
 from specmon.follow.scrape import poll_scrape
@@ -43,9 +44,15 @@ class Watcher:
         self._states = {s.key: _SourceState() for s in config.sources}
         self._unannounced: set[str] = set()  # runs with new data since their last evaluation
         self._announced_at: dict[str, float] = {}
-        self.webhook = Webhook(config.webhook, log) if config.webhook else None
+        self._firing: dict[str, list[findings.Finding]] = {}  # per run, its findings firing as alerts
+        self._reposted_at: dict[str, float] = {}
         for source in config.sources:
             register(store, source, config.stale_after_s)
+        # Notices go out through the outbox; it also runs where an earlier watcher left rows undelivered.
+        self.outbox = (outbox.Outbox(store, log, config.outbox_max_age_s)
+                       if config.webhook or config.alertmanager or outbox.pending(store) else None)
+        if config.alertmanager:  # what fires is posted again from the start (Alertmanager forgets it otherwise)
+            self._unannounced |= {s.run_name for s in config.sources}
 
     def stop(self) -> None:
         self._stop.set()
@@ -75,6 +82,7 @@ class Watcher:
                 self._unannounced.discard(run)
                 self._announced_at[run] = time.monotonic()
                 self._announce(run)
+        self._repost_firing()
         return more
 
     def _poll(self, source: SourceConfig, state: _SourceState) -> PollResult:
@@ -103,27 +111,56 @@ class Watcher:
     def _announce(self, run: str) -> None:
         """Send what changed since the last announcement for this run (remembered in the database, so a
         restarted watcher does not repeat itself). The findings are `specmon check`'s own (c: measured, else
-        declared for the run's watched sources)."""
+        declared for the run's watched sources). The notices are written to the outbox in the transaction that
+        records the findings' new states: a notice is sent if and only if its state change is recorded."""
         try:  # the analysis reads (the dashboard reads beside it), then saves the detector's state in a short write
             verdict = findings.gather(self.store, run=run)
             known = dict(self.store.query("SELECT subject, state FROM watch_notices WHERE run = ?", [run]))
         except SpecmonError as exc:
             self.log(f"run {run!r}: could not evaluate alarms ({exc})")
             return
+        self._firing[run] = [f for f in verdict.findings if alertmanager.fires(f.kind, f.state)]
         if not verdict.findings:
             return
         status = {r["template"]: r["status"] for r in verdict.segments}
-        fresh = [Notice.of(f, event, status.get(f.template, "unknown"), self.config.dashboard_url)
+        fresh = [(f, Notice.of(f, event, status.get(f.template, "unknown"), self.config.dashboard_url))
                  for f, event in findings.announcements(verdict.findings, known)]
+        now = utc_now()
+        messages = [webhook_message(n, self.config.webhook, f.subject) for f, n in fresh] if self.config.webhook else []
+        if self.config.alertmanager:
+            messages += alertmanager.changes(verdict.findings, known, self.config.alertmanager,
+                                             self.config.dashboard_url, now)
         with self.store.transaction() as cur:
             for f in verdict.findings:
                 cur.execute("INSERT INTO watch_notices VALUES (?, ?, ?, ?) ON CONFLICT (run, subject) DO UPDATE "
                             "SET state = excluded.state, changed_at = excluded.changed_at "
-                            "WHERE watch_notices.state <> excluded.state", [run, f.subject, f.state, utc_now()])
-        for notice in fresh:
+                            "WHERE watch_notices.state <> excluded.state", [run, f.subject, f.state, now])
+            outbox.put(cur, messages, now)
+        if messages:
+            self._reposted_at[run] = time.monotonic()
+        for _, notice in fresh:
             self.log(notice.line())
-            if self.webhook:
-                self.webhook.send(notice)
+        if self.outbox and messages:
+            self.outbox.wake()
+
+    def _repost_firing(self) -> None:
+        """Post every run's firing alerts again every alert_resend_s (one already waiting in the outbox is not
+        queued twice)."""
+        if not self.config.alertmanager or not self.outbox:
+            return
+        for run, found in self._firing.items():
+            if not found or time.monotonic() - self._reposted_at.get(run, -1e9) < self.config.alert_resend_s:
+                continue
+            self._reposted_at[run] = time.monotonic()
+            now = utc_now()
+            try:
+                with self.store.transaction() as cur:
+                    outbox.put(cur, alertmanager.firing(found, self.config.alertmanager, self.config.dashboard_url,
+                                                        now), now, unless_pending=True)
+            except SpecmonError as exc:
+                self.log(f"run {run!r}: could not queue its firing alerts ({exc})")
+                continue
+            self.outbox.wake()
 
     def run(self) -> None:
         """Poll until stopped; a poll in hand is finished first."""
@@ -135,8 +172,8 @@ class Watcher:
                 self._stop.wait(self.config.interval_s)
         for run in sorted(self._unannounced):  # what arrived since the last evaluation
             self._announce(run)
-        if self.webhook:
-            self.webhook.close()
+        if self.outbox:  # what is not sent within a few seconds stays pending for the next start
+            self.outbox.close()
         self.log("stopped")
 
     def run_until_signalled(self) -> None:

@@ -409,6 +409,30 @@ MIGRATIONS.append(
     );
     """
 )
+MIGRATIONS.append(
+    # 16: the watcher's outbox. Every notice to send (a webhook document, an Alertmanager alert) is written here in
+    # the transaction that records the finding's new state, and sent from it until the receiver accepts, across
+    # restarts; a row older than the watcher's outbox age is given up and kept, to be reported. A watched source
+    # counts its failures, for specmon's own /metrics.
+    """
+    CREATE TABLE outbox (
+        id              VARCHAR PRIMARY KEY,   -- the document's stable id: a receiver dedupes on it
+        run             VARCHAR NOT NULL,
+        subject         VARCHAR NOT NULL,      -- the finding's subject (watch_notices)
+        event           VARCHAR NOT NULL,      -- segment_losing, ...; an alert: firing or resolved
+        channel         VARCHAR NOT NULL,      -- webhook or alertmanager
+        receiver        VARCHAR NOT NULL,      -- the URL it goes to
+        body            JSON NOT NULL,         -- what is POSTed, as it is POSTed
+        created_at      TIMESTAMP NOT NULL,
+        attempts        INTEGER NOT NULL DEFAULT 0,
+        next_attempt_at TIMESTAMP NOT NULL,
+        delivered_at    TIMESTAMP,
+        gave_up_at      TIMESTAMP,
+        last_error      VARCHAR
+    );
+    ALTER TABLE watch_sources ADD COLUMN failures BIGINT DEFAULT 0;
+    """
+)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 # What a load stages, in its own DuckDB file (one per load, removed when the load ends).

@@ -5,7 +5,8 @@ health (every page shows it), runs the Overview's summary query and pays for fir
 (about 0.15 s); the hook does all of it in the background as the server starts, so it happens while the browser
 is still fetching and starting Streamlit's frontend, not after it asks for the first page (the queries' results
 go into the app's cache, where the page finds them).
-`streamlit run app.py` works as well, without the head start.
+The server also answers /metrics: specmon's own Prometheus series (specmon.follow.metrics), on the dashboard's port.
+`streamlit run app.py` works as well, without the head start or /metrics.
 """
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import streamlit as st
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from specmon.core.resources import APP
 
@@ -44,6 +49,27 @@ def _not_from_the_head_start(record: logging.LogRecord) -> bool:
     return record.threadName != _HEAD_START
 
 
+_METRICS: list = []  # the /metrics registry, made on the first scrape (it opens the database)
+
+
+def _scrape() -> tuple[bytes, str]:
+    from specmon.core import environment
+    from specmon.core.settings import METRICS_RUNS_ENV
+    from specmon.follow import metrics
+    from specmon.store.database import Store
+
+    if not _METRICS:
+        _METRICS.append(metrics.registry(Store(), int(environment.value(METRICS_RUNS_ENV))))  # type: ignore[call-overload]
+    return metrics.exposition(_METRICS[0])
+
+
+async def _metrics(_request: Request) -> Response:
+    """specmon's own Prometheus series (specmon.follow.metrics), read in a worker thread: the analysis must not hold
+    the server's event loop."""
+    body, content_type = await run_in_threadpool(_scrape)
+    return Response(body, media_type=content_type)
+
+
 @asynccontextmanager
 async def _head_start(_app: st.App) -> AsyncIterator[None]:
     logging.getLogger("streamlit.runtime.scriptrunner_utils.script_run_context").addFilter(_not_from_the_head_start)
@@ -51,4 +77,4 @@ async def _head_start(_app: st.App) -> AsyncIterator[None]:
     yield
 
 
-app = st.App(APP, lifespan=_head_start)
+app = st.App(APP, lifespan=_head_start, routes=[Route("/metrics", _metrics)])

@@ -13,7 +13,7 @@ import pandas as pd
 import streamlit as st
 
 from specmon.analysis import load, lossless, summary
-from specmon.analysis.sources import source_health, watched_sources
+from specmon.analysis.sources import outbox_counts, source_health, undeliverable, watched_sources
 from specmon.core import environment
 from specmon.core.faults import SpecmonError
 from specmon.core.settings import REFRESH_ENV
@@ -136,6 +136,18 @@ def sources() -> pd.DataFrame:
     """Every watched source with its health now (lag and staleness move with the clock, not with the data)."""
     store = get_store()
     return source_health(_sources(store.path, store.generation))
+
+
+@st.cache_data(max_entries=4, show_spinner=False)
+def _outbox(path: str, generation: tuple) -> tuple[list[tuple[str, int, int]], pd.DataFrame]:
+    store = _store(path)
+    return outbox_counts(store), undeliverable(store)
+
+
+def outbox() -> tuple[list[tuple[str, int, int]], pd.DataFrame]:
+    """The watcher's outbox: (channel, pending, undeliverable) per channel, and the rows given up."""
+    store = get_store()
+    return _outbox(store.path, store.generation)
 
 
 # The outcomes of the last upload, kept in the session: a page reruns every few seconds to follow new data, and what

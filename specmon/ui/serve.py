@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from specmon.core import resources
-from specmon.core.settings import DB_ENV
+from specmon.core.settings import DB_ENV, METRICS_RUNS_ENV
 
 if TYPE_CHECKING:
     from specmon.store.database import Store
@@ -117,11 +117,14 @@ def _serve_here(flags: list[str]) -> int:
 
 
 def serve(db: str | None, address: str, port: int, watch_config: str | None, log: Callable[[str], None],
-          open_store: Callable[[], Store]) -> int:
+          open_store: Callable[[], Store], metrics_runs: int | None = None) -> int:
     """Run the dashboard until it ends, with `specmon watch --config watch_config` beside it where given; the
-    exit status (128 + the signal that ended it). open_store opens the database as the command line does."""
+    exit status (128 + the signal that ended it). open_store opens the database as the command line does.
+    The dashboard also serves specmon's own Prometheus series at /metrics (metrics_runs: how many runs)."""
     if db:
         os.environ[DB_ENV] = db  # for the server, here or in the child
+    if metrics_runs is not None:
+        os.environ[METRICS_RUNS_ENV] = str(metrics_runs)
     flags = _streamlit_flags({"server.address": address, "server.port": port, "server.headless": True})
     if not watch_config:
         return _serve_here(flags)

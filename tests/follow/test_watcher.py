@@ -207,7 +207,7 @@ def test_a_segment_turning_losing_reaches_the_webhook_once(tmp_path, receiver):
         for i in range(20, 400):
             fh.write(v1_line(i, 100, [20, 5, 1])[0])
     w.poll_once()
-    w.webhook.close()
+    w.outbox.close()
     losing = [r for r in received if r["event"] == "segment_losing"]
     assert len(losing) == 1, received
     # the pages and `check` give the same verdict: the watched source's c is the run's declared cost
@@ -223,7 +223,7 @@ def test_a_segment_turning_losing_reaches_the_webhook_once(tmp_path, receiver):
     with open(log, "a") as fh:
         fh.write(v1_line(400, 100, [20, 5, 1])[0])
     restarted.poll_once()
-    restarted.webhook.close()
+    restarted.outbox.close()
     assert len([r for r in received if r["event"] == "segment_losing"]) == 1
 
 
