@@ -89,3 +89,24 @@ REAL_V0_LOAD = [
 
 REAL_SGLANG_LOAD = ("[2025-02-27 04:46:39 TP0] Decode batch. #running-req: 8, #token: 62531, token usage: 0.12, "
                     "gen throughput (token/s): 186.64, #queue-req: 0")
+
+
+# The shape of a real vLLM V1 line (tests/data/engines/vllm-v1-current-1.log), with figures filled in.
+WATCHED_V1_LINE = (
+    "(APIServer pid=1) INFO 05-21 {h:02d}:{m:02d}:{s:02d} [metrics.py:101] SpecDecoding metrics: Mean acceptance "
+    "length: {mean:.2f}, Accepted throughput: 3.87 tokens/s, Drafted throughput: 5.72 tokens/s, Accepted: "
+    "{acc} tokens, Drafted: {drafted} tokens, Per-position acceptance rate: {rates}, Avg Draft acceptance "
+    "rate: {pct:.1f}%\n")
+
+
+def watched_v1_line(i: int, drafts: int, per_pos: list[int]) -> tuple[str, int, int]:
+    """The i-th V1 line of a log that vLLM writes every 10 seconds from 10:00 (its default interval), for `drafts`
+    drafts of k = len(per_pos) whose accepted prefix reached position j per_pos[j] times; returns the line, the
+    accepted and the drafted tokens."""
+    k = len(per_pos)
+    acc, drafted = sum(per_pos), drafts * k
+    rates = ", ".join(f"{n / drafts:.3f}" for n in per_pos)
+    t = 10 * i
+    line = WATCHED_V1_LINE.format(h=10 + t // 3600, m=t // 60 % 60, s=t % 60, mean=1 + acc / drafts, acc=acc,
+                                  drafted=drafted, rates=rates, pct=100 * acc / drafted)
+    return line, acc, drafted

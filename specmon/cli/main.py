@@ -375,7 +375,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
         if args.metrics_port is not None:
             from specmon.core import environment
             from specmon.core.settings import METRICS_RUNS_ENV
-            from specmon.follow import metrics
+            from specmon.verdicts import metrics
 
             exporter = metrics.serve(store, args.metrics_address, args.metrics_port, args.metrics_runs
                                      or int(environment.value(METRICS_RUNS_ENV)))  # type: ignore[call-overload]
@@ -552,10 +552,17 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_alert_rule(args: argparse.Namespace) -> int:
-    from specmon.follow.alert_rule import prometheus_alert_rule
+    from specmon.follow.alert_rule import prometheus_alert_rule, specmon_alert_rules
 
-    print(prometheus_alert_rule(args.k, args.c, window=args.window, for_=args.for_, metric_prefix=args.prefix),
-          end="")
+    if args.prefix == "specmon":
+        print(specmon_alert_rules(args.for_ or "15m"), end="")
+        return EXIT_OK
+    if args.k is None or args.c is None:
+        _err(f"--k and --c are needed for the rule over {args.prefix}'s own counters (--prefix specmon needs "
+             "neither: specmon's series carry its verdicts)")
+        return EXIT_ERROR
+    print(prometheus_alert_rule(args.k, args.c, window=args.window, for_=args.for_ or "30m",
+                                metric_prefix=args.prefix), end="")
     return EXIT_OK
 
 
@@ -901,13 +908,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("alert-rule", help="print a Prometheus alerting rule over an engine's counters",
                        description="A Prometheus rule that fires while accepted tokens per draft over a window is "
                                    "below the break-even k*c (mean acceptance length below 1 + k*c).")
-    p.add_argument("--k", type=_positive_int, required=True, help="draft length served")
-    p.add_argument("--c", type=_cost, required=True, help="draft cost / target cost on your hardware")
+    p.add_argument("--k", type=_positive_int, help="draft length served (engines' counters)")
+    p.add_argument("--c", type=_cost, help="draft cost / target cost on your hardware (engines' counters)")
     p.add_argument("--window", default="15m", help="rate window (default 15m)")
-    p.add_argument("--for", dest="for_", default="30m", help="how long it must hold before firing (default 30m)")
-    p.add_argument("--prefix", default="vllm", choices=("vllm", "llamacpp", "trtllm"),
-                   help="whose counters: vLLM's (vllm:), llama-server's (llamacpp:) or TensorRT-LLM's (trtllm_) "
-                        "(default vllm)")
+    p.add_argument("--for", dest="for_", help="how long it must hold before firing (default 30m; 15m with "
+                   "--prefix specmon)")
+    p.add_argument("--prefix", default="vllm", choices=("vllm", "llamacpp", "trtllm", "specmon"),
+                   help="whose series: vLLM's (vllm:), llama-server's (llamacpp:) or TensorRT-LLM's (trtllm_) "
+                        "counters, or specmon's own /metrics (specmon_segment_status, specmon_load_status: "
+                        "no --k or --c needed) (default vllm)")
     p.set_defaults(func=cmd_alert_rule)
 
     p = sub.add_parser("theory", help="speedup table, best k and break-even for a draft cost c",

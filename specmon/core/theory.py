@@ -89,7 +89,7 @@ def profile_break_even_alpha(checked: Sequence[float], accepted: Sequence[float]
     becomes that times lam^(i+1) and its checked share checked[i] / steps times lam^i. lam* solves
     L(lam) = 1 + sum_i accepted[i] / steps * lam^(i+1) = tokens_break_even, and the answer is the per-token
     acceptance accepted / checked of that profile (at lam = 1, the observed alpha). None where no factor reaches
-    break-even (no conditional rate may pass 1) or nothing was accepted."""
+    break-even (no conditional rate may exceed 1) or nothing was accepted."""
     n = np.asarray(checked, dtype=float) / steps if steps else np.zeros(0)
     r = np.asarray(accepted, dtype=float) / steps if steps else np.zeros(0)
     if not len(r) or r.sum() <= 0:

@@ -1,4 +1,5 @@
-"""`specmon alert-rule`: a Prometheus alerting rule over an engine's own speculative-decoding counters."""
+"""`specmon alert-rule`: a Prometheus alerting rule over an engine's own speculative-decoding counters, or over
+specmon's own series (specmon.verdicts.metrics), where specmon has judged k, c and the load already."""
 from __future__ import annotations
 
 from specmon.core import theory
@@ -59,3 +60,26 @@ def prometheus_alert_rule(k: int, c: float, window: str = "15m", for_: str = "30
           description: "{what} is {{{{ $value | printf \\"%.3f\\" }}}} over {window},
             below the break-even {shown} for k = {k}, c = {c:g}: turn speculation off or retune k."
 """
+
+
+def specmon_alert_rules(for_: str = "15m") -> str:
+    """Rules over specmon's own /metrics: a segment losing at batch 1 (its headline status: L's interval below
+    1 + g c) and a run losing at the load it serves now (the measured speedup's interval below 1). specmon has
+    judged k, c and the load already, so the rules need neither."""
+    alerts = (("SpeculativeDecodingLosing", "specmon_segment_status", "losing",
+               "its tokens per step lie below the break-even 1 + g c (batch 1)"),
+              ("SpeculativeDecodingLosingAtLoad", "specmon_load_status", "loses",
+               "the speedup measured at the concurrency it serves now lies below 1"))
+    rules = "".join(f"""      - alert: {name}
+        expr: {metric}{{status="{status}"}} == 1
+        for: {for_}
+        labels:
+          severity: warning
+        annotations:
+          summary: "Speculative decoding on run {{{{ $labels.run }}}}, template {{{{ $labels.template }}}} costs more than it saves"
+          description: "specmon finds that {why}: turn speculation off or retune k (specmon recommend --run {{{{ $labels.run }}}})."
+""" for name, metric, status, why in alerts)  # noqa: E501 (one annotation per line keeps the YAML plain)
+    return f"""groups:
+  - name: specmon-verdicts
+    rules:
+{rules}"""

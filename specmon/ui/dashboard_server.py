@@ -5,7 +5,7 @@ health (every page shows it), runs the Overview's summary query and pays for fir
 (about 0.15 s); the hook does all of it in the background as the server starts, so it happens while the browser
 is still fetching and starting Streamlit's frontend, not after it asks for the first page (the queries' results
 go into the app's cache, where the page finds them).
-The server also answers /metrics: specmon's own Prometheus series (specmon.follow.metrics), on the dashboard's port.
+The server also answers /metrics: specmon's own Prometheus series (specmon.verdicts.metrics), on the dashboard's port.
 `streamlit run app.py` works as well, without the head start or /metrics.
 """
 from __future__ import annotations
@@ -55,8 +55,8 @@ _METRICS: list = []  # the /metrics registry, made on the first scrape (it opens
 def _scrape() -> tuple[bytes, str]:
     from specmon.core import environment
     from specmon.core.settings import METRICS_RUNS_ENV
-    from specmon.follow import metrics
     from specmon.store.database import Store
+    from specmon.verdicts import metrics
 
     if not _METRICS:
         _METRICS.append(metrics.registry(Store(), int(environment.value(METRICS_RUNS_ENV))))  # type: ignore[call-overload]
@@ -64,7 +64,7 @@ def _scrape() -> tuple[bytes, str]:
 
 
 async def _metrics(_request: Request) -> Response:
-    """specmon's own Prometheus series (specmon.follow.metrics), read in a worker thread: the analysis must not hold
+    """specmon's own Prometheus series (specmon.verdicts.metrics), read in a worker thread: the analysis must not hold
     the server's event loop."""
     body, content_type = await run_in_threadpool(_scrape)
     return Response(body, media_type=content_type)

@@ -103,3 +103,55 @@ def test_an_alert_expected_before_the_crossing_fails_the_unit_test(tmp_path, spe
     (tmp_path / "test.yml").write_text(early)
     run = subprocess.run([promtool, "test", "rules", "test.yml"], capture_output=True, text=True, cwd=tmp_path)
     assert run.returncode != 0 and "FAILED" in run.stdout + run.stderr
+
+
+def test_the_rules_over_specmons_own_series_fire_while_it_finds_a_loss(tmp_path, specmon_cmd, promtool):
+    """specmon's own series (what `specmon serve` and `watch --metrics-port` export): a segment that turns losing at
+    minute 30 fires after `for: 15m`, and one that stays healthy never does; the same for the load status."""
+    rule = subprocess.run([*specmon_cmd, "alert-rule", "--prefix", "specmon"], capture_output=True, text=True)
+    assert rule.returncode == 0, rule.stderr
+    rules = tmp_path / "rules.yml"
+    rules.write_text(rule.stdout)
+    check = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True)
+    assert check.returncode == 0 and "SUCCESS: 2 rules found" in check.stdout, check.stdout + check.stderr
+    summary = "Speculative decoding on run prod, template v2 costs more than it saves"
+    (tmp_path / "test.yml").write_text(f"""rule_files: [rules.yml]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'specmon_segment_status{{run="prod",template="v2",status="losing"}}'
+        values: '0x29 1x60'
+      - series: 'specmon_segment_status{{run="prod",template="v1",status="losing"}}'
+        values: '0x89'
+      - series: 'specmon_load_status{{run="prod",template="v2",status="loses"}}'
+        values: '0x59 1x30'
+    alert_rule_test:
+      - eval_time: 40m
+        alertname: SpeculativeDecodingLosing
+        exp_alerts: []
+      - eval_time: 50m
+        alertname: SpeculativeDecodingLosing
+        exp_alerts:
+          - exp_labels: {{severity: warning, run: prod, template: v2, status: losing}}
+            exp_annotations:
+              summary: "{summary}"
+              description: "specmon finds that its tokens per step lie below the break-even 1 + g c (batch 1): turn speculation off or retune k (specmon recommend --run prod)."
+      - eval_time: 70m
+        alertname: SpeculativeDecodingLosingAtLoad
+        exp_alerts: []
+      - eval_time: 80m
+        alertname: SpeculativeDecodingLosingAtLoad
+        exp_alerts:
+          - exp_labels: {{severity: warning, run: prod, template: v2, status: loses}}
+            exp_annotations:
+              summary: "{summary}"
+              description: "specmon finds that the speedup measured at the concurrency it serves now lies below 1: turn speculation off or retune k (specmon recommend --run prod)."
+""")  # noqa: E501 (promtool compares the annotation whole)
+    run = subprocess.run([promtool, "test", "rules", "test.yml"], capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 0 and "SUCCESS" in run.stdout, run.stdout + run.stderr
+
+
+def test_an_engine_rule_needs_k_and_c(specmon_cmd):
+    r = subprocess.run([*specmon_cmd, "alert-rule", "--prefix", "vllm"], capture_output=True, text=True)
+    assert r.returncode == 2 and "--k and --c are needed" in r.stderr

@@ -8,7 +8,7 @@ import subprocess
 import urllib.request
 
 import pytest
-from test_watcher import v1_line
+from engine_lines import watched_v1_line as v1_line
 from waiting import until
 
 from specmon.follow.config import SourceConfig, WatchConfig, load_config
@@ -82,7 +82,7 @@ def test_a_losing_segment_fires_is_posted_again_and_resolves_when_it_recovers(tm
                                    alertmanager=alertmanager, dashboard_url="http://dash:8501", alert_resend_s=0.5),
                 log=lambda s: None)
     write_lines(log, 0, 40, [90, 80, 70])
-    write_lines(log, 40, 360, [20, 5, 1])  # below break-even (1 + k c = 1.9 tokens per step at c = 0.3)
+    write_lines(log, 40, 700, [20, 5, 1])  # below break-even (1 + k c = 1.9 tokens per step at c = 0.3)
     poll_all(w)
     until(lambda: segment_alerts(alertmanager), 30, "the losing segment's alert")
     [alert] = segment_alerts(alertmanager)
@@ -95,7 +95,7 @@ def test_a_losing_segment_fires_is_posted_again_and_resolves_when_it_recovers(tm
     updated = alert["updatedAt"]
     until(lambda: (w.poll_once(), segment_alerts(alertmanager)[0]["updatedAt"] != updated)[1], 30,
           "the firing alert posted again")
-    write_lines(log, 400, 1500, [90, 80, 70])  # acceptance comes back, well above break-even
+    write_lines(log, 740, 1500, [90, 80, 70])  # acceptance comes back, well above break-even
     poll_all(w)
     [segment] = [f for f in findings.gather(store, run="prod").findings if f.kind == findings.SEGMENT]
     assert segment.state == "healthy"

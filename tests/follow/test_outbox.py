@@ -10,9 +10,9 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from engine_lines import watched_v1_line as v1_line
 from paths import APP
 from streamlit.testing.v1 import AppTest
-from test_watcher import v1_line
 from waiting import until
 
 from specmon.analysis.sources import outbox_counts

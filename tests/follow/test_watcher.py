@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
+from engine_lines import watched_v1_line as v1_line
 from paths import APP
 from streamlit.testing.v1 import AppTest
 from waiting import until
@@ -20,23 +21,6 @@ from specmon.core.faults import SpecmonError
 from specmon.follow.config import SourceConfig, WatchConfig, load_config
 from specmon.follow.watcher import Watcher
 from specmon.store.database import Store
-
-# The shape of a real vLLM V1 line (tests/data/engines/vllm-v1-current-1.log), with figures filled in.
-V1_LINE = ("(APIServer pid=1) INFO 05-21 21:{m:02d}:{s:02d} [metrics.py:101] SpecDecoding metrics: Mean acceptance "
-           "length: {mean:.2f}, Accepted throughput: 3.87 tokens/s, Drafted throughput: 5.72 tokens/s, Accepted: "
-           "{acc} tokens, Drafted: {drafted} tokens, Per-position acceptance rate: {rates}, Avg Draft acceptance "
-           "rate: {pct:.1f}%\n")
-
-
-def v1_line(i: int, drafts: int, per_pos: list[int]) -> tuple[str, int, int]:
-    """A V1 line for `drafts` drafts of k = len(per_pos) whose accepted prefix reached position j per_pos[j]
-    times; returns the line, the accepted and the drafted tokens."""
-    k = len(per_pos)
-    acc, drafted = sum(per_pos), drafts * k
-    rates = ", ".join(f"{n / drafts:.3f}" for n in per_pos)
-    line = V1_LINE.format(m=(i // 60) % 60, s=i % 60, mean=1 + acc / drafts, acc=acc, drafted=drafted, rates=rates,
-                          pct=100 * acc / drafted)
-    return line, acc, drafted
 
 
 def totals(store: Store) -> tuple[float, float]:
