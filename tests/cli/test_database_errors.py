@@ -55,7 +55,8 @@ def test_a_damaged_database_is_a_message_for_every_command(tmp_path):
 def test_a_directory_for_the_database_is_a_message(tmp_path):
     folder = tmp_path / "db.duckdb"
     folder.mkdir()
-    for command in (["ingest", str(a_step_log(tmp_path))], ["summary"], ["check"], ["serve"]):
+    log = a_step_log(tmp_path)
+    for command in (["ingest", str(log)], ["summary"], ["check"], ["watch", "--log", str(log)], ["serve"]):
         r = specmon(*command, "--db", str(folder))
         assert r.returncode == 2 and f"{folder}: is a directory, not a database file" in r.stderr, r.stderr
 

@@ -152,6 +152,7 @@ def test_a_watcher_killed_outright_leaves_no_temporary_file(tmp_path):
     try:
         until(lambda: Store(db).query("SELECT count(*) FROM steps")[0][0] == lines, what="every step stored")
         assert not any(f"-{watcher.pid}-" in p.name for p in temp.iterdir())
+        assert not list(tmp_path.glob(f"w.duckdb.stage-{watcher.pid}-*"))  # nor a staging file beside the database
     finally:
         again.send_signal(signal.SIGTERM)
         again.wait(timeout=60)
