@@ -170,6 +170,7 @@ def test_serve_starts_the_dashboard_on_loopback(tmp_path, specmon_cmd):
 
 
 def test_model_free_status_agrees_on_the_demo(tmp_path, specmon_cmd):
+    assert run(specmon_cmd, "demo", "--db", str(tmp_path / "m.duckdb")).returncode == 0
     rows = json.loads(run(specmon_cmd, "summary", "--db", str(tmp_path / "m.duckdb"), "--json").stdout)
     by_template = {r["template"]: r for r in rows}
     for r in rows:
