@@ -15,7 +15,6 @@ from specmon.store.database import Store
 
 def specmon(*args, cwd=None, prefix=()):
     env = {k: v for k, v in os.environ.items() if k != "SPECMON_DB"}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
     return subprocess.run([*prefix, sys.executable, "-m", "specmon", *args], capture_output=True, text=True,
                           timeout=300, cwd=cwd, env=env)
 
