@@ -2,12 +2,15 @@
 the file and what to do (exit 2, no traceback), and leaves nothing behind."""
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
 from small_disk import fill, small_disk
+from waiting import until
 
 from specmon.ingest import demo
 from specmon.store.database import Store
@@ -97,3 +100,29 @@ def test_a_full_disk_during_ingest_is_a_message_and_nothing_is_half_stored(tmp_p
         with Store(str(db)) as store:
             assert store.query("SELECT count(*) FROM steps")[0][0] == lines
             assert store.query("SELECT count(*) FROM ingests")[0][0] == 1
+
+
+def healthy(proc: subprocess.Popen, port: int) -> bool:
+    assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+    try:
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2).read() == b"ok"
+    except OSError:
+        return False
+
+
+def test_serve_starts_on_the_default_database_and_on_a_named_new_one_with_demo(tmp_path):
+    """The dashboard's own default (./specmon.duckdb, no --db, no SPECMON_DB) is started with the demo data on first
+    start, as is a named new file with --demo (the app fills an empty database: tests/ui); a named new file without
+    --demo is refused above."""
+    for extra in ([], ["--db", str(tmp_path / "named.duckdb"), "--demo"]):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if k != "SPECMON_DB"}
+        proc = subprocess.Popen([sys.executable, "-m", "specmon", "serve", *extra, "--port", str(port)], cwd=tmp_path,
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            until(lambda: healthy(proc, port), what=f"specmon serve {' '.join(extra)} answering")  # noqa: B023
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
