@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 from collections.abc import Iterator
@@ -60,11 +61,14 @@ def _err(msg: str) -> None:
     print(f"specmon: {printable(msg)}", file=sys.stderr)
 
 
-def _open_store(args: argparse.Namespace, *, with_demo: bool = False) -> Store:
+def _open_store(args: argparse.Namespace, *, with_demo: bool = False, create: bool = True) -> Store:
+    """The database of --db; create=False for a command that only reads it: a path that does not exist (a typo)
+    is an error, not a new database left behind. A full disk, a damaged file or an unwritable folder is a
+    SpecmonError from the Store, whichever command meets it."""
     from specmon.ingest import demo
     from specmon.store.database import Store
 
-    store = Store(args.db, lock_timeout=args.lock_timeout)
+    store = Store(args.db, lock_timeout=args.lock_timeout, create=create)
     if with_demo and not args.no_demo and demo.ensure_demo(store):
         _err(f"{store.path} was empty: loaded the demo data (run {demo.DEMO_RUN!r}); it hides once you ingest a log")
     return store
@@ -180,7 +184,7 @@ def cmd_summary(args: argparse.Namespace) -> int:
     from specmon.analysis import summary
     from specmon.ingest import demo
 
-    with _open_store(args, with_demo=True) as store:
+    with _open_store(args, with_demo=True, create=False) as store:
         rows = summary.summarize(store, by=args.by, c=args.c)
     demo_only = bool(rows) and rows[0]["demo"]  # summarize shows demo rows only while nothing else is stored
     if args.json:
@@ -212,7 +216,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from specmon.verdicts import findings
 
     since = parse_since(args.since)
-    with _open_store(args) as store:
+    with _open_store(args, create=False) as store:
         verdict = findings.gather(store, since=since, c=args.c, arl0_steps=args.false_alarm_steps)
     if verdict.demo_only:
         window = f" since {since:%Y-%m-%d %H:%M} UTC" if since else ""
@@ -241,7 +245,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     from specmon.analysis import load
     from specmon.verdicts.recommend import recommend
 
-    with _open_store(args) as store:
+    with _open_store(args, create=False) as store:
         curves = load.curves(store, args.run)
     if args.run and not curves:
         _err(f"{store.path}: run {args.run!r} has no load measurements (load sweeps, benchmark results, or engine "
@@ -677,8 +681,18 @@ class _FormatNames:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from specmon.core import environment
     from specmon.ui.serve import serve
 
+    path = str(args.db or environment.value(DB_ENV))
+    if os.path.exists(path):  # a damaged file or a directory is said here, not on the first page
+        _open_store(args).close()
+    elif (args.db or os.environ.get(DB_ENV)) and not (args.demo or args.watch):
+        # A named path that does not exist is a typo until said otherwise; the default file is the dashboard's
+        # own, started with the demo data on first start.
+        raise SpecmonError(f"no database at {path}: ingest a file into it first (specmon ingest --db {path} FILE), "
+                           f"or start the dashboard on a new one with the demo data (specmon serve --db {path} "
+                           "--demo)")
     return serve(args.db, args.address, args.port, args.watch, _watch_log, lambda: _open_store(args),
                  metrics_runs=args.metrics_runs)
 
@@ -953,6 +967,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--address", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--watch", metavar="FILE", help="also run `specmon watch --config FILE` beside the dashboard "
                    "(stopped with it)")
+    p.add_argument("--demo", action="store_true", help="start a new database at --db with the demo data (without "
+                   "it, a --db that does not exist is an error; the default database starts with the demo data)")
     _metrics_flags(p, port=False)  # the dashboard serves /metrics on its own port
     p.set_defaults(func=cmd_serve)
     return parser

@@ -1,10 +1,12 @@
 """What `specmon watch` follows: one SourceConfig per source, from the command line or a TOML file."""
 from __future__ import annotations
 
+import os
 import tomllib
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from specmon.core.faults import SpecmonError
@@ -13,6 +15,8 @@ from specmon.core.settings import DEFAULT_STALE_AFTER_S
 KINDS = ("log", "steplog", "inbox", "prometheus", "scrape")
 # The kinds located by a URL rather than a path.
 URL_KINDS = ("prometheus", "scrape")
+# Kinds whose location is a path on this machine.
+FILE_KINDS = ("log", "steplog", "inbox")
 # Where the watcher writes its log lines (the CLI: stdout with a time stamp).
 Log = Callable[[str], None]
 
@@ -51,9 +55,23 @@ class SourceConfig:
     baseline_of: str | None = None  # the source's engine runs without speculation, the baseline of this run
     interval_s: float | None = None  # scrape: seconds between scrapes (None: every poll of the watcher)
 
-    @property
+    @cached_property
     def key(self) -> str:
-        return f"{self.kind}:{self.location}"
+        """What names the source in the database: its kind and, for a file or folder, the path resolved (absolute,
+        symlinks followed, as when it was first asked for), so that a.log, ./a.log and /abs/a.log are one source
+        and a restart with another spelling resumes where the last one stopped."""
+        return f"{self.kind}:{os.path.realpath(self.location) if self.kind in FILE_KINDS else self.location}"
+
+    def identity(self) -> tuple:
+        """What makes two sources one: the file's device and inode where it exists (a hard link, or a symlink
+        that realpath cannot see through once the link is replaced, is the same file), else the key."""
+        if self.kind in FILE_KINDS:
+            try:
+                st = os.stat(self.location)
+                return self.kind, st.st_dev, st.st_ino
+            except OSError:
+                pass
+        return (self.key,)
 
     @property
     def run_name(self) -> str:
@@ -77,6 +95,20 @@ class WatchConfig:
     alertmanager: str | None = None  # an Alertmanager's base URL: findings are posted to it as alerts
     outbox_max_age_s: float = DEFAULT_OUTBOX_MAX_AGE_S  # a notice not delivered by then is given up
     alert_resend_s: float = DEFAULT_ALERT_RESEND_S  # firing alerts are posted again this often
+
+
+def distinct_sources(sources: list[SourceConfig], log: Log) -> list[SourceConfig]:
+    """The sources, each file followed once: a later source that is the same file (or folder, or URL) as an
+    earlier one under another spelling is merged into it (the first one's settings kept), and the log says so."""
+    kept: dict[tuple, SourceConfig] = {}
+    for source in sources:
+        first = kept.get(source.identity()) or next((k for k in kept.values() if k.key == source.key), None)
+        if first is None:
+            kept[source.identity()] = source
+        else:
+            log(f"{source.kind} {source.location}: the same {'folder' if source.kind == 'inbox' else 'file'} as "
+                f"{first.location}, followed once (as {first.key}, run {first.run_name!r})")
+    return list(kept.values())
 
 
 def load_config(path: str) -> WatchConfig:

@@ -2,8 +2,8 @@
 is stored through the ingest pipeline with the source's new read position in the same transaction."""
 from __future__ import annotations
 
+import io
 import os
-import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -18,7 +18,7 @@ from specmon.follow.positions import load_position, mark, save_position
 from specmon.follow.tail import Chunk, Position, next_chunk, position_after
 from specmon.ingest.formats.engine_log import EngineLogReader
 from specmon.ingest.formats.engine_window import store_windows
-from specmon.ingest.pipeline import Counts, Delivery, IngestResult, ingest_file, ingest_samples, store_read
+from specmon.ingest.pipeline import Counts, Delivery, IngestResult, ingest_file, ingest_samples, spooled, store_read
 from specmon.store.database import Store
 from specmon.store.rows import get_or_create_segment
 
@@ -92,20 +92,17 @@ def poll_steplog(store: Store, source: SourceConfig, log: Log) -> PollResult:
         return PollResult()
     now = utc_now()
     new_pos = position_after(chunk, pos, {})
-    fd, piece = tempfile.mkstemp(prefix="specmon-watch-", suffix=".jsonl")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(chunk.data)
-        with store.cursor() as cur:
-            template = source.template or annotated_template(cur, source.run_name, now)
+    with store.cursor() as cur:
+        template = source.template or annotated_template(cur, source.run_name, now)
+    # The piece goes through the ingest as a spool (the step-log reader reads a file), named after this process:
+    # one left by a watcher killed outright is swept by the next spool of any specmon process.
+    with spooled(io.BytesIO(chunk.data)) as piece:
         result = ingest_file(
             store, piece, name=source.location, run=source.run_name, template=template, fmt="steplog-jsonl",
             skip_bad=source.skip_bad, report_path=f"{source.location}.rejected.jsonl",
             dedupe_key=chunk.dedupe_key(source.key),
             first_line=chunk.first_line, baseline_of=source.baseline_of,
             in_transaction=lambda cur, r: save_position(cur, source, new_pos, r.steps, now))
-    finally:
-        os.unlink(piece)
     if result.status == "rejected":
         raise SourceStopped(f"{result.faults[0]} ({result.fault_count} fault(s) in lines {chunk.first_line}-"
                             f"{new_pos.line_no}; the source stops here; fix the log or watch it with skip_bad)")
@@ -114,20 +111,55 @@ def poll_steplog(store: Store, source: SourceConfig, log: Log) -> PollResult:
     return PollResult(result.steps, result.faults, more=chunk.backlog)
 
 
+# Where an inbox puts what it took: these names are its own, never ingested. Where a file already holds one of
+# them (a marker someone left), the folder after it is used instead, and the log says so.
+_INBOX_FOLDERS = {"done": ("done", "specmon-done"), "rejected": ("rejected", "specmon-rejected")}
+_OWN_NAMES = {name for names in _INBOX_FOLDERS.values() for name in names}
+
+
+def inbox_folder(inbox: Path, role: str, log: Log) -> Path:
+    """The folder of the inbox for finished (role "done") or rejected files: done/ or rejected/, unless that name
+    is taken by something that is not a folder; then specmon-done/ or specmon-rejected/."""
+    first, second = (inbox / name for name in _INBOX_FOLDERS[role])
+    if first.is_dir() or not os.path.lexists(first):
+        return first
+    if second.is_dir() or not os.path.lexists(second):
+        if not second.is_dir():
+            log(f"{first} is a file, not a folder: {role} files go to {second} (remove or rename {first} to have "
+                f"them in {first.name}/)")
+        return second
+    raise SpecmonError(f"{inbox}: {first.name} and {second.name} are both files, not folders: remove or rename one "
+                       f"so that {role} files have somewhere to go")
+
+
+def free_name(name: str, *folders: Path) -> str:
+    """A name that none of the folders holds yet, with or without a report beside it: name, else name-1, name-2,
+    ... before the extension (steps.jsonl, steps-1.jsonl), so that a delivery never replaces an earlier one."""
+    stem, dot, ext = name.partition(".") if not name.startswith(".") else (name, "", "")
+    n = 0
+    while True:
+        candidate = name if n == 0 else f"{stem}-{n}{dot}{ext}"
+        taken = [f"{candidate}{suffix}" for suffix in ("", ".report.json", ".rejected.jsonl")]
+        if not any(os.path.lexists(folder / t) for folder in folders for t in taken):
+            return candidate
+        n += 1
+
+
 def poll_inbox(store: Store, source: SourceConfig, log: Log, seen: dict[str, tuple[int, int]]) -> PollResult:
     """Ingest every complete file in the folder once, then move it to done/ or rejected/ with its report.
 
     A file is complete when its size and modification time did not change between two polls (seen holds the
     last look) and it does not end in a partial-download suffix. Ingest is deduplicated by content, so a
-    watcher killed between storing a file and moving it stores nothing twice when it sees the file again."""
+    watcher killed between storing a file and moving it stores nothing twice when it sees the file again. A file
+    delivered under a name done/ or rejected/ already holds is kept beside the earlier one (free_name)."""
     folder = Path(source.location)
     if not folder.is_dir():
         raise SpecmonError(f"{folder}: no such folder")
-    done_dir, rejected_dir = folder / "done", folder / "rejected"
     stored = 0
     faults: list[Fault] = []
     for entry in sorted(folder.iterdir()):
-        if not entry.is_file() or entry.name.startswith(".") or entry.name.endswith(_PARTIAL_SUFFIXES):
+        if (not entry.is_file() or entry.name.startswith(".") or entry.name.endswith(_PARTIAL_SUFFIXES)
+                or entry.name in _OWN_NAMES):
             continue
         st = entry.stat()
         look = (st.st_size, st.st_mtime_ns)
@@ -135,22 +167,25 @@ def poll_inbox(store: Store, source: SourceConfig, log: Log, seen: dict[str, tup
             seen[str(entry)] = look  # seen once: take it at the next poll if it did not change
             continue
         del seen[str(entry)]
-        report = rejected_dir / f"{entry.name}.rejected.jsonl"
+        done_dir, rejected_dir = inbox_folder(folder, "done", log), inbox_folder(folder, "rejected", log)
         rejected_dir.mkdir(exist_ok=True)
+        done_dir.mkdir(exist_ok=True)
+        name = free_name(entry.name, done_dir, rejected_dir)
+        report = rejected_dir / f"{name}.rejected.jsonl"
         with store.cursor() as cur:
             template = source.template or annotated_template(cur, source.run or entry.stem, utc_now())
         result = ingest_file(store, str(entry), run=source.run, template=template, skip_bad=source.skip_bad,
                              report_path=str(report), baseline_of=source.baseline_of)
         target = rejected_dir if result.status == "rejected" else done_dir
-        target.mkdir(exist_ok=True)
-        (target / f"{entry.name}.report.json").write_bytes(orjson.dumps(result.as_dict(), option=orjson.OPT_INDENT_2))
-        os.replace(entry, target / entry.name)
+        (target / f"{name}.report.json").write_bytes(orjson.dumps(result.as_dict(), option=orjson.OPT_INDENT_2))
+        os.replace(entry, target / name)
         if result.status == "rejected":
             faults += result.faults
-            log(f"{entry}: rejected ({result.fault_count} fault(s), first: {result.faults[0]}); moved to {target}")
+            log(f"{entry}: rejected ({result.fault_count} fault(s), first: {result.faults[0]}); moved to "
+                f"{target / name}")
         else:
             stored += result.steps
-            log(f"{entry}: {result.status} ({result.steps} rows); moved to {target}")
+            log(f"{entry}: {result.status} ({result.steps} rows); moved to {target / name}")
     now = utc_now()
     with store.transaction() as cur:
         save_position(cur, source, Position(), stored, now)

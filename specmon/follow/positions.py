@@ -4,6 +4,7 @@ and counts every line exactly once."""
 from __future__ import annotations
 
 import json
+import os
 from datetime import datetime
 
 from specmon.follow.config import SourceConfig
@@ -21,7 +22,19 @@ def load_position(store: Store, source: SourceConfig) -> Position:
 
 
 def register(store: Store, source: SourceConfig, stale_after_s: float) -> None:
+    """Add the source, or update the settings of the one already there. A source stored under a key of its
+    path as spelled then (before keys were resolved paths: ./a.log, a relative path) that names the same file
+    now is carried over to its resolved key, position and counts with it, in the same transaction."""
     with store.transaction() as cur:
+        if source.key != f"{source.kind}:{source.location}" and not cur.execute(
+                "SELECT 1 FROM watch_sources WHERE source_key = ?", [source.key]).fetchall():
+            same_file = [key for key, location in cur.execute(
+                "SELECT source_key, location FROM watch_sources WHERE kind = ? ORDER BY last_read DESC NULLS LAST",
+                [source.kind]).fetchall()
+                if os.path.realpath(location) == os.path.realpath(source.location) and key != source.key]
+            if same_file:
+                cur.execute("UPDATE watch_sources SET source_key = ?, location = ? WHERE source_key = ?",
+                            [source.key, source.location, same_file[0]])
         cur.execute(
             "INSERT INTO watch_sources (source_key, kind, location, run, template, c, status, stale_after_s) "
             "VALUES (?, ?, ?, ?, ?, ?, 'starting', ?) ON CONFLICT (source_key) DO UPDATE SET run = excluded.run, "

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from specmon.core.faults import SpecmonError
 from specmon.core.times import utc_now
 from specmon.follow import alertmanager, outbox
-from specmon.follow.config import Log, SourceConfig, WatchConfig
+from specmon.follow.config import Log, SourceConfig, WatchConfig, distinct_sources
 from specmon.follow.notify import Notice, webhook_message
 from specmon.follow.polls import PollResult, SourceStopped, poll_inbox, poll_log, poll_prometheus, poll_steplog
 from specmon.follow.positions import mark, register
@@ -40,6 +40,7 @@ class Watcher:
             raise SpecmonError("nothing to watch: name a --log, --steplog, --inbox, --prometheus or --scrape, or a "
                                "--config")
         self.store, self.config, self.log = store, config, log
+        config.sources = distinct_sources(config.sources, log)
         self._stop = threading.Event()
         self._states = {s.key: _SourceState() for s in config.sources}
         self._unannounced: set[str] = set()  # runs with new data since their last evaluation
@@ -81,7 +82,10 @@ class Watcher:
             if time.monotonic() - self._announced_at.get(run, -1e9) >= self.config.alarm_every_s:
                 self._unannounced.discard(run)
                 self._announced_at[run] = time.monotonic()
-                self._announce(run)
+                try:
+                    self._announce(run)
+                except SpecmonError as exc:  # a full disk while saving what was announced: said, and the watch goes on
+                    self.log(f"run {run!r}: could not save the notices ({exc})")
         self._repost_firing()
         return more
 

@@ -12,6 +12,7 @@ Every query is parameterised: nothing from user input is pasted into SQL.
 """
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import sys
@@ -83,6 +84,42 @@ def query_progress(conn: duckdb.DuckDBPyConnection, progress: Callable[[int, int
 
 
 
+def storage_fault(path: str, exc: BaseException) -> SpecmonError | None:
+    """What a failure of the database's storage means for the user, naming the file and what to do; None for any
+    other error (a bug, or a fault in a file being read, is not passed off as the database's). DuckDB reports a
+    full disk, a damaged file or a folder it cannot write as several exception classes, so the message tells them
+    apart, and a damaged or unwritable file counts only when the message names the database (or the files beside
+    it: its write-ahead log, staging files)."""
+    text = str(exc)
+    first = text.splitlines()[0] if text else type(exc).__name__
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC or "No space left on device" in text:
+        where = exc.filename if isinstance(exc, OSError) and exc.filename else path
+        return SpecmonError(f"the disk holding {where} is full ({first}); the write that hit it stored nothing: "
+                            f"free space there, or give --db a database on another disk, and run it again")
+    if not isinstance(exc, duckdb.Error) or os.path.basename(path) not in text:
+        return None
+    if "not a valid DuckDB database" in text or "Could not read enough bytes" in text or "Corrupt" in text:
+        return SpecmonError(f"{path}: the database file is damaged or is not a DuckDB database ({first}); restore "
+                            f"it from a copy, or move it aside and start a new one (specmon ingest --db NEW FILE)")
+    if "Permission denied" in text or "Read-only file system" in text:
+        folder = os.path.dirname(os.path.abspath(path))
+        return SpecmonError(f"{path}: cannot write the database or the files it keeps beside it in {folder} "
+                            f"({first}); make that folder writable, or give --db a database in a writable folder")
+    return None
+
+
+@contextmanager
+def storage_errors(path: str) -> Iterator[None]:
+    """Inside the block, a failure of the database's storage becomes a SpecmonError saying what to do."""
+    try:
+        yield
+    except (duckdb.Error, OSError) as exc:
+        fault = storage_fault(path, exc)
+        if fault is None:
+            raise
+        raise fault from None
+
+
 def _say_waiting(message: str) -> None:
     print(f"specmon: {message}", file=sys.stderr, flush=True)
 
@@ -91,12 +128,20 @@ class Store:
     """A specmon database file. Holds no connection between operations: reads and writes each open one.
 
     lock_timeout: how long an operation waits for another process's lock (default $SPECMON_LOCK_TIMEOUT or 60 s);
-    on_wait: told once per operation that it is waiting (default: one line on stderr).
+    on_wait: told once per operation that it is waiting (default: one line on stderr). create=False: a file that
+    does not exist is an error (a read command given a mistyped path must not leave a new database behind).
+    A full disk, a damaged file or a folder that cannot be written is a SpecmonError naming the file and what to
+    do, from any operation (storage_fault).
     """
 
     def __init__(self, path: str | None = None, *, lock_timeout: float | None = None,
-                 on_wait: Callable[[str], None] | None = None):
+                 on_wait: Callable[[str], None] | None = None, create: bool = True):
         self.path = path or default_db_path()
+        if os.path.isdir(self.path):
+            raise SpecmonError(f"{self.path}: is a directory, not a database file")
+        if not create and self.path != ":memory:" and not os.path.exists(self.path):
+            raise SpecmonError(f"no database at {self.path}: ingest a file into it first (specmon ingest --db "
+                               f"{self.path} FILE) or load the demo data into it (specmon demo --db {self.path})")
         if lock_timeout is None:
             lock_timeout = float(environment.value(LOCK_TIMEOUT_ENV))  # type: ignore[arg-type]
         self.lock_timeout = lock_timeout
@@ -105,8 +150,6 @@ class Store:
         self._memory = duckdb.connect(":memory:") if self.path == ":memory:" else None
         self._writes = 0
         self._local = threading.local()
-        if os.path.isdir(self.path):
-            raise SpecmonError(f"{self.path}: is a directory, not a database file")
         if self._memory is not None or not self._schema_is_current():
             with self._connection(read_only=False) as conn:
                 migrate(conn, self.path)
@@ -134,7 +177,8 @@ class Store:
                 return connect(self.path, read_only=read_only)
             except duckdb.IOException as exc:
                 if not is_lock_conflict(exc):
-                    raise SpecmonError(f"{self.path}: cannot open the database ({exc})") from None
+                    raise storage_fault(self.path, exc) or SpecmonError(
+                        f"{self.path}: cannot open the database ({exc})") from None
                 if time.monotonic() >= deadline:
                     raise SpecmonError(
                         f"{self.path}: still locked by another process after {self.lock_timeout:g} s "
@@ -146,12 +190,13 @@ class Store:
                     told = True
                 time.sleep(delay)
                 delay = min(delay * 2, 0.2)
-            except duckdb.Error as exc:
-                raise SpecmonError(f"{self.path}: cannot open the database ({str(exc).splitlines()[0]})") from None
+            except (duckdb.Error, OSError) as exc:
+                raise storage_fault(self.path, exc) or SpecmonError(
+                    f"{self.path}: cannot open the database ({str(exc).splitlines()[0]})") from None
 
     @contextmanager
     def _connection(self, read_only: bool, timeout: float | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
-        with (self._lock.read() if read_only else self._lock.write(timeout)):
+        with (self._lock.read() if read_only else self._lock.write(timeout)), storage_errors(self.path):
             conn = self._open(read_only, timeout)
             try:
                 yield conn
@@ -236,7 +281,10 @@ class Store:
                     cur.execute("COMMIT")
                     self._writes += 1
                 except BaseException:
-                    cur.execute("ROLLBACK")
+                    try:
+                        cur.execute("ROLLBACK")
+                    except duckdb.TransactionException:  # a COMMIT that failed (a full disk) rolled back already
+                        pass
                     raise
             finally:
                 for alias in attach or {}:
@@ -252,12 +300,13 @@ class Store:
         closes when the block ends; the file stays until `discard_staging` (publish it with transaction(attach=))."""
         base = self.path if self._memory is None else os.path.join(os.environ.get("TMPDIR", "/tmp"), "specmon")
         path = f"{base}.stage-{os.getpid()}-{uuid.uuid4().hex}.duckdb"
-        conn = connect(path)
-        try:
-            conn.execute(STAGING_DDL)
-            yield path, conn
-        finally:
-            conn.close()
+        with storage_errors(self.path):
+            conn = connect(path)
+            try:
+                conn.execute(STAGING_DDL)
+                yield path, conn
+            finally:
+                conn.close()
 
     @staticmethod
     def discard_staging(path: str) -> None:

@@ -68,6 +68,6 @@ _LOCKS_GUARD = threading.Lock()
 
 
 def process_lock(path: str) -> ReadersWriterLock:
-    key = os.path.abspath(path) if path != ":memory:" else path
+    key = os.path.realpath(path) if path != ":memory:" else path  # one lock per file, however it is spelled
     with _LOCKS_GUARD:
         return _LOCKS.setdefault(key, ReadersWriterLock())

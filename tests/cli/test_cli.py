@@ -12,6 +12,7 @@ from specmon.cli import main as cli
 from specmon.core import resources
 from specmon.core.settings import LIVE_DEFAULTS
 from specmon.ingest import demo
+from specmon.store.database import Store
 
 SUMMARY_KEYS = {"run", "template", "k", "steps", "drafted", "checked", "accepted", "alpha", "alpha_lo", "alpha_hi",
                 "beta", "beta_lo", "beta_hi", "tokens_per_step", "c", "break_even_alpha", "break_even_tokens",
@@ -63,6 +64,9 @@ def test_ingest_exit_codes_and_messages(tmp_path, specmon_cmd):
 def test_check_exit_codes(tmp_path, specmon_cmd):
     db = str(tmp_path / "c.duckdb")
     r = run(specmon_cmd, "check", "--db", db)
+    assert r.returncode == 2 and b"no database at" in r.stderr
+    Store(db).close()
+    r = run(specmon_cmd, "check", "--db", db)
     assert r.returncode == 2 and b"holds no steps of your own" in r.stderr
     sim = run(specmon_cmd, "simulate", "--cycles", "2000", "--distributions", "none").stdout
     run(specmon_cmd, "ingest", "--db", db, "-", stdin=sim)
@@ -99,11 +103,13 @@ def test_demo_twice_says_the_second_time_changed_nothing(tmp_path, specmon_cmd):
 
 def test_summary_loads_the_demo_into_an_empty_database(tmp_path, specmon_cmd):
     db = str(tmp_path / "new.duckdb")
+    Store(db).close()  # a database with nothing in it yet
     r = run(specmon_cmd, "summary", "--db", db)
     assert r.returncode == 0 and b"loaded the demo data" in r.stderr and b"demo (synthetic)" in r.stdout
     rows = json.loads(run(specmon_cmd, "summary", "--db", db, "--json").stdout)
     assert {(s["template"], s["status"]) for s in rows} == {("v1", "healthy"), ("v2", "losing")}
     assert all(s["demo"] for s in rows)
+    Store(str(tmp_path / "empty.duckdb")).close()
     r = run(specmon_cmd, "summary", "--db", str(tmp_path / "empty.duckdb"), "--no-demo")
     assert r.returncode == 0 and b"no data: ingest a step log first" in r.stdout
 
@@ -146,7 +152,8 @@ def test_serve_starts_the_dashboard_on_loopback(tmp_path, specmon_cmd):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([*specmon_cmd, "serve", "--db", str(tmp_path / "serve.duckdb"), "--port", str(port)],
+    proc = subprocess.Popen([*specmon_cmd, "serve", "--db", str(tmp_path / "serve.duckdb"), "--demo",
+                             "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 60
@@ -163,6 +170,7 @@ def test_serve_starts_the_dashboard_on_loopback(tmp_path, specmon_cmd):
 
 
 def test_model_free_status_agrees_on_the_demo(tmp_path, specmon_cmd):
+    assert run(specmon_cmd, "demo", "--db", str(tmp_path / "m.duckdb")).returncode == 0
     rows = json.loads(run(specmon_cmd, "summary", "--db", str(tmp_path / "m.duckdb"), "--json").stdout)
     by_template = {r["template"]: r for r in rows}
     for r in rows:

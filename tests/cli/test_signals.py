@@ -128,7 +128,8 @@ def start_serve(specmon_cmd, tmp_path, watch: bool):
         (tmp_path / "empty.log").write_text("")
         (tmp_path / "watch.toml").write_text(f'interval = 0.2\n[[log]]\npath = "{tmp_path / "empty.log"}"\n')
         extra = ["--watch", str(tmp_path / "watch.toml")]
-    proc = subprocess.Popen([*specmon_cmd, "serve", "--db", str(tmp_path / "serve.duckdb"), "--port", str(port),
+    proc = subprocess.Popen([*specmon_cmd, "serve", "--db", str(tmp_path / "serve.duckdb"), "--demo",
+                             "--port", str(port),
                              *extra], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=as_from_a_terminal)
 
     def healthy():

@@ -52,7 +52,8 @@ def start_app(tmp_path):
     def start(db: str) -> str:
         port = free_port()
         log = open(tmp_path / "streamlit.log", "wb")
-        proc = subprocess.Popen([sys.executable, "-m", "specmon", "serve", "--db", db, "--port", str(port)],
+        proc = subprocess.Popen([sys.executable, "-m", "specmon", "serve", "--db", db, "--demo",
+                                 "--port", str(port)],
                                 cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         running.append((proc, log))
         url = f"http://127.0.0.1:{port}"
