@@ -747,8 +747,10 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Exit 0: every segment healthy, no drift alarm, no template change that hurt. "
                                    "1: a problem (one line each). 2: error, or c unknown for a segment (pass --c). "
                                    "Drift: a one-sided Bernoulli CUSUM per run (step logs, engine logs, Prometheus), "
-                                   "calibrated on the run's own first requests (or windows) to one false alarm per "
-                                   "--false-alarm-steps; template changes and annotations are judged before/after.")
+                                   "calibrated on the run's own first requests to one false alarm per "
+                                   "--false-alarm-steps (on engine windows, whose 30-window reference cannot "
+                                   "support it, no rate is stated); template changes and annotations are judged "
+                                   "before/after.")
     p.add_argument("--c", type=_cost, help="draft cost / target cost, overriding the measured one")
     p.add_argument("--since", help="only steps, alarms and template changes since then: 6h, 2d, 30m, 1w or ISO time")
     p.add_argument("--false-alarm-steps", type=_positive_int, default=DEFAULT_ARL0_STEPS,

@@ -76,9 +76,8 @@ class AlarmEvent:
         if self.near:
             text += "; it coincides with the " + " and the ".join(e.describe() for e in self.near)
         return (text + f"; CUSUM alarm at {self.alarm_ts:%Y-%m-%d %H:%M} UTC, {self.alarms} alarm(s) to "
-                f"{self.last_alarm_ts:%Y-%m-%d %H:%M} UTC{' and still open' if self.open else ''}; threshold "
-                f"h = {self.design.h:.2f} for one false alarm per {self.design.arl0_steps:,} {self.design.unit}, "
-                f"calibrated on the first {self.design.reference:,} {self.design.unit}")
+                f"{self.last_alarm_ts:%Y-%m-%d %H:%M} UTC{' and still open' if self.open else ''}; "
+                f"{self.design.threshold_words()}")
 
 
 @dataclass(frozen=True)

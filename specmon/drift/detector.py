@@ -62,6 +62,21 @@ class Design:
     unit: str = "steps"
     reference: int = 0  # points it was calibrated on (the first of the stream)
 
+    @property
+    def states_a_rate(self) -> bool:
+        """Whether the reference can support a stated false-alarm rate. A step log's can (docs/drift.md, "The
+        study"); engine windows' 30 cannot: a few minutes of windows do not show how low window acceptance goes
+        while nothing changes, and where requests span windows the measured rate was many times the one asked for."""
+        return self.unit == "steps"
+
+    def threshold_words(self) -> str:
+        """The threshold and what it promises, in the words of the alarm, `check` and the Drift page."""
+        calibrated = f"calibrated on the first {self.reference:,} {self.unit}"
+        if self.states_a_rate:
+            return f"threshold h = {self.h:.2f} for one false alarm per {self.arl0_steps:,} {self.unit}, {calibrated}"
+        return (f"threshold h = {self.h:.2f}, {calibrated}; no false-alarm rate is stated: {self.reference:,} "
+                f"{self.unit} cannot show how low acceptance goes while nothing changes")
+
 
 @dataclass(frozen=True)
 class Alarm:

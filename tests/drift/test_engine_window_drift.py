@@ -28,7 +28,7 @@ def test_engine_windows_get_a_calibrated_detector_and_a_dated_alarm(engine_store
     drop = START + timedelta(seconds=5 * DROP_AT)
     assert drop <= alarm.alarm_ts <= drop + timedelta(minutes=2)
     assert alarm.change_lo_ts <= drop + timedelta(seconds=5) and alarm.change_hi_ts >= drop - timedelta(seconds=5)
-    assert "per 20,000 windows" in alarm.describe() and alarm.open
+    assert "no false-alarm rate is stated: 30 windows" in alarm.describe() and alarm.open
 
 
 def test_annotation_splits_an_engine_run_and_is_named_near_the_change(engine_store):

@@ -19,7 +19,8 @@ def test_drift_page_shows_engine_alarm_and_marks_the_annotation(app_db, tmp_path
     assert not at.exception, at.exception
     # the page escapes Markdown in text from the data (backslashes, word joiners): compare the plain words
     errors = [e.value.replace("\\", "").replace("\u2060", "") for e in at.error]
-    assert any(e.startswith("**Open:** run 'vllm-prod'") and "per 20,000 windows" in e for e in errors), errors
+    assert any(e.startswith("**Open:** run 'vllm-prod'") and "no false-alarm rate is stated" in e
+               for e in errors), errors
     assert any(e.startswith("**Annotated rollout.**") and "new system prompt" in e for e in errors), errors
     # the altair charts (AppTest has no element type for them): their Vega-Lite specs
     specs = [e.proto.spec for e in at.main if type(e).__name__ == "UnknownElement" and hasattr(e.proto, "spec")]
