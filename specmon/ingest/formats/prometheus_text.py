@@ -79,6 +79,7 @@ def parse_exposition(path: str, name: str, scrape_ts: datetime) -> tuple[list[Sa
     timestamp
     get scrape_ts (the file's modification time, for a saved page); with timestamps, one file can hold a series."""
     samples, faults = [], []
+    seen: dict[tuple[str, str, datetime], int] = {}  # (metric, series, time) -> the line of its sample
     try:
         for no, raw, too_long in textio.lines(path, MAX_ENGINE_LINE_BYTES):
             line = raw.decode("utf-8", "replace")
@@ -94,6 +95,12 @@ def parse_exposition(path: str, name: str, scrape_ts: datetime) -> tuple[list[Sa
                 faults.append(Fault(name, no, exc.field, exc.reason))
                 continue
             if sample is not None:
+                key = (sample.metric, sample.series, sample.ts)
+                if key in seen:  # two values of one series at one time: which one holds is not known
+                    faults.append(Fault(name, no, sample.metric, f"series {sample.metric}{sample.series} is on "
+                                                                 f"line {seen[key]} too, at the same time"))
+                    continue
+                seen[key] = no
                 samples.append(sample)
     except textio.Unreadable as exc:
         return [], [Fault(name, 0, "", str(exc))]
