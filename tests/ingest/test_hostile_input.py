@@ -106,6 +106,16 @@ def test_one_lone_cr_does_not_merge_a_speculative_line_into_the_next(tmp_path):
     assert windows_of(tmp_path / "one-cr.log") == windows_of(tmp_path / "lf.log")
 
 
+@pytest.mark.parametrize("end", [b"\r", b"\r\n"])
+def test_a_flat_csv_with_cr_line_ends_is_read_and_its_faults_name_their_lines(store, tmp_path, end):
+    path = tmp_path / "cr.csv"
+    path.write_bytes(flat_csv(4).replace(b"\n", end).replace(b"r,2,1,2,true", b"r,2,1,x,true"))
+    res = ingest_file(store, str(path))
+    assert [(f.line, f.field) for f in res.faults] == [(4, "draft_token")]
+    path.write_bytes(flat_csv(4).replace(b"\n", end))
+    assert (ingest_file(store, str(path)).steps, stored(store)[1]) == (4, 4)
+
+
 # ---- detection wherever the content starts -------------------------------------------------------------------
 
 def test_steps_after_a_mebibyte_of_blank_lines_are_found(store, tmp_path):

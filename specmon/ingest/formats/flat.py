@@ -83,13 +83,21 @@ def sniff(head: bytes) -> str | None:
 
 def csv_header_names(head: bytes) -> list[str] | None:
     """The names of a first line of several comma-separated names (a CSV header), else None."""
-    first = head.split(b"\n", 1)[0].decode("utf-8", "replace").strip()
+    first = _first_line(head).decode("utf-8", "replace").strip()
     names = [n.strip().strip('"') for n in first.split(",")]
     return names if len(names) > 1 and all(re.fullmatch(r"[A-Za-z_][\w .-]{0,63}", n) for n in names) else None
 
 
+def _first_line(head: bytes) -> bytes:
+    """The first line, ended by LF, CR or CRLF."""
+    return _LINE_END.split(head, maxsplit=1)[0]
+
+
+_LINE_END = re.compile(rb"\r\n?|\n")
+
+
 def _csv_header(path: str) -> list[str]:
-    line = textio.head(path, 1 << 16).split(b"\n", 1)[0].decode("utf-8", "replace")
+    line = _first_line(textio.head(path, 1 << 16)).decode("utf-8", "replace")
     return next(csv.reader(io.StringIO(line)), [])
 
 
