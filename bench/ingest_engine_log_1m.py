@@ -31,12 +31,16 @@ def write_log(path: str, lines: int) -> None:
     stamps = [datetime(2026, int(m[1]), int(m[2]), int(m[3]), int(m[4]), int(m[5]))
               for m in (_TS.search(line) for line in real) if m]
     span = max(stamps) - min(stamps) + timedelta(seconds=10)
+    def moved(shift: timedelta):
+        return lambda m: (datetime(2026, int(m[1]), int(m[2]), int(m[3]), int(m[4]), int(m[5]))
+                          + shift).strftime("%m-%d %H:%M:%S")
+
     written, shift = 0, timedelta(0)
     with open(path, "w") as out:
         while written < lines:
+            move = moved(shift)
             for line in real[:lines - written]:
-                out.write(_TS.sub(lambda m: (datetime(2026, int(m[1]), int(m[2]), int(m[3]), int(m[4]), int(m[5]))
-                                             + shift).strftime("%m-%d %H:%M:%S"), line) + "\n")
+                out.write(_TS.sub(move, line) + "\n")
             written += min(len(real), lines - written)
             shift += span
 

@@ -4,7 +4,10 @@ Reading is the format's (specmon.ingest.formats: one module per format). A file 
 of it is stored, unless skip_bad is set, in which case the good rows are stored and the rejected ones are written,
 with their reasons, to a report file. A file whose bytes were ingested before (same sha256) is a no-op; an empty
 file is nothing to ingest (no run, no ingest recorded). Readers read and validate before the transaction where
-they can (JSON Lines stage into a file of their own), so the database is locked only to publish.
+they can (JSON Lines and engine logs stage into a file of their own), so the database is locked only to publish.
+A file is one snapshot: the identity of what was hashed (device, inode, size, modification time) is checked again
+once everything is read, before the commit, so a file replaced or written to meanwhile is refused rather than
+stored under another content's hash.
 """
 from __future__ import annotations
 
