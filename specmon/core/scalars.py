@@ -6,7 +6,7 @@ An integer is written as decimal digits with an optional sign, spaces or tabs ar
 writes it: in JSON a number written so (a JSON 2.0 or 1e2 is a float, refused; a string is refused, since JSON has
 numbers); in CSV a cell so written; in Parquet an integer column, or a column of another type whose values' text is
 so written (a DOUBLE column's 12.0 is refused, a DECIMAL(9, 0) column's 12 is not). It must fit in 64 bits (a
-BIGINT; more than 19 digits are refused before anything is converted).
+BIGINT; a text of more than 19 digits, leading zeros aside, is refused before anything is converted).
 
 A boolean is true or false in any case, or 1 or 0 (a CSV cell, the text of a Parquet column, a Parquet integer
 column); 2, yes, t or an empty cell are not.
@@ -22,8 +22,7 @@ _LEAST, _GREATEST = -(2 ** 63), 2 ** 63 - 1
 INTEGER_EXPECTED = "an integer (decimal digits, with an optional sign)"
 BOOLEAN_EXPECTED = "true or false (or 1 or 0)"
 _BLANKS = " \t"
-_INTEGER_TEXT = f"[{_BLANKS}]*[+-]?[0-9]{{1,{MAX_DIGITS}}}[{_BLANKS}]*"  # the same pattern in Python's re and RE2
-_INTEGER = re.compile(_INTEGER_TEXT)
+_INTEGER = re.compile(f"[{_BLANKS}]*([+-]?)0*([0-9]+)[{_BLANKS}]*")
 _BOOLEANS = {"true": True, "1": True, "false": False, "0": False}
 
 
@@ -36,7 +35,8 @@ def integer(value: object, field: str) -> int:
     """An integer from a decoded value (JSON's int) or a text cell; RowFault naming the field otherwise."""
     if is_integer(value):
         return value  # type: ignore[return-value]
-    if isinstance(value, str) and _INTEGER.fullmatch(value) and _LEAST <= (n := int(value.strip(_BLANKS))) <= _GREATEST:
+    m = _INTEGER.fullmatch(value) if isinstance(value, str) else None
+    if m and len(m[2]) <= MAX_DIGITS and _LEAST <= (n := int(m[1] + m[2])) <= _GREATEST:
         return n
     raise RowFault(field, f"expected {INTEGER_EXPECTED}, got {_shown(value)}")
 
@@ -58,10 +58,13 @@ def _shown(value: object) -> str:
 
 
 def integer_sql(expr: str) -> str:
-    """DuckDB SQL: the BIGINT the value of `expr` (any type) is by the rule above, else NULL."""
+    """DuckDB SQL: the BIGINT the value of `expr` (any type) is by the rule above, else NULL. DuckDB's own cast also
+    reads 12.7 (as 13), 1e2, 0x10, 0b101 and 1_000, each with a character besides blanks, signs and digits; among
+    texts of those alone it reads exactly the rule's. Checking the characters keeps a million-row CSV's ingest at
+    the cast's own time (8.0-9.2 s against 8.4-9.3 s, side by side on a loaded machine), where a pattern match
+    took 3.8 s against 1.9-2.3 s on a quiet one."""
     text = f"CAST({expr} AS VARCHAR)"
-    return (f"CASE WHEN regexp_full_match({text}, '{_INTEGER_TEXT}') "
-            f"THEN TRY_CAST(trim({text}, '{_BLANKS}') AS BIGINT) END")  # NULL beyond 64 bits
+    return f"CASE WHEN ltrim({text}, '{_BLANKS}+-0123456789') = '' THEN TRY_CAST({text} AS BIGINT) END"
 
 
 def boolean_sql(expr: str) -> str:

@@ -6,9 +6,10 @@ from specmon.core import scalars
 from specmon.core.faults import RowFault
 
 INTEGERS = {"12": 12, "-3": -3, "+7": 7, " 42\t": 42, "007": 7, "0": 0, "-0": 0, "9" * 18: int("9" * 18),
-            str(2 ** 63 - 1): 2 ** 63 - 1, str(-2 ** 63): -2 ** 63}
+            str(2 ** 63 - 1): 2 ** 63 - 1, str(-2 ** 63): -2 ** 63, "0" * 25 + "1": 1, "-" + "0" * 30: 0}
 NOT_INTEGERS = ["12.7", "12.0", "1e2", "0x10", "1_000", "", " ", "+", "1 2", "٣", "9" * 19, str(2 ** 63),
-                str(-2 ** 63 - 1), "1" * 20, "true", "nan", "1.", ".5", "--1"]
+                str(-2 ** 63 - 1), "1" * 20, "true", "nan", "1.", ".5", "--1", "+-1", "1-", " + 5",
+                "1\t2", "\t", "\n4", "0b101", "12\n"]
 BOOLEANS = {"true": True, "FALSE": False, " True ": True, "1": True, "0": False}
 NOT_BOOLEANS = ["2", "yes", "t", "", "-1", "1.0", "truee", "01"]
 
