@@ -67,7 +67,7 @@ class IngestResult:
 
 
 def detect_format(path: str) -> str:
-    """The file's format from its first bytes (see specmon.ingest.formats.detect); raises formats.Empty or
+    """The file's format from its content (see specmon.ingest.formats.detect); raises formats.Empty or
     formats.Unrecognised."""
     return formats.detect(path)
 
