@@ -147,7 +147,7 @@ def clocked(fn, key):
 steplog_sql.stage = timed(steplog_sql.stage, 'stage', 0)
 steplog_jsonl.Reader.publish = timed(steplog_jsonl.Reader.publish, 'publish', 1)
 pipeline.refresh_rollups = timed(pipeline.refresh_rollups, 'rollups', 0)
-pipeline.file_sha256 = clocked(pipeline.file_sha256, 'sha256 of the file')
+pipeline._hashed = clocked(pipeline._hashed, 'sha256 of the file')
 pipeline._publish = clocked(pipeline._publish, 'publishing transaction, in all')
 steplog_jsonl.Reader.prepare = clocked(steplog_jsonl.Reader.prepare, 'staging (fast path), in all')
 s = store.Store({db!r}); t = time.perf_counter(); c = time.process_time(); r = pipeline.ingest_file(s, {path!r})

@@ -4,7 +4,10 @@ Reading is the format's (specmon.ingest.formats: one module per format). A file 
 of it is stored, unless skip_bad is set, in which case the good rows are stored and the rejected ones are written,
 with their reasons, to a report file. A file whose bytes were ingested before (same sha256) is a no-op; an empty
 file is nothing to ingest (no run, no ingest recorded). Readers read and validate before the transaction where
-they can (JSON Lines stage into a file of their own), so the database is locked only to publish.
+they can (JSON Lines and engine logs stage into a file of their own), so the database is locked only to publish.
+A file is one snapshot: the identity of what was hashed (device, inode, size, modification time) is checked again
+once everything is read, before the commit, so a file replaced or written to meanwhile is refused rather than
+stored under another content's hash.
 """
 from __future__ import annotations
 
@@ -64,17 +67,48 @@ class IngestResult:
 
 
 def detect_format(path: str) -> str:
-    """The file's format from its first bytes (see specmon.ingest.formats.detect); raises formats.Empty or
+    """The file's format from its content (see specmon.ingest.formats.detect); raises formats.Empty or
     formats.Unrecognised."""
     return formats.detect(path)
 
 
 def file_sha256(path: str) -> str:
+    return _hashed(path)[0]
+
+
+Identity = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns
+
+
+def _identity(st: os.stat_result) -> Identity:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _hashed(path: str) -> tuple[str, Identity]:
+    """The content's sha256 and the identity of the file it was read from, taken from the open descriptor before
+    and after reading (a file written to meanwhile is not one snapshot: it is refused, see _unchanged)."""
     h = hashlib.sha256()
     with open(path, "rb") as fh:
+        before = _identity(os.fstat(fh.fileno()))
         while chunk := fh.read(1 << 20):
             h.update(chunk)
-    return h.hexdigest()
+        after = _identity(os.fstat(fh.fileno()))
+    return h.hexdigest() if before == after else "", before
+
+
+def _unchanged(path: str, name: str, identity: Identity) -> None:
+    """Refuse (Rejected) a file that is not the one hashed any more: replaced (mv, a new upload under the same
+    name), or written to, since its hash was taken. Its readers opened it by name, perhaps after the change, so
+    what they read may not be the bytes the hash vouches for; checked once everything is read, before the commit."""
+    try:
+        now = _identity(os.stat(path))
+    except OSError:
+        now = None
+    if now != identity:
+        raise Rejected([Fault(name, 0, "", _CHANGED)])
+
+
+_CHANGED = ("the file changed while it was read (replaced, or written to); nothing was stored: ingest it again once "
+            "it is complete (a log still being written: specmon watch follows it)")
 
 
 Stage = Callable[[str], None]  # told what an ingest is doing once its reading is done
@@ -201,7 +235,10 @@ def ingest_file(
     if fmt not in formats.names():
         raise SpecmonError(f"{name}: unknown format {fmt!r} (known: {', '.join(formats.names())})")
     result.source_format = fmt
-    sha = dedupe_key or file_sha256(path)
+    sha, identity = _hashed(path)
+    if not sha:
+        return _rejected(result, [Fault(name, 0, "", _CHANGED)])
+    sha = dedupe_key or sha
     job = Job(path=path, name=name, fmt=fmt, ingest_time=utc_now(), default_template=template or "",
               skip_bad=skip_bad, sum_tol=sum_tol, first_line=first_line, run_given=run, progress=progress,
               k=0 if k is None and baseline_of else k,
@@ -225,8 +262,12 @@ def ingest_file(
             reader.publish(cur, run_id, ingest_id)
             return _counts(result, job, module.SOURCE)
 
-        stored = store_read(store, delivery, write, attach=reader.attach(), in_transaction=in_transaction,
-                            stage=stage)
+        def checked(cur: duckdb.DuckDBPyConnection, counts: Counts) -> None:
+            _unchanged(path, name, identity)
+            if in_transaction:
+                in_transaction(cur, counts)
+
+        stored = store_read(store, delivery, write, attach=reader.attach(), in_transaction=checked, stage=stage)
         return result if stored is not None else _already(result)
     except Rejected as rej:
         _fill(result, job)

@@ -5,6 +5,7 @@ The JSON Schema of the same contract ships as specmon/schema/steplog.schema.json
 """
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from typing import NamedTuple, TypeGuard
 import numpy as np
 import orjson
 
-from specmon.core import theory, times
+from specmon.core import scalars, theory, times
 from specmon.core.faults import RowFault
 from specmon.core.limits import MAX_DRAFT_LEN, MAX_TOKEN_ID
 from specmon.core.settings import DEFAULT_SUM_TOLERANCE
@@ -66,12 +67,12 @@ def _type_name(v: object) -> str:
     return "null" if v is None else type(v).__name__
 
 
-def _is_int(v: object) -> bool:
-    return type(v) is int
+_is_int = scalars.is_integer  # the one rule of what an integer is (a JSON 2.0 is not one)
 
 
 def _is_number(v: object) -> TypeGuard[int | float]:
-    return (type(v) is int or type(v) is float) and math.isfinite(v)
+    # an integer of any length (JSON's are kept exact) is a number where a double holds it
+    return (type(v) is int and v.bit_length() < 1024) or (type(v) is float and math.isfinite(v))
 
 
 def _int_list(obj: dict, field: str) -> list[int]:
@@ -83,7 +84,7 @@ def _int_list(obj: dict, field: str) -> list[int]:
     if v and set(map(type, v)) == {int} and 0 <= min(v) and max(v) <= MAX_TOKEN_ID:
         return v  # the common case, checked without a loop in Python; the loop below names the bad item
     for i, t in enumerate(v):
-        if type(t) is not int or not 0 <= t <= MAX_TOKEN_ID:
+        if not _is_int(t) or not 0 <= t <= MAX_TOKEN_ID:
             raise RowFault(field, f"item {i} is {repr(t)[:40]}; token ids are integers from 0 to {MAX_TOKEN_ID}")
     return v
 
@@ -384,10 +385,26 @@ def _unknown_fields(obj: dict) -> str | None:
     unknown = obj.keys() - KNOWN_FIELDS
     if not unknown:
         return None
+    kept = {key: obj[key] for key in sorted(unknown)}
     try:
-        return orjson.dumps({key: obj[key] for key in sorted(unknown)}).decode()
-    except orjson.JSONEncodeError:  # orjson stops at 254 levels
-        raise RowFault(sorted(unknown)[0], "unknown fields nested too deep to keep (over 250 levels)") from None
+        return orjson.dumps(kept).decode()
+    except orjson.JSONEncodeError as exc:  # orjson stops at 254 levels, and at integers beyond 64 bits
+        if "Integer" not in str(exc) or _deeper_than(kept, 250):
+            raise RowFault(sorted(unknown)[0], "unknown fields nested too deep to keep (over 250 levels)") from None
+    # kept exactly as written: an integer of any length is JSON text, not a float
+    return json.dumps(kept, separators=(",", ":"), ensure_ascii=False)
+
+
+def _deeper_than(value: object, levels: int) -> bool:
+    """Whether lists and objects nest more than `levels` deep in the value (walked without recursion)."""
+    stack = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, (dict, list)):
+            if depth >= levels:
+                return True
+            stack.extend((item, depth + 1) for item in (v.values() if isinstance(v, dict) else v))
+    return False
 
 
 class _Deferred(NamedTuple):

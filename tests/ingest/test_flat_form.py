@@ -58,8 +58,9 @@ def set_cell(row, column, value):
 
 # (label, mutation, CSV line of the fault: data row + 2 for the header, field, reason)
 CSV_FAULTS = [
-    ("bad int", set_cell(5, "step", "five"), 7, "step", "expected an integer, got five"),
-    ("bad bool", set_cell(2, "accepted", "maybe"), 4, "accepted", "expected true or false, got maybe"),
+    ("bad int", set_cell(5, "step", "five"), 7, "step", "expected an integer (decimal digits, with an optional sign), "
+                                                        "got five"),
+    ("bad bool", set_cell(2, "accepted", "maybe"), 4, "accepted", "expected true or false (or 1 or 0), got maybe"),
     ("beta range", set_cell(3, "beta", 1.5), 5, "beta", "outside [0, 1]"),
     ("not a prefix", set_cell(3, "accepted", True), 5, "accepted", "must be a prefix"),
     ("bad ts", set_cell(9, "ts", "soon"), 11, "ts", "soon"),

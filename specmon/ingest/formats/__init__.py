@@ -14,7 +14,7 @@ import orjson
 
 from specmon.ingest.formats import textio
 
-_SNIFF_BYTES = 1 << 20  # a server log may print a page of start-up lines before its first metrics line
+_SNIFF_BYTES = 1 << 20  # a block of the content that every format is tried on
 
 
 @cache
@@ -41,9 +41,12 @@ class Empty(Exception):
 
 
 def detect(path: str) -> str:
-    """The file's format, from its first bytes (decompressed where it is gzip, without a BOM). Raises Empty or
-    Unrecognised."""
-    head = textio.head(path, _SNIFF_BYTES)
+    """The file's format, from its content (decompressed where it is gzip, without a BOM) from its first line that
+    is not blank: every format is tried on the first block of it, and the formats whose lines may come anywhere
+    (SCAN_ANYWHERE: a server log after its start-up lines) on each block after it, as far as the file goes. Linear
+    in the file's size: each block is read and tried once. Raises Empty or Unrecognised."""
+    found = textio.blocks(path, _SNIFF_BYTES)
+    head = next(found, b"")
     if not head.strip():
         if textio.is_gzip(path) and not textio.head(path, 1):
             with open(path, "rb") as fh:
@@ -54,6 +57,12 @@ def detect(path: str) -> str:
         fmt = m.sniff(head)
         if fmt:
             return fmt
+    anywhere = [m for m in modules() if getattr(m, "SCAN_ANYWHERE", False)]
+    for block in found:
+        for m in anywhere:
+            fmt = m.sniff(block)
+            if fmt:
+                return fmt
     raise Unrecognised(describe(head))
 
 

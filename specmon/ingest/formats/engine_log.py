@@ -40,16 +40,18 @@ from __future__ import annotations
 import calendar
 import math
 import re
+from collections.abc import Iterator
 from datetime import datetime, timezone
 
 from specmon.core.faults import Fault, RowFault
 from specmon.core.limits import MAX_COUNT, MAX_ENGINE_K, MAX_ENGINE_LINE_BYTES
 from specmon.ingest.formats import textio
-from specmon.ingest.formats.engine_window import EngineWindow, WindowReader
+from specmon.ingest.formats.engine_window import Batch, EngineWindow, WindowReader
 
 FORMATS = ("engine-log",)
 SOURCE = "engine"
 SNIFF_ORDER = 20
+SCAN_ANYWHERE = True  # a server log prints pages of start-up lines before its first metrics line
 
 _NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 # compiled once: number() and count() run several times on every speculative line
@@ -72,6 +74,8 @@ _LLAMA_EXAMPLE = re.compile(r"^\s*(n_draft|n_predict|n_drafted|n_accept|accept)\
 _RATE = r"(\d{1,15}(?:\.\d*)?)"
 _LOAD_FAST = re.compile(r"Avg prompt throughput: " + _RATE + r" tokens/s, Avg generation throughput: " + _RATE
                         + r" tokens/s, Running: (\d{1,15}) reqs, Waiting: (\d{1,15}) reqs(?:,|\s*$)")
+# [ \t], not \s: \s* at each of n blank lines' starts would run over all the blank lines after it (quadratic)
+_EXAMPLE_SNIFF = re.compile(r"^[ \t]*n_drafted[ \t]*=", re.M)
 _ENGINES_AGGREGATED = re.compile(r"(\d+) Engines Aggregated:\s*$")
 _SGLANG_RANK = re.compile(r"\[[^\]]*\b(DP\d+)\b[^\]]*\]")
 
@@ -688,14 +692,36 @@ class EngineLogReader:
 def read(path: str, name: str, now: datetime | None = None) -> tuple[list[EngineWindow], list[Fault]]:
     """Every speculative-decoding and load figure in an engine's text log (plain or gzip; other lines are
     skipped)."""
+    windows: list[EngineWindow] = []
+    faults: list[Fault] = []
+    for batch, batch_faults, _ in read_batches(path, name, now):
+        if batch_faults and batch_faults[-1].line == 0:  # unreadable (a corrupt gzip stream): nothing of it
+            return [], batch_faults[-1:]
+        windows += batch
+        faults += batch_faults
+    return windows, faults
+
+
+BATCH_LINES = 100_000  # lines read between two takes of the windows found: a batch's memory, whatever the log's
+
+
+def read_batches(path: str, name: str, now: datetime | None = None) -> Iterator[Batch]:
+    """read's windows and faults, in file order, a batch every BATCH_LINES lines, with the bytes read so far;
+    where the file turns unreadable, a last batch of its fault alone (line 0), after the windows of the lines
+    before."""
     reader = EngineLogReader(name, now or datetime.now(timezone.utc).replace(tzinfo=None))
+    done = 0
     try:
         for no, raw, too_long in textio.lines(path, MAX_ENGINE_LINE_BYTES):
+            done += len(raw)
             reader.feed(no, raw.decode("utf-8", "replace"), cut=too_long)
+            if no % BATCH_LINES == 0:
+                yield *reader.take(), done
     except textio.Unreadable as exc:
-        return [], [Fault(name, 0, "", str(exc))]
+        yield [], [Fault(name, 0, "", str(exc))], done
+        return
     reader.finish()
-    return reader.take()
+    yield *reader.take(), done
 
 
 def sniff(head: bytes) -> str | None:
@@ -703,7 +729,7 @@ def sniff(head: bytes) -> str | None:
     text = head.decode("utf-8", "replace")
     found = any(p in text for p in KEY_PHRASES) \
         or (SGLANG in text and ("accept len" in text or "gen throughput" in text)) \
-        or re.search(r"^\s*n_drafted\s*=", text, re.M) is not None
+        or _EXAMPLE_SNIFF.search(text) is not None
     return FORMATS[0] if found else None
 
 
@@ -712,3 +738,6 @@ class Reader(WindowReader):
 
     def read(self) -> tuple[list[EngineWindow], list[Fault]]:
         return read(self.job.path, self.job.name, self.job.ingest_time)
+
+    def batches(self) -> Iterator[Batch]:
+        return read_batches(self.job.path, self.job.name, self.job.ingest_time)

@@ -6,6 +6,8 @@ was drafted. Such a window has every speculative figure None (NULL in the store)
 """
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
@@ -57,75 +59,130 @@ _COLUMNS = ", ".join(_WINDOW_SCHEMA.names[1:])
 _VALUES = ", ".join(f"{c}::JSON" if c == "labels" else c for c in _WINDOW_SCHEMA.names[1:])
 
 
+def window_table(windows: list[EngineWindow], ingest_time: datetime, first: int = 0) -> pa.Table:
+    """Windows as Arrow rows, numbered from `first` in their order (a window without a time of its own gets the
+    ingest time)."""
+    return pa.Table.from_pylist([
+        {"ord": first + i, "engine": w.engine, "source": w.source, "line": w.line, "start_ts": w.start_ts,
+         "end_ts": w.end_ts or ingest_time, "ts_inferred": w.end_ts is None, "drafts": w.drafts,
+         "draft_tokens": w.draft_tokens, "accepted_tokens": w.accepted_tokens,
+         "accepted_per_position": w.accepted_per_position, "k": w.k,
+         "mean_acceptance_length": w.mean_acceptance_length, "reported_rate": w.reported_rate,
+         "labels": orjson.dumps(w.labels).decode(), "running_requests": w.running_requests,
+         "waiting_requests": w.waiting_requests, "generation_throughput": w.generation_throughput,
+         "prompt_throughput": w.prompt_throughput} for i, w in enumerate(windows)], schema=_WINDOW_SCHEMA)
+
+
+def _insert(cur: duckdb.DuckDBPyConnection, source: str, ingest_id: int, segment_id: int) -> None:
+    cur.execute(f"INSERT INTO engine_windows (ingest_id, segment_id, {_COLUMNS}) SELECT ?, ?, {_VALUES} "
+                f"FROM {source} ORDER BY ord", [ingest_id, segment_id])
+
+
 def store_windows(cur: duckdb.DuckDBPyConnection, windows: list[EngineWindow], ingest_id: int, segment_id: int,
                   ingest_time: datetime) -> int:
     """Insert engine windows inside the caller's transaction (a window without a time of its own gets the ingest
     time). Returns how many had no time. The rows go in as one Arrow table, in the windows' order: a row at a time
     took seconds for a day of 10-second log lines."""
     if windows:
-        table = pa.Table.from_pylist([
-            {"ord": i, "engine": w.engine, "source": w.source, "line": w.line, "start_ts": w.start_ts,
-             "end_ts": w.end_ts or ingest_time, "ts_inferred": w.end_ts is None, "drafts": w.drafts,
-             "draft_tokens": w.draft_tokens, "accepted_tokens": w.accepted_tokens,
-             "accepted_per_position": w.accepted_per_position, "k": w.k,
-             "mean_acceptance_length": w.mean_acceptance_length, "reported_rate": w.reported_rate,
-             "labels": orjson.dumps(w.labels).decode(), "running_requests": w.running_requests,
-             "waiting_requests": w.waiting_requests, "generation_throughput": w.generation_throughput,
-             "prompt_throughput": w.prompt_throughput} for i, w in enumerate(windows)], schema=_WINDOW_SCHEMA)
-        cur.register("new_windows", table)
+        cur.register("new_windows", window_table(windows, ingest_time))
         try:
-            cur.execute(f"INSERT INTO engine_windows (ingest_id, segment_id, {_COLUMNS}) SELECT ?, ?, "
-                        f"{_VALUES} FROM new_windows ORDER BY ord",
-                        [ingest_id, segment_id])
+            _insert(cur, "new_windows", ingest_id, segment_id)
         finally:
             cur.unregister("new_windows")
     return sum(w.end_ts is None for w in windows)
 
 
+@dataclass
+class _Tally:
+    """What the notes say about the windows staged, counted as they are staged."""
+    windows: int = 0
+    no_time: int = 0
+    load_only: int = 0
+    sources: set[str] = field(default_factory=set)
+    v0_from_start: bool = False
+
+    def add(self, windows: list[EngineWindow]) -> None:
+        self.windows += len(windows)
+        self.no_time += sum(w.end_ts is None for w in windows)
+        self.load_only += sum(w.load_only for w in windows)
+        self.sources.update(w.source for w in windows)
+        self.v0_from_start = self.v0_from_start or any(
+            w.source == "vllm-v0-log" and w.start_ts is None and not w.load_only for w in windows)
+
+
+Batch = tuple[list[EngineWindow], list[Fault], int]  # windows, faults, bytes read so far
+
+
 class WindowReader:
-    """An engine file is read whole before the transaction (its windows are few and small), then stored."""
+    """An engine file is read whole before the transaction, a batch of windows at a time, into a staging file beside
+    the database (Arrow batches appended to a DuckDB table: memory stays that of a batch, whatever the file's
+    length); the publishing transaction, which alone holds the database's write lock, inserts them at once."""
 
     NOTHING = "no speculative-decoding figures in this file"
 
     def __init__(self, job: Job) -> None:
         self.job = job
-        self.windows: list[EngineWindow] = []
+        self.store: Store | None = None
+        self.staging_path: str | None = None
+        self.tally = _Tally()
 
     def read(self) -> tuple[list[EngineWindow], list[Fault]]:
         raise NotImplementedError
 
+    def batches(self) -> Iterator[Batch]:
+        """The file's windows and faults, in file order, a batch at a time, each with the bytes read so far (here:
+        one batch, from read)."""
+        yield *self.read(), os.path.getsize(self.job.path)
+
     def prepare(self, store: Store) -> None:
-        windows, faults = self.read()
-        shift = self.job.first_line - 1  # a piece of a followed file: number lines as in the whole file
-        if shift:
-            for w in windows:
-                w.line += shift
-            faults = [replace(f, line=f.line + shift) if f.line else f for f in faults]
-        if not windows and not faults:
-            raise Rejected([Fault(self.job.name, 0, "", self.NOTHING)])
-        for fault in faults:
-            self.job.fault(fault)
-        self.job.check()
-        self.windows = windows
+        job, tally = self.job, self.tally
+        self.store = store
+        shift = job.first_line - 1  # a piece of a followed file: number lines as in the whole file
+        with store.staging() as (self.staging_path, cur):
+            cur.register("batch", window_table([], job.ingest_time))
+            cur.execute("CREATE TABLE staged_windows AS SELECT * FROM batch")
+            cur.unregister("batch")
+            total = os.path.getsize(job.path)
+            for windows, faults, done in self.batches():
+                if job.progress:
+                    job.progress(min(done, total), total)
+                if shift:
+                    for w in windows:
+                        w.line += shift
+                    faults = [replace(f, line=f.line + shift) if f.line else f for f in faults]
+                for fault in faults:
+                    job.fault(fault)
+                if job.fault_count and not job.skip_bad:
+                    continue  # rejected: read on only to name its faults
+                if windows:
+                    table = window_table(windows, job.ingest_time, tally.windows)
+                    cur.register("batch", table)
+                    cur.execute("INSERT INTO staged_windows SELECT * FROM batch")
+                    cur.unregister("batch")
+                    tally.add(windows)
+        if not tally.windows and not job.fault_count:
+            raise Rejected([Fault(job.name, 0, "", self.NOTHING)])
+        job.check()
 
     def attach(self) -> dict | None:
-        return None
+        return {"stage": self.staging_path} if self.staging_path and self.tally.windows else None
 
     def publish(self, cur: duckdb.DuckDBPyConnection, run_id: int, ingest_id: int) -> None:
-        job = self.job
+        job, tally = self.job, self.tally
         segment_id = get_or_create_segment(cur, run_id, job.default_template)
-        job.no_time = store_windows(cur, self.windows, ingest_id, segment_id, job.ingest_time)
-        job.rows_read = job.steps = len(self.windows)
-        job.notes.append(f"{len(self.windows)} engine windows "
-                         f"({', '.join(sorted({w.source for w in self.windows}))})")
-        load_only = sum(w.load_only for w in self.windows)
-        if load_only:
-            job.notes.append(f"load alone in {load_only} of them (requests running, throughput, no speculative "
+        if tally.windows:
+            _insert(cur, "stage.staged_windows", ingest_id, segment_id)
+        job.no_time = tally.no_time
+        job.rows_read = job.steps = tally.windows
+        job.notes.append(f"{tally.windows} engine windows ({', '.join(sorted(tally.sources))})")
+        if tally.load_only:
+            job.notes.append(f"load alone in {tally.load_only} of them (requests running, throughput, no speculative "
                              "figures): an engine without speculation (a baseline), or intervals in which nothing was "
                              "drafted")
-        if any(w.source == "vllm-v0-log" and w.start_ts is None and not w.load_only for w in self.windows):
+        if tally.v0_from_start:
             job.notes.append("vLLM V0 prints running totals: the first line of each engine process (and the first "
                              "after a restart) is a window from the engine's start, whose time the log does not give")
 
     def close(self) -> None:
-        """Nothing to release."""
+        if self.staging_path and self.store is not None:
+            self.store.discard_staging(self.staging_path)

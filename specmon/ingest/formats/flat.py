@@ -15,10 +15,11 @@ import io
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import duckdb
 
+from specmon.core import scalars
 from specmon.core.faults import Fault
 from specmon.core.limits import MAX_DRAFT_LEN, MAX_TOKEN_ID
 from specmon.ingest.formats import textio
@@ -68,6 +69,7 @@ class FlatFile:
     templates: list[str] | None = None  # the templates it names, in order, where at most RANKED_TEMPLATES (screen)
     row_groups: list[int] = field(default_factory=list)  # rows per Parquet row group, in file order (CSV: none)
     pieces: list[tuple[int, int]] | None = None  # the line ranges it is aggregated and written in (screen)
+    shift: str = "0"  # SQL over flat_read f: how far data row f.rn's line moves past rejected lines (CSV)
 
 
 def sniff(head: bytes) -> str | None:
@@ -81,13 +83,21 @@ def sniff(head: bytes) -> str | None:
 
 def csv_header_names(head: bytes) -> list[str] | None:
     """The names of a first line of several comma-separated names (a CSV header), else None."""
-    first = head.split(b"\n", 1)[0].decode("utf-8", "replace").strip()
+    first = _first_line(head).decode("utf-8", "replace").strip()
     names = [n.strip().strip('"') for n in first.split(",")]
     return names if len(names) > 1 and all(re.fullmatch(r"[A-Za-z_][\w .-]{0,63}", n) for n in names) else None
 
 
+def _first_line(head: bytes) -> bytes:
+    """The first line, ended by LF, CR or CRLF."""
+    return _LINE_END.split(head, maxsplit=1)[0]
+
+
+_LINE_END = re.compile(rb"\r\n?|\n")
+
+
 def _csv_header(path: str) -> list[str]:
-    line = textio.head(path, 1 << 16).split(b"\n", 1)[0].decode("utf-8", "replace")
+    line = _first_line(textio.head(path, 1 << 16)).decode("utf-8", "replace")
     return next(csv.reader(io.StringIO(line)), [])
 
 
@@ -121,6 +131,7 @@ def load(cur: duckdb.DuckDBPyConnection, path: str, fmt: str, name: str) -> tupl
         header = [row[0] for row in described]
         typed = frozenset(name for name, kind, *_ in described if name in TYPES and kind in _CASTS_TO[TYPES[name]])
         kinds = {name: kind for name, kind, *_ in described}
+        shift = "0"
         # A view, not a copy: Parquet is read where it lies (its typed columns need no staging).
         cur.read_parquet(path, file_row_number=True).project(
             "file_row_number + 1 AS line, * EXCLUDE (file_row_number)").create_view("flat_raw", replace=True)
@@ -137,7 +148,50 @@ def load(cur: duckdb.DuckDBPyConnection, path: str, fmt: str, name: str) -> tupl
         row_groups = [n for _, n in cur.execute("SELECT DISTINCT row_group_id, row_group_num_rows "
                                                 "FROM parquet_metadata(?) ORDER BY 1", [path]).fetchall()]
     known = [c for c in KNOWN if c in header]
-    return FlatFile(known, rows, [c for c in header if c not in KNOWN], typed, kinds, row_groups=row_groups), faults
+    return FlatFile(known, rows, [c for c in header if c not in KNOWN], typed, kinds, row_groups=row_groups,
+                    shift=shift), faults
+
+
+class PhysicalLines:
+    """Where CSV rows start in the file, as an editor numbers its lines: a quoted field may hold line breaks, and
+    blank lines are skipped, so flat_raw's line (which counts records, one line each) and the lines DuckDB names
+    for the records it rejects (which count blank lines too) are moved to the line where each record starts. The
+    file is read for it (Python's csv reader) only where there are faults to name."""
+
+    def __init__(self, cur: duckdb.DuckDBPyConnection, flat: FlatFile, path: str, rejected: list[int]) -> None:
+        self.cur, self.flat, self.path, self.rejected = cur, flat, path, set(rejected)
+        self._starts: list[tuple[int, bool]] | None = None
+        self._data: list[int] = []
+
+    def _read(self) -> list[tuple[int, bool]]:
+        """(the line where it starts, whether it is blank) for each record, indexed as DuckDB numbers lines (from
+        1, the header)."""
+        if self._starts is None:
+            starts = [(0, True)]
+            with textio.open_binary(self.path) as raw, io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace",
+                                                                        newline="") as text:
+                reader = csv.reader(text)
+                end = 0
+                for record in reader:
+                    starts.append((end + 1, not record))
+                    end = reader.line_num
+            self._starts = starts
+            self._data = [start for n, (start, blank) in enumerate(starts)
+                          if n >= 2 and not blank and n not in self.rejected]
+        return self._starts
+
+    def rejected_line(self, line: int) -> int:
+        """The start of a record DuckDB rejected, named by its line as DuckDB numbers them."""
+        starts = self._read()
+        return starts[line][0] if line < len(starts) else line
+
+    def rows(self, lines: set[int]) -> dict[int, int]:
+        """The start of each row of flat_raw named by its line."""
+        self._read()
+        found = self.cur.execute(
+            f"SELECT line, rn FROM (SELECT f.rn + 1 + {self.flat.shift} AS line, f.rn FROM flat_read f) "
+            "WHERE line IN (SELECT unnest(?::BIGINT[]))", [sorted(lines)]).fetchall()
+        return {int(line): self._data[rn - 1] for line, rn in found if rn <= len(self._data)}
 
 
 # Stored types whose every value has a text form that is not empty: a NULL test says whether a value was given.
@@ -171,6 +225,10 @@ def _cast_view(cur: duckdb.DuckDBPyConnection, flat: FlatFile) -> None:
         elif c in flat.typed:
             parts.append(f"CAST({c} AS {TYPES[c]}) AS {c}")
             continue
+        elif TYPES[c] == "BIGINT":
+            parts.append(f"{scalars.integer_sql(c)} AS {c}")
+        elif TYPES[c] == "BOOLEAN":
+            parts.append(f"{scalars.boolean_sql(c)} AS {c}")
         else:
             parts.append(f"TRY_CAST({c} AS {TYPES[c]}) AS {c}")
         parts.append(f"CAST({c} AS VARCHAR) AS raw_{c}")
@@ -194,7 +252,8 @@ def _row_rules(flat: FlatFile, base: int) -> list[tuple[str, str, str]]:
             rules.append(("ts", "has_ts AND ts IS NULL", "'not an ISO-8601 timestamp or epoch seconds: ' || raw_ts"))
             rules.append(("ts", f"NOT ts BETWEEN {_TS_RANGE}", "raw_ts || ' in UTC falls outside the years 1 to 9999'"))
         elif TYPES[c] != "VARCHAR":
-            kind = {"BIGINT": "an integer", "BOOLEAN": "true or false", "DOUBLE": "a number"}[TYPES[c]]
+            kind = {"BIGINT": scalars.INTEGER_EXPECTED, "BOOLEAN": scalars.BOOLEAN_EXPECTED,
+                    "DOUBLE": "a number"}[TYPES[c]]
             rules.append((c, f"has_{c} AND {c} IS NULL", f"'expected {kind}, got ' || raw_{c}"))
     rules += [
         ("position", f"position < {base}", f"'position ' || position || ' is below {base} (positions count from 1, "
@@ -617,18 +676,25 @@ class Reader:
         job.rows_read = flat.rows + len(faults)
         if flat.ignored_columns:
             job.notes.append(f"columns not in the flat form were ignored: {', '.join(flat.ignored_columns)}")
-        for fault in faults:  # unreadable lines never reached a table
-            job.fault(fault)
         first_step_id = next_step_id(cur)
         base, rules, suspect = screen(cur, flat, first_step_id, half(0), size)
         row_faults = check(cur, flat, base, rules, job.name) if suspect else []
+        physical = PhysicalLines(cur, flat, job.path, [f.line for f in faults]) if job.fmt == "flat-csv" else None
+        if physical is not None and (faults or row_faults):
+            faults = [replace(f, line=physical.rejected_line(f.line)) for f in faults]
+            moved = physical.rows({f.line for f in row_faults})
+            row_faults = [replace(f, line=moved.get(f.line, f.line)) for f in row_faults]
+        for fault in faults:  # unreadable lines never reached a table
+            job.fault(fault)
         for fault in row_faults:
             job.count(fault)  # reported below with its row, by reject_bad_steps
         job.check()
         source = "flat_cast"
         if row_faults:
-            for line, field_name, reason, row in reject_bad_steps(cur, flat, base, first_step_id):
-                job.report.add(Fault(job.name, line, field_name, reason), row)
+            dropped = reject_bad_steps(cur, flat, base, first_step_id)
+            moved = physical.rows({line for line, *_ in dropped}) if physical is not None else {}
+            for line, field_name, reason, row in dropped:
+                job.report.add(Fault(job.name, moved.get(line, line), field_name, reason), row)
             source = "flat_typed"
         job.steps, job.positions, job.no_time = insert(
             cur, source=source, base=base, ingest_id=ingest_id, default_template=job.default_template,

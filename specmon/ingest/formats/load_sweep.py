@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import duckdb
 import orjson
 
+from specmon.core import scalars
 from specmon.core.faults import Fault, RowFault
 from specmon.core.limits import MAX_COUNT, MAX_ENGINE_K
 from specmon.ingest.formats import jsonlines, textio
@@ -40,7 +41,6 @@ RATE_TOLERANCE = 0.01
 MAX_CONCURRENCY = 1e7
 MAX_SWEEP_BYTES = 64 << 20
 _NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
-_INTEGER = re.compile(r"[+-]?\d+")
 
 
 @dataclass(frozen=True)
@@ -85,16 +85,11 @@ def _text(value: object, name: str) -> str | None:
 
 
 def _integer(value: object, name: str, lo: int, hi: int) -> int | None:
-    """An integer in [lo, hi], written as one ("4", 4; a JSON 4.0 too, which is exactly an integer); None where
+    """An integer in [lo, hi] (specmon.core.scalars says what an integer is: "4" or a JSON 4, not 4.0); None where
     missing."""
-    text = _text(value, name)
-    if text is None:
+    if _text(value, name) is None:
         return None
-    if isinstance(value, float) and value.is_integer():
-        text = str(int(value))
-    if not _INTEGER.fullmatch(text) or len(text) > 18:
-        raise RowFault(name, f"expected an integer from {lo} to {hi}, got {text[:40]!r}")
-    n = int(text)
+    n = scalars.integer(value, name)
     if not lo <= n <= hi:
         raise RowFault(name, f"expected an integer from {lo} to {hi}, got {n}")
     return n

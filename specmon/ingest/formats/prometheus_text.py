@@ -85,6 +85,7 @@ def parse_lines(lines: Iterable[tuple[int, bytes, bool]], name: str,
     a saved page and a scraped one alike. Samples without their own timestamp get scrape_ts; faults name `name`,
     the line and the metric."""
     samples, faults = [], []
+    seen: dict[tuple[str, str, datetime], int] = {}  # (metric, series, time) -> the line of its sample
     for no, raw, too_long in lines:
         line = raw.decode("utf-8", "replace")
         if not line.strip() or line.startswith("#"):
@@ -99,6 +100,12 @@ def parse_lines(lines: Iterable[tuple[int, bytes, bool]], name: str,
             faults.append(Fault(name, no, exc.field, exc.reason))
             continue
         if sample is not None:
+            key = (sample.metric, sample.series, sample.ts)
+            if key in seen:  # two values of one series at one time: which one holds is not known
+                faults.append(Fault(name, no, sample.metric, f"series {sample.metric}{sample.series} is on "
+                                                             f"line {seen[key]} too, at the same time"))
+                continue
+            seen[key] = no
             samples.append(sample)
     return samples, faults
 

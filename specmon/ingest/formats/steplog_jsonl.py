@@ -10,7 +10,9 @@ transaction moves them in at once, by a plain scan in file order.
 """
 from __future__ import annotations
 
+import json
 import os
+import re
 from collections.abc import Iterator
 
 import duckdb
@@ -33,6 +35,7 @@ SNIFF_ORDER = 40
 _BATCH_STEPS = 16384
 # Lines parsed together: enough for parse_steps' numpy passes to pay off, few enough to keep memory small.
 _PARSE_LINES = 2048
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")  # an integer that may be beyond 64 bits (or a long digit string)
 
 
 def _chunks(lines: Iterator[tuple[int, bytes, bool]]) -> Iterator[list[tuple[int, bytes, bool]]]:
@@ -56,6 +59,17 @@ def sniff(head: bytes) -> str | None:
     """A step log's first non-blank line is a JSON object."""
     first = next((line for line in head.splitlines() if line.strip()), b"")
     return FORMATS[0] if first.lstrip()[:1] == b"{" else None
+
+
+def _exact(raw: bytes, obj: object) -> object:
+    """The line's value with its integers exact: orjson reads one beyond 64 bits as a float, Python's json keeps it
+    (read again only where the line has a long run of digits)."""
+    if not _LONG_DIGITS.search(raw):
+        return obj
+    try:
+        return json.loads(raw)
+    except (RecursionError, ValueError):  # nested deeper than Python's parser goes: orjson's reading stands
+        return obj
 
 
 class _StepBatch:
@@ -186,7 +200,7 @@ class Reader:
                                             "belong in the flat form's Parquet)"))
                 continue
             try:
-                decoded.append(orjson.loads(raw))
+                decoded.append(_exact(raw, orjson.loads(raw)))
             except orjson.JSONDecodeError as exc:
                 decoded.append(RowFault("", f"invalid JSON ({exc})"))
         objs = [d for d in decoded if not isinstance(d, RowFault)]

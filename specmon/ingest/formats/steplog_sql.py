@@ -24,7 +24,7 @@ from datetime import datetime
 import duckdb
 import pyarrow as pa
 
-from specmon.core import times
+from specmon.core import scalars, times
 from specmon.core.limits import MAX_DRAFT_LEN, MAX_TOKEN_ID
 from specmon.ingest.formats import textio
 
@@ -43,8 +43,7 @@ _MACROS = f"""
 CREATE OR REPLACE TEMP MACRO sm_is(t, c) AS starts_with(CAST(t AS VARCHAR), c);
 CREATE OR REPLACE TEMP MACRO sm_num(t) AS TRY_CAST(CAST(t AS VARCHAR) AS DOUBLE);
 CREATE OR REPLACE TEMP MACRO sm_finite(t, lo) AS coalesce(isfinite(sm_num(t)) AND sm_num(t) >= lo, false);
-CREATE OR REPLACE TEMP MACRO sm_int(t) AS
-    CASE WHEN regexp_full_match(CAST(t AS VARCHAR), '-?[0-9]{{1,18}}') THEN TRY_CAST(CAST(t AS VARCHAR) AS BIGINT) END;
+CREATE OR REPLACE TEMP MACRO sm_int(t) AS {scalars.integer_sql("t")};
 CREATE OR REPLACE TEMP MACRO sm_str(t) AS CASE WHEN sm_is(t, '"') THEN t ->> '$' END;
 -- Every item true (NULL counts as false); true for an empty list.
 CREATE OR REPLACE TEMP MACRO sm_all(l) AS
