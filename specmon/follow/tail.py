@@ -132,5 +132,6 @@ def read_from(path: str, pos: Position, st: os.stat_result) -> Chunk | None:
 
 
 def position_after(chunk: Chunk, pos: Position, state: dict) -> Position:
+    # lines as Chunk.lines counts them: a lone CR ends a line too, as in the ingest (specmon.ingest.formats.textio)
     return Position(chunk.file_id, chunk.head_sha or pos.head_sha, chunk.end, chunk.first_line - 1
-                    + chunk.data.count(b"\n"), state)
+                    + len(chunk.data.splitlines()), state)
