@@ -1,7 +1,10 @@
 """Summaries as statistics: the same digits on every run, intervals from engine windows."""
 import subprocess
 
+import pytest
 
+
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 def test_summary_json_prints_the_same_digits_on_an_unchanged_database(tmp_path, specmon_cmd):
     # 200,000 steps span many row groups, so DuckDB aggregates in parallel; float sums used to differ in their
     # last digits from one run to the next (beta_lo, beta_hi, gap_z)

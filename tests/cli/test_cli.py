@@ -24,6 +24,7 @@ def run(cmd, *args, stdin=None):
     return subprocess.run([*cmd, *args], input=stdin, capture_output=True, timeout=300)
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 def test_simulate_pipe_ingest_reproduces_beta_and_tokens_per_step(tmp_path, specmon_cmd):
     db = str(tmp_path / "s.duckdb")
     sim = run(specmon_cmd, "simulate", "--cycles", "50000", "--seed", "3")
@@ -61,6 +62,7 @@ def test_ingest_exit_codes_and_messages(tmp_path, specmon_cmd):
     assert r.returncode == 0 and b"1 rows rejected" in r.stdout
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 def test_check_exit_codes(tmp_path, specmon_cmd):
     db = str(tmp_path / "c.duckdb")
     r = run(specmon_cmd, "check", "--db", db)
@@ -197,6 +199,7 @@ def test_names_cannot_drive_the_terminal(tmp_path, specmon_cmd):
     assert rows[0]["run"] == run_name  # JSON carries the name exactly (escaped by JSON itself)
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 def test_demo_figures_are_never_presented_as_the_users(tmp_path, specmon_cmd):
     db = str(tmp_path / "d.duckdb")
     bad = tmp_path / "bad.jsonl"

@@ -40,6 +40,7 @@ def test_read_commands_on_a_missing_database_say_so_and_create_nothing(tmp_path)
     assert r.returncode == 2 and not (tmp_path / "no").exists()
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 def test_a_damaged_database_is_a_message_for_every_command(tmp_path):
     good = tmp_path / "good.duckdb"
     assert specmon("demo", "--db", str(good)).returncode == 0

@@ -18,6 +18,7 @@ import streams  # noqa: E402  (the study's request models, which are not the det
 K, P0, P1, ARL0 = 4, 0.80, 0.45, 2000
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 def test_false_alarm_rate_on_streams_from_another_model():
     # per-request acceptance with correlation 0.2 and heavy-tailed request lengths; each replicate calibrates on
     # its own reference window, as in use. The study (docs/drift.md) measures this with more replicates; here it
@@ -101,6 +102,7 @@ def test_template_change_on_the_demo_is_called_harmful(store):
         alarm.describe()
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 def test_check_reports_drift_and_template_change(tmp_path, specmon_cmd):
     db = str(tmp_path / "d.duckdb")
     subprocess.run([*specmon_cmd, "ingest", "--db", db, "--run", "prod", str(demo.DEMO_LOG)], check=True,

@@ -50,6 +50,7 @@ def test_annotating_a_missing_run_is_a_clear_error(store):
         alarms.annotate(store, "nope", "v2", START)
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 def test_annotate_and_check_from_the_command_line(tmp_path, specmon_cmd):
     db = str(tmp_path / "e.duckdb")
     subprocess.run([*specmon_cmd, "ingest", "--db", db, "--run", "vllm-prod", vllm_log(tmp_path / "vllm.log")],
@@ -72,6 +73,7 @@ def test_annotate_and_check_from_the_command_line(tmp_path, specmon_cmd):
     assert r.returncode == 2 and "--at: 'tomorrow' is neither a duration" in r.stderr
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 def test_prometheus_counter_samples_are_watched_as_windows(store):
     # vLLM's spec_decode counters as Prometheus keeps them (cumulative, one sample per scrape), 15 s apart
     from datetime import timezone

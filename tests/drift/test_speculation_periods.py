@@ -3,6 +3,7 @@ the load alone, which the drift detector leaves out."""
 import subprocess
 
 import numpy as np
+import pytest
 from engine_lines import REAL_V1_LOAD_ALONE, v1_line
 
 from specmon.drift import alarms
@@ -36,6 +37,7 @@ def test_annotate_records_a_period_without_speculation_and_back(tmp_path, specmo
                                             ("2026-07-21 13:00:00", True, None)]
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 def test_the_detector_leaves_windows_with_the_load_alone_out(store, tmp_path):
     rng = np.random.default_rng(7)
     spec = []

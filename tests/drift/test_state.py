@@ -174,6 +174,7 @@ def test_hours_holding_more_points_than_one_read_are_read_in_several(store, tmp_
     assert len(compare(store, "dense").alarms) >= 1
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 def test_a_watched_log_growing_advances_the_state_in_the_watcher(store, tmp_path, lines):
     followed = tmp_path / "followed.jsonl"
     followed.write_text("")
@@ -213,6 +214,7 @@ print(len(calls), len(result.alarms), result.design.h, repr(result.changes).repl
 """
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 def test_a_fresh_process_does_not_calibrate_again(tmp_path, lines):
     db = str(tmp_path / "fresh.duckdb")
     (tmp_path / "log.jsonl").write_text("".join(lines[:4000]))

@@ -189,6 +189,7 @@ def _named(tmp_path: Path, name: str) -> Path:
 VLLM_LOG = ROOT / "tests" / "data" / "engines" / "vllm-v1-current-1.log"  # verbatim, from the engine corpus
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 def test_a_real_vllm_log_uploads_and_shows_on_overview(app_url, browser):
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     open_page(page, app_url, "ingest")

@@ -9,6 +9,7 @@ import json
 import subprocess
 from datetime import datetime, timedelta
 
+import pytest
 from paths import DATA
 
 LOAD = (DATA / "engines" / "vllm-v1-load-1.log").read_text().splitlines()
@@ -66,6 +67,7 @@ def write_logs(tmp_path, hours: int = 3) -> tuple[str, str]:
     return str(tmp_path / "prod.log"), str(tmp_path / "prod-plain.log")
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 def test_flat_acceptance_under_a_falling_payoff_fails_check_at_high_load(tmp_path, specmon_cmd):
     spec, plain = write_logs(tmp_path)
     db = str(tmp_path / "load.duckdb")

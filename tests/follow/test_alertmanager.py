@@ -75,6 +75,7 @@ def write_lines(log, first: int, n: int, per_pos: list[int]) -> None:
             fh.write(v1_line(i, 100, per_pos)[0])
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 def test_a_losing_segment_fires_is_posted_again_and_resolves_when_it_recovers(tmp_path, alertmanager):
     log = tmp_path / "vllm.log"
     store = Store(str(tmp_path / "w.duckdb"))

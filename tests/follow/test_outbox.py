@@ -93,6 +93,7 @@ def rows(store: Store, event: str = "segment_losing") -> list[tuple]:
                        "FROM outbox WHERE event = ? ORDER BY created_at", [event])
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 def test_a_receiver_answering_500_for_a_while_gets_the_notice_once_it_answers(tmp_path, receivers):
     recv = receivers(failing=500)
     log = tmp_path / "vllm.log"

@@ -95,6 +95,7 @@ def prometheus_url(tmp_path):
     log.close()
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 def test_pull_stores_what_the_exporter_served(prometheus_url, tmp_path, specmon_cmd):
     url, exporter = prometheus_url
     served = [dict(drafts=100, draft_tokens=200, accepted=120, p0=70, p1=50),

@@ -138,6 +138,7 @@ def _watch(db: str, *args: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 def test_a_watcher_killed_mid_scrape_stores_every_difference_once(tmp_path, serve):
     """Two engines scraped by a real `specmon watch --scrape` process, kill -9'd while it waits for a page, then
     restarted: every scrape is stored once, data-parallel engines stay apart, the engine restart is counted from

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from small_disk import fill, small_disk
 from test_watcher import totals, v1_line
 from waiting import until
@@ -29,6 +30,7 @@ def write_lines(log: Path, first: int, count: int) -> tuple[int, int]:
     return acc_sum, drafted_sum
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 def test_one_file_under_several_spellings_is_followed_once(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     log = tmp_path / "a.log"
@@ -51,6 +53,7 @@ def test_one_file_under_several_spellings_is_followed_once(tmp_path, monkeypatch
     assert store.query("SELECT source_key FROM watch_sources") == [(f"log:{log}",)]
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 def test_a_restart_with_another_spelling_resumes_exactly(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     log = tmp_path / "a.log"
@@ -133,6 +136,7 @@ def _watch(db: str, out: Path, *args: str, env: dict | None = None) -> subproces
                             stdout=open(out, "a"), stderr=subprocess.STDOUT, text=True, env=env)
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 def test_a_watcher_killed_outright_leaves_no_temporary_file(tmp_path):
     steps = tmp_path / "steps.jsonl"
     shutil.copyfile(demo.DEMO_LOG, steps)
@@ -160,6 +164,7 @@ def test_a_watcher_killed_outright_leaves_no_temporary_file(tmp_path):
     assert list(temp.iterdir()) == []
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 def test_a_full_disk_is_a_failing_source_and_the_watch_resumes_exactly_when_space_returns(tmp_path):
     log = tmp_path / "vllm.log"
     log.write_text("")

@@ -29,6 +29,7 @@ def totals(store: Store) -> tuple[float, float]:
     return acc, drafted
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 def test_a_followed_log_counts_every_line_once_through_half_lines_rotation_and_truncation(tmp_path):
     log = tmp_path / "vllm.log"
     store = Store(str(tmp_path / "w.duckdb"))
@@ -71,6 +72,7 @@ def _watch(db: str, *args: str) -> subprocess.Popen:
 
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 def test_a_watcher_killed_mid_stream_resumes_exactly_and_stops_cleanly_on_sigterm(tmp_path):
     db, log = str(tmp_path / "w.duckdb"), tmp_path / "vllm.log"
     log.write_text("")
@@ -96,6 +98,7 @@ def test_a_watcher_killed_mid_stream_resumes_exactly_and_stops_cleanly_on_sigter
     assert store.query("SELECT count(*) FROM engine_windows")[0][0] == 200
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 def test_a_bad_line_stops_its_source_with_a_message_and_nothing_else(tmp_path):
     db = str(tmp_path / "w.duckdb")
     steps, log = tmp_path / "steps.jsonl", tmp_path / "vllm.log"
@@ -176,6 +179,7 @@ def receiver():
     server.shutdown()
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 def test_a_segment_turning_losing_reaches_the_webhook_once(tmp_path, receiver):
     url, received = receiver
     log = tmp_path / "vllm.log"
@@ -249,6 +253,7 @@ def test_the_sources_page_lists_sources_and_flags_a_stale_one(tmp_path, monkeypa
     assert any("Stale" in w and str(log) in w for w in shown), shown
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 def test_serve_watch_runs_the_watcher_beside_the_dashboard_and_stops_with_it(tmp_path):
     import socket
     import urllib.request

@@ -140,6 +140,7 @@ def engine_files(draw):
     return ("\n".join(lines) + "\n").encode()
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 @FUZZ
 @given(content=step_log_files(), skip_bad=st.booleans())
 def test_fuzzed_step_logs(store, tmp_path, content, skip_bad):
@@ -152,6 +153,7 @@ def test_fuzzed_flat_csv(store, tmp_path, content, skip_bad):
     ingest_fuzzed(store, tmp_path, "fuzz.csv", content, skip_bad)
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 @FUZZ
 @given(content=engine_files(), skip_bad=st.booleans())
 def test_fuzzed_engine_output(store, tmp_path, content, skip_bad):

@@ -137,6 +137,7 @@ def test_the_fast_path_handles_the_benchmark_shapes(tmp_path, monkeypatch):
     _assert_same(results)
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 def test_the_fast_path_keeps_the_file_order_across_read_buffers(tmp_path, monkeypatch):
     """A file of several of DuckDB's JSON read buffers (16 MB), which the fast path's query reads and checks on
     every thread: steps are numbered by where the query stored them, so the stored steps must still follow the

@@ -177,6 +177,7 @@ def test_sweep_arguments_are_checked_before_torch_loads(tmp_path):
     assert r.returncode == 2 and "expected integers separated by commas" in r.stderr
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 def test_verify_at_a_batch_size_prints_each_check(tmp_path, specmon_cmd):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in OPEN[:3]))

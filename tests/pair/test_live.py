@@ -70,6 +70,7 @@ def target_alone(pair):
             for path in PROMPTS for prompt in live_inputs.read_prompts(path)}
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 @pytest.mark.parametrize("proposer", ["draft", "ngram"])
 def test_greedy_speculative_decoding_equals_the_target_alone(pair, target_alone, proposer):
     use = pair if proposer == "draft" else live.Pair(pair.target, None, pair.tokenizer, "ngram")
@@ -78,6 +79,7 @@ def test_greedy_speculative_decoding_equals_the_target_alone(pair, target_alone,
         assert spec == expected, prompt
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 def test_sampled_tokens_follow_the_target(pair):
     pit = []
     for i, prompt in enumerate(live_inputs.read_prompts(PROMPTS[0]) + live_inputs.read_prompts(PROMPTS[1])):
@@ -158,6 +160,7 @@ def test_replay_predicts_acceptance_from_transcripts(tmp_path, specmon_cmd, pair
     assert r.returncode == 2 and "bad.jsonl:1: field 'completion': required, a string" in r.stderr
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 def test_full_distributions_to_parquet(tmp_path, specmon_cmd):
     import pyarrow.parquet as pq
     out = tmp_path / "full.parquet"

@@ -2,6 +2,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from specmon.ingest.pipeline import ingest_file
 from specmon.store.database import Store
 
@@ -27,6 +29,7 @@ def _hold(db: str, seconds: float) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 def test_an_open_store_locks_nobody_out(tmp_path, specmon_cmd):
     db = str(tmp_path / "x.duckdb")
     log = tmp_path / "a.jsonl"

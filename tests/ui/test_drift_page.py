@@ -1,6 +1,7 @@
 """The Drift page on engine windows with a rollout annotation: the alarm, the verdict and the marks."""
 from datetime import timedelta
 
+import pytest
 from engine_streams import DROP_AT, START, vllm_log
 from paths import APP
 from streamlit.testing.v1 import AppTest
@@ -10,6 +11,7 @@ from specmon.ingest.pipeline import ingest_file
 from specmon.store.database import Store
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 def test_drift_page_shows_engine_alarm_and_marks_the_annotation(app_db, tmp_path):  # noqa: F811
     with Store(app_db) as store:
         assert ingest_file(store, vllm_log(tmp_path / "vllm.log"), run="vllm-prod").status == "stored"

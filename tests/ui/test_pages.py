@@ -110,6 +110,7 @@ def test_losslessness_shows_the_pit_test(app_db):
     assert any("consistent with lossless" in m.value for m in at.markdown)
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 def test_every_page_renders_with_engine_data(app_db, tmp_path):
     from engine_lines import v1_line
 

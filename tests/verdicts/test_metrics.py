@@ -78,6 +78,7 @@ def watched(tmp_path_factory):
     return store, w, lines, prod
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 def test_the_series_are_checks_figures_and_the_watchers_health(watched):
     store, _, lines, _ = watched
     got = scrape(metrics.registry(store, max_runs=10, cache_s=0))
@@ -130,6 +131,7 @@ def test_only_the_most_recently_active_runs_are_exported(watched):
     assert {dict(k)["run"] for k in got["specmon_alpha_ratio"]} == {"prod", "old"}
 
 
+@pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
 def test_a_scrape_within_the_cache_time_reuses_the_last_read(watched):  # last: it adds data
     store, w, _, prod = watched
     reg = metrics.registry(store, cache_s=3600)
