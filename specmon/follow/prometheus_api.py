@@ -32,7 +32,7 @@ from specmon.ingest.formats.prometheus_metrics import GAUGES, Sample, is_counter
 MAX_REPLY_BYTES = 256 << 20
 
 
-def _http_get(url: str, timeout_s: float, where: str, max_bytes: int | None = None,
+def http_get(url: str, timeout_s: float, where: str, max_bytes: int | None = None,
               too_large: str = "pull a shorter --since or a longer --step", asked: str = "Prometheus query",
               deadline: str = "--timeout") -> tuple[int, bytes]:
     """GET url with an overall deadline: connecting, the headers and the whole body within timeout_s seconds, and a
@@ -220,7 +220,7 @@ def query_range(url: str, metric: str, start: datetime, end: datetime, step_s: f
                                      "end": end.replace(tzinfo=timezone.utc).timestamp(), "step": step_s})
     full = f"{url.rstrip('/')}/api/v1/query_range?{params}"
     where = f"{url} (query {metric})"
-    status, body = _http_get(full, timeout_s, where)
+    status, body = http_get(full, timeout_s, where)
     if status != 200:
         raise _server_error(where, status, body)
     return parse_query_range(body, where, metric)
