@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from engine_streams import vllm_log
+from holding import hold_database
 
 from specmon.analysis import summary
 from specmon.core.settings import DEFAULT_ARL0_STEPS
@@ -298,8 +299,6 @@ def test_a_database_created_again_under_the_same_name_is_not_mistaken_for_the_ol
 def test_saving_a_state_gives_way_to_another_process_holding_the_database(tmp_path, lines):
     """The save after an analysis is a cache write: while another process holds the file it is skipped after
     SAVE_TIMEOUT_S, quietly, and the analysis is kept in this process and saved by the next one."""
-    from test_concurrency import _hold
-
     db = str(tmp_path / "busy.duckdb")
     (tmp_path / "log.jsonl").write_text("".join(lines[:2400]))
     with Store(db, on_wait=lambda _: pytest.fail("the save must not announce a wait")) as s:
@@ -307,7 +306,7 @@ def test_saving_a_state_gives_way_to_another_process_holding_the_database(tmp_pa
         with s.reading():
             kept = alarms.Kept()
             alarms.analyse_unsaved(s, "prod", None, DEFAULT_ARL0_STEPS, kept)  # the analysis, before its save
-        holder = _hold(db, 60)
+        holder = hold_database(db, 60)
         try:
             assert drift_state.save(s, "prod", kept.state, kept.calibrations) is False
         finally:

@@ -1,32 +1,13 @@
 """Several specmon processes on one database: nobody holds the file longer than one operation."""
 import subprocess
-import sys
 
 import pytest
+from holding import hold_database
 
 from specmon.ingest.pipeline import ingest_file
 from specmon.store.database import Store
 
 GOOD = '{"request_id": "a", "draft_tokens": [1, 2], "accepted": 1}\n'
-
-# A writer that holds one transaction open, as a long publish would, until told to let go (a line on stdin) or
-# for a given time.
-_HOLD = """
-import select, sys, time
-from specmon.store.database import Store
-s = Store(sys.argv[1])
-with s.transaction() as cur:
-    cur.execute("SELECT count(*) FROM runs").fetchall()
-    print("holding", flush=True)
-    select.select([sys.stdin], [], [], float(sys.argv[2]))
-"""
-
-
-def _hold(db: str, seconds: float) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", _HOLD, db, str(seconds)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "holding"
-    return proc
 
 
 @pytest.mark.slow  # real processes or many draws: run by CI with the slow checks
@@ -48,7 +29,7 @@ def test_a_writer_waits_for_another_process_and_says_so(tmp_path, specmon_cmd):
     Store(db)
     log = tmp_path / "a.jsonl"
     log.write_text(GOOD)
-    holder = _hold(db, 120.0)
+    holder = hold_database(db, 120.0)
     ingest = subprocess.Popen([*specmon_cmd, "ingest", str(log), "--db", db], stderr=subprocess.PIPE, text=True)
     first = ingest.stderr.readline()  # it waits, says so once, and goes on when the lock is released
     assert "waiting for the database" in first
@@ -61,7 +42,7 @@ def test_a_writer_waits_for_another_process_and_says_so(tmp_path, specmon_cmd):
 def test_the_wait_is_bounded(tmp_path, specmon_cmd):
     db = str(tmp_path / "x.duckdb")
     Store(db)
-    holder = _hold(db, 8.0)
+    holder = hold_database(db, 8.0)
     done = subprocess.run([*specmon_cmd, "summary", "--db", db, "--lock-timeout", "1"], capture_output=True,
                           text=True, timeout=120)
     holder.kill()
