@@ -12,9 +12,8 @@ polls nor a shutdown; the row it was sending stays pending.
 """
 from __future__ import annotations
 
+import http.client
 import threading
-import urllib.error
-import urllib.request
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -24,9 +23,11 @@ import duckdb
 from specmon.core.faults import SpecmonError
 from specmon.core.times import utc_now
 from specmon.follow.config import DEFAULT_OUTBOX_MAX_AGE_S, Log
+from specmon.follow.http_client import http_request
 from specmon.store.database import Store
 
 DEFAULT_REQUEST_TIMEOUT_S = 10.0
+MAX_ANSWER_BYTES = 1 << 20  # a receiver's answer is read (and dropped) up to this size
 FIRST_RETRY_S = 1.0
 MAX_RETRY_S = 300.0
 # The thread looks at the table at least this often (another watcher process may have left rows), and a pass
@@ -71,17 +72,14 @@ def pending(store: Store) -> bool:
 
 
 def post(url: str, body: bytes, timeout_s: float) -> str | None:
-    """POST a JSON body; None where the receiver accepted it (2xx), else what went wrong."""
-    req = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
+    """POST a JSON body, all of it (connecting, sending, the answer) within timeout_s; None where the receiver
+    accepted it (2xx), else what went wrong."""
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            resp.read()
-        return None
-    except urllib.error.HTTPError as exc:
-        return f"HTTP {exc.code} {exc.reason}"
-    except (OSError, ValueError) as exc:  # refused, reset, timed out, a malformed URL
-        reason = getattr(exc, "reason", exc)
-        return f"{type(reason).__name__}: {reason}" if str(reason) else type(reason).__name__
+        status, _ = http_request(url, timeout_s, url, MAX_ANSWER_BYTES, "a receiver should answer briefly",
+                                 asked="delivery", deadline="the delivery timeout", json_body=body)
+    except SpecmonError as exc:  # refused, reset, no complete answer in time, a malformed URL, a huge answer
+        return str(exc).removeprefix(f"{url}: ")
+    return None if 200 <= status < 300 else f"HTTP {status} {http.client.responses.get(status, '')}".rstrip()
 
 
 class Outbox:

@@ -14,9 +14,9 @@ from datetime import datetime
 from specmon.core.faults import SpecmonError
 from specmon.core.times import utc_now
 from specmon.follow.config import Log, SourceConfig
+from specmon.follow.http_client import http_request
 from specmon.follow.polls import PollResult, SourceStopped
 from specmon.follow.positions import load_position, save_position
-from specmon.follow.prometheus_api import http_get
 from specmon.follow.tail import Position
 from specmon.ingest.formats.prometheus_text import NOTHING_WANTED, parse_body
 from specmon.ingest.pipeline import ingest_samples
@@ -30,9 +30,9 @@ MAX_PAGE_BYTES = 16 << 20
 def fetch_page(url: str, timeout_s: float = SCRAPE_TIMEOUT_S) -> tuple[bytes, datetime]:
     """The page's body and the time it arrived (naive UTC), within timeout_s seconds overall."""
     where = f"{url} (scrape)"
-    status, body = http_get(url, timeout_s, where, MAX_PAGE_BYTES,
-                             "scrape the engine's metrics endpoint itself (/metrics, /prometheus/metrics)",
-                             asked="the scrape", deadline="a scrape's deadline")
+    status, body = http_request(url, timeout_s, where, MAX_PAGE_BYTES,
+                                "scrape the engine's metrics endpoint itself (/metrics, /prometheus/metrics)",
+                                asked="the scrape", deadline="a scrape's deadline")
     if status != 200:
         text = body[:200].decode("utf-8", "replace").strip() or "(empty body)"
         raise SpecmonError(f"{where}: the engine answered HTTP {status}: {text}")

@@ -16,6 +16,7 @@ from streamlit.testing.v1 import AppTest
 from waiting import until
 
 from specmon.analysis.sources import outbox_counts
+from specmon.follow import outbox
 from specmon.follow.config import SourceConfig, WatchConfig
 from specmon.follow.watcher import Watcher
 from specmon.store.database import Store
@@ -192,3 +193,35 @@ def test_without_a_receiver_nothing_is_queued_and_no_thread_runs(tmp_path):
     assert store.query("SELECT state FROM watch_notices WHERE run = 'prod' AND subject LIKE 'status:%'") == [
         ("losing",)]
 
+
+
+def test_a_receiver_that_trickles_its_answer_is_cut_off_at_the_delivery_timeout():
+    """A timeout per read would let a receiver sending a byte every half second hold one delivery for minutes;
+    the delivery has one deadline for all of it, and the row stays pending for a retry."""
+    class Trickle(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Length", "400")
+            self.end_headers()
+            for _ in range(400):
+                self.wfile.write(b".")
+                self.wfile.flush()
+                time.sleep(0.5)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    answer: list[str | None] = []
+    try:
+        sender = threading.Thread(target=lambda: answer.append(
+            outbox.post(f"http://127.0.0.1:{server.server_port}/hook", b"{}", timeout_s=2.0)), daemon=True)
+        sender.start()
+        sender.join(60)  # a guard far above the deadline: the trickle alone lasts 200 s
+        assert answer == ["no complete answer within 2 s (the delivery timeout)"]
+    finally:
+        server.shutdown()
+        server.server_close()
