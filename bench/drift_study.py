@@ -479,6 +479,8 @@ def tables(r: dict) -> str:  # noqa: C901 (one branch per table of the docs)
                            f"{c['acceptance_below'][j]:.2f}) | {c['drawn_over_true'][j]:.2f} "
                            f"({c['drawn_over_true_se'][j]:.2f}) | {c['npmle_over_true'][j]:.2f} "
                            f"({c['npmle_over_true_se'][j]:.2f}) |")
+    if "production" in r:
+        out.append(production_study.tables(r["production"]))
     return "\n".join(out)
 
 
@@ -497,6 +499,7 @@ def merge(paths: list[str], out: str | None) -> None:
         results["wall_s_per_part"][name] = p["wall_s"]
     for key in ("intervals", "false_alarms", "delays", "mixing_tail"):
         results[key] = [c for p in parts for c in p.get(key, [])]
+    results.update(next(({"production": p["production"]} for p in parts if "production" in p), {}))
     for p in parts:
         if "river" in p:
             results["river"] = p["river"]

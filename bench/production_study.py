@@ -156,3 +156,23 @@ def run(rng: np.random.Generator, reps: int, traffic: list[str]) -> dict:
     out["template_changes"] = [template_changes(rng, reps, kind, drop) for kind in ("steps", "windows")
                                for drop in (0.0, 0.03)]
     return out
+
+
+def tables(r: dict) -> str:
+    """The docs' tables of the production part."""
+    out = ["| traffic | size | alpha coverage | L coverage | per-position coverage, min-max | P(losing \\| at "
+           "break-even) | P(healthy \\| at break-even) | replicates |", "|---|---|---|---|---|---|---|---|"]
+    for key, size in (("intervals_daily_steps", "requests"), ("intervals_engine_windows", "hours")):
+        for c in r[key]:
+            pos = c["coverage_per_position"]
+            out.append(f"| {key.removeprefix('intervals_')} | {c[size]:g} {size} | {c['coverage_alpha']:.3f} "
+                       f"({c['se_alpha']:.3f}) | {c['coverage_L']:.3f} ({c['se_L']:.3f}) | {min(pos):.3f}-"
+                       f"{max(pos):.3f} | {c['p_losing_at_break_even']:.3f} ({c['se_losing']:.3f}) | "
+                       f"{c['p_healthy_at_break_even']:.3f} ({c['se_healthy']:.3f}) | {c['replicates']} |")
+    out += ["", "| traffic | true change | flagged hurt or raised | of which hurt | different hours | whole periods "
+            "compared, flagged | replicates |", "|---|---|---|---|---|---|---|"]
+    for c in r["template_changes"]:
+        out.append(f"| {c['kind']} | {-c['drop']:+.2f} | {c['flagged']:.3f} ({c['se_flagged']:.3f}) | {c['hurt']:.3f} "
+                   f"| {c['verdicts'][detector.DIFFERENT_HOURS] / c['replicates']:.3f} | "
+                   f"{c['whole_periods_flagged']:.3f} ({c['se_whole_periods']:.3f}) | {c['replicates']} |")
+    return "\n".join(out)
