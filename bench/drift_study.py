@@ -32,6 +32,7 @@ import math
 import time
 
 import numpy as np
+import production_study
 import scipy.stats
 import streams
 from _common import machine
@@ -51,7 +52,7 @@ DELAY_PARTS = {"delays_0.05": ((0.05,), (0.0, 0.05), LENGTHS, 2027),
                "delays_0.2_geometric": ((0.2,), (0.2, 0.3), ("geometric",), 2030),
                "delays_0.2_lognormal": ((0.2,), (0.2, 0.3), ("lognormal",), 2031)}
 SECTIONS = ("intervals", "false_alarms_2000", "false_alarms_20000", "false_alarms_two_point", *DELAY_PARTS, "river",
-            "mixing_tail")
+            "mixing_tail", "production")
 TAIL_LEVELS = (0.01, 0.05, 0.10)  # true quantiles of request acceptance at which mixing_tail compares shares
 RIVER_BEFORE = 300  # watched in-control steps before the drop in the comparison with river (after the reference)
 
@@ -284,6 +285,8 @@ def main() -> None:  # noqa: C901 (one branch per option and part: a flat list r
                     "(default 40, --full 100); half as many at 20,000 unless --full")
     ap.add_argument("--rhos", help="comma-separated request correlations of the false-alarm cells (default all), to "
                     "split a part across processes")
+    ap.add_argument("--traffic", default="", help="production part: further step-log models by module:function "
+                    "(bench/production_study.py says what the function returns)")
     ap.add_argument("--merge", nargs="+", metavar="JSON", help="join the outputs of runs of separate sections")
     ap.add_argument("--tables", metavar="JSON", help="print docs/drift.md's tables and goal figures from a result")
     args = ap.parse_args()
@@ -357,6 +360,10 @@ def main() -> None:  # noqa: C901 (one branch per option and part: a flat list r
         delay = {"rho": 0.2, "lengths": "geometric", "k": 4}
         delay.update(delay_cell(rng, 0.2, "geometric", 4, 60, 2000, RIVER_BEFORE))
         results["river"]["specmon CUSUM (stated 2,000)"] = delay
+    if "production" in sections:
+        results["production"] = production_study.run(np.random.default_rng(2040), args.reps or 200,
+                                                      [t for t in args.traffic.split(",") if t])
+        print(f"production done in {time.perf_counter() - t0:.0f} s", flush=True)
     if "mixing_tail" in sections:
         rng = np.random.default_rng(2032)
         results["mixing_tail"] = []
@@ -472,6 +479,8 @@ def tables(r: dict) -> str:  # noqa: C901 (one branch per table of the docs)
                            f"{c['acceptance_below'][j]:.2f}) | {c['drawn_over_true'][j]:.2f} "
                            f"({c['drawn_over_true_se'][j]:.2f}) | {c['npmle_over_true'][j]:.2f} "
                            f"({c['npmle_over_true_se'][j]:.2f}) |")
+    if "production" in r:
+        out.append(production_study.tables(r["production"]))
     return "\n".join(out)
 
 
@@ -490,6 +499,7 @@ def merge(paths: list[str], out: str | None) -> None:
         results["wall_s_per_part"][name] = p["wall_s"]
     for key in ("intervals", "false_alarms", "delays", "mixing_tail"):
         results[key] = [c for p in parts for c in p.get(key, [])]
+    results.update(next(({"production": p["production"]} for p in parts if "production" in p), {}))
     for p in parts:
         if "river" in p:
             results["river"] = p["river"]

@@ -750,7 +750,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "calibrated on the run's own first requests to one false alarm per "
                                    "--false-alarm-steps (on engine windows, whose 30-window reference cannot "
                                    "support it, no rate is stated); template changes and annotations are judged "
-                                   "before/after.")
+                                   "before/after on the hours both sides cover (where they cover different hours "
+                                   "the data cannot tell, and only a new side below break-even is a problem).")
     p.add_argument("--c", type=_cost, help="draft cost / target cost, overriding the measured one")
     p.add_argument("--since", help="only steps, alarms and template changes since then: 6h, 2d, 30m, 1w or ISO time")
     p.add_argument("--false-alarm-steps", type=_positive_int, default=DEFAULT_ARL0_STEPS,

@@ -34,6 +34,10 @@ WHERE r.name = ? ORDER BY a.starts_at, a.annotation_id
 """
 
 
+# What a kept template-change verdict was judged with: another method makes the kept ones stale.
+VERDICTS_VERSION = 2
+
+
 @dataclass(frozen=True)
 class Event:
     """Something that changed at a known time: a template first seen in the data, or an annotation."""
@@ -98,18 +102,26 @@ class TemplateChange:
     @property
     def hurt(self) -> bool:
         """A finding (`specmon check` exits 1, the Drift page shows it as an error): acceptance dropped
-        significantly, or now lies below break-even."""
+        significantly on matched hours, or now lies below break-even."""
         return self.comparison.verdict == "hurt" or self.below_break_even
 
     def describe(self) -> str:
         c = self.comparison
-        words = {"hurt": "hurt acceptance", "helped": "raised acceptance",
-                 "no detectable change": "made no change that the data can detect"}[c.verdict]
         how = "annotated rollout" if self.source == "annotation" else "template"
-        text = (f"run {self.run!r}: {how} {self.previous or '-'!r} -> {self.template or '-'!r} at "
-                f"{self.first_ts:%Y-%m-%d %H:%M} UTC {words}: alpha {c.before.estimate:.3f} "
-                f"[{c.before.lo:.3f}, {c.before.hi:.3f}] -> {c.after.estimate:.3f} [{c.after.lo:.3f}, "
-                f"{c.after.hi:.3f}], z = {c.z:.1f}")
+        sides = (f"alpha {c.before.estimate:.3f} [{c.before.lo:.3f}, {c.before.hi:.3f}] -> {c.after.estimate:.3f} "
+                 f"[{c.after.lo:.3f}, {c.after.hi:.3f}]")
+        head = f"run {self.run!r}: {how} {self.previous or '-'!r} -> {self.template or '-'!r} at " \
+               f"{self.first_ts:%Y-%m-%d %H:%M} UTC"
+        if c.verdict == detector.DIFFERENT_HOURS:
+            text = (f"{head}: the two sides cover different hours, so the data cannot tell a change of template "
+                    f"from the time of day: {sides} (each side's own)")
+        else:
+            words = {"hurt": "hurt acceptance", "helped": "raised acceptance",
+                     "no detectable change": "made no change that the data can detect"}[c.verdict]
+            where = ("hour by hour, the two served side by side" if c.matching == "same hours" else
+                     f"on the {c.hours} hours of day both cover")
+            text = (f"{head} {words}: {sides}; compared {where} ({c.share_before:.0%} and {c.share_after:.0%} of "
+                    f"the sides' positions), a difference of {c.difference:+.3f}, z = {c.z:.1f}")
         if self.note:
             text += f" ({self.note})"
         if self.below_break_even:
@@ -138,6 +150,7 @@ class Stream:
     template: np.ndarray  # the data's template at each point (object array)
     k: int
     unit: str
+    block: np.ndarray | None = None  # an engine window's block (engine_segments.window_blocks), its intervals' cluster
 
 
 def annotate(store: Store, run: str, template: str, at: datetime, note: str | None = None) -> int:
@@ -191,7 +204,8 @@ def _window_stream(store: Store, run: str) -> Stream | None:
     df = df[keep]
     ts = df["end_ts"].to_numpy(dtype="datetime64[us]").astype(np.int64)
     return Stream(a, n, ts, np.arange(len(a)), df["template"].to_numpy(dtype=object),
-                   int(df["k"].max()) if df["k"].notna().any() else 1, "windows")
+                   int(df["k"].max()) if df["k"].notna().any() else 1, "windows",
+                   engine_segments.window_blocks(df).to_numpy(dtype=object))
 
 
 def _events(stream: Stream, notes: list[Event]) -> list[Event]:
@@ -208,9 +222,13 @@ def _when(ts_us: int) -> datetime:
     return pd.Timestamp(int(ts_us), unit="us").to_pydatetime()
 
 
-def _sums(stream: Stream, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    _, inverse = np.unique(stream.cluster[mask], return_inverse=True)
-    return (np.bincount(inverse, weights=stream.accepted[mask]), np.bincount(inverse, weights=stream.checked[mask]))
+def _cells(stream: Stream, mask: np.ndarray) -> detector.Cells:
+    """The points in mask as cells of a comparison: engine windows clustered by their blocks (as their intervals
+    are), steps by request."""
+    clusters = stream.cluster if stream.block is None else stream.block
+    ts = stream.ts_us[mask]
+    return detector.Cells(clusters[mask], ts - ts % detector.HOUR_US, stream.accepted[mask], stream.checked[mask],
+                          ts, ts)
 
 
 def _changes(run: str, stream: Stream, events: list[Event], break_even: float | None) -> list[TemplateChange]:
@@ -233,7 +251,7 @@ def _changes(run: str, stream: Stream, events: list[Event], break_even: float | 
             after = (stream.ts_us >= t) & (stream.ts_us < next_t)
         if not before.any() or not after.any():
             continue
-        comparison = detector.compare(*_sums(stream, before), *_sums(stream, after))
+        comparison = detector.compare(_cells(stream, before), _cells(stream, after))
         out.append(TemplateChange(run, event.template, previous, event.ts, comparison, break_even, event.source,
                                   event.note))
     return out
@@ -388,7 +406,7 @@ def _step_verdicts(cur, run: str, names: dict[int, str], firsts: list[list], eve
                    break_even: float | None, state: State | None, kept: Kept) -> list[TemplateChange]:
     """The template-change verdicts: kept in the state while its points, the events and the break-even are the
     same (the page reruns after every write, a fresh `check` reads them back), else judged again and kept."""
-    key = [[e.ts.isoformat(), e.template, e.source, e.note] for e in events] + [break_even]
+    key = [[e.ts.isoformat(), e.template, e.source, e.note] for e in events] + [break_even, VERDICTS_VERSION]
     if state is not None and state.verdicts is not None and state.verdicts["key"] == key:
         return [_change_from_json(c) for c in state.verdicts["changes"]]
     changes = _step_changes(cur, run, names, firsts, events, break_even)
@@ -404,8 +422,8 @@ def _change_json(ch: TemplateChange) -> dict:
 
 def _change_from_json(d: dict) -> TemplateChange:
     c = d["comparison"]
-    comparison = detector.Comparison(stats.Interval(**c["before"]), stats.Interval(**c["after"]), c["z"], c["verdict"],
-                                  c["critical"])
+    comparison = detector.Comparison(**{**c, "before": stats.Interval(**c["before"]),
+                                        "after": stats.Interval(**c["after"])})
     return TemplateChange(**{**d, "first_ts": datetime.fromisoformat(d["first_ts"]), "comparison": comparison})
 
 
@@ -497,8 +515,8 @@ def _step_events(names: dict[int, str], firsts: list[list], notes: list[Event]) 
 
 def _step_changes(cur, run: str, names: dict[int, str], firsts: list[list], events: list[Event],
                   break_even: float | None) -> list[TemplateChange]:
-    """_changes for a step log, from the rollups' per-request sums (the cut hours of an annotation's stretch from
-    the steps) rather than the steps."""
+    """_changes for a step log, from the rollups' per-request, per-hour sums (the cut hours of an annotation's
+    stretch from the steps) rather than the steps."""
     out = []
     ids = list(names)
     by_name = {name: seg for seg, name in names.items()}
@@ -512,18 +530,47 @@ def _step_changes(cur, run: str, names: dict[int, str], firsts: list[list], even
             previous = names[seg] if seg is not None else events[i - 1].template if i else first_template
             if previous not in by_name:
                 continue
-            before = drift_state.request_sums(cur, [by_name[previous]])
-            after = drift_state.request_sums(cur, [by_name[event.template]])
+            before = _step_cells(cur, [by_name[previous]])
+            after = _step_cells(cur, [by_name[event.template]])
         else:
             seg = None if i else drift_state.segment_before(cur, ids, t)
             previous = events[i - 1].template if i else names[seg] if seg is not None else first_template
-            before = drift_state.request_sums(cur, ids, times[i - 1] if i else None, t)
-            after = drift_state.request_sums(cur, ids, t, times[i + 1] if i + 1 < len(events) else None)
-        if not len(before[0]) or not len(after[0]):
+            before = _step_cells(cur, ids, times[i - 1] if i else None, t)
+            after = _step_cells(cur, ids, t, times[i + 1] if i + 1 < len(events) else None)
+        if not len(before.cluster) or not len(after.cluster):
             continue
-        out.append(TemplateChange(run, event.template, previous, event.ts, detector.compare(*before, *after),
+        out.append(TemplateChange(run, event.template, previous, event.ts, detector.compare(before, after),
                                   break_even, event.source, event.note))
     return out
+
+
+def _step_cells(cur, segments: list[int], lo_us: int | None = None, hi_us: int | None = None) -> detector.Cells:
+    """The comparison cells (request and hour) of the segments' steps with lo_us <= ts < hi_us (None: unbounded):
+    whole hours from the rollups, the cut hours' steps on the spot; requests keyed as the stream keys them."""
+    marks = ", ".join("?" * len(segments))
+    hour = detector.HOUR_US
+    hour_lo = None if lo_us is None else -(-lo_us // hour) * hour  # the first whole hour inside
+    hour_hi = None if hi_us is None else hi_us - hi_us % hour  # the end of the last whole hour inside
+    parts = [f"SELECT hash(request_id) AS q, epoch_us(hour) AS h, accepted, checked, epoch_us(first_ts) AS t0, "
+             f"epoch_us(last_ts) AS t1 FROM rollup_requests WHERE segment_id IN ({marks})"
+             + (" AND epoch_us(hour) >= ?" if hour_lo is not None else "")
+             + (" AND epoch_us(hour) < ?" if hour_hi is not None else "")]
+    params: list = [*segments] + [t for t in (hour_lo, hour_hi) if t is not None]
+    edges: list[tuple[int, int]] = []
+    if lo_us is not None and hour_lo is not None and lo_us < hour_lo:
+        edges.append((lo_us, hour_lo if hi_us is None else min(hour_lo, hi_us)))
+    if hi_us is not None and hour_hi is not None and hour_hi < hi_us and (hour_lo is None or hour_hi >= hour_lo):
+        edges.append((hour_hi, hi_us))
+    for a, b in edges:
+        parts.append(f"SELECT hash(request_id), epoch_us(ts) - epoch_us(ts) % {hour}, accepted, checked, "
+                     f"epoch_us(ts), epoch_us(ts) FROM steps WHERE segment_id IN ({marks}) AND epoch_us(ts) >= ? "
+                     "AND epoch_us(ts) < ?")
+        params += [*segments, a, b]
+    rows = cur.execute("SELECT q, h, sum(accepted)::DOUBLE AS a, sum(checked)::DOUBLE AS n, min(t0) AS t0, "
+                       "max(t1) AS t1 FROM (" + " UNION ALL ".join(parts) + ") GROUP BY q, h ORDER BY q, h",
+                       params).fetchnumpy()
+    return detector.Cells(np.asarray(rows["q"]), np.asarray(rows["h"]), np.asarray(rows["a"], dtype=float),
+                          np.asarray(rows["n"], dtype=float), np.asarray(rows["t0"]), np.asarray(rows["t1"]))
 
 
 def analyse(store: Store, c: float | None = None, arl0_steps: int = DEFAULT_ARL0_STEPS) -> list[RunDrift]:

@@ -261,33 +261,130 @@ def detect(accepted: np.ndarray, checked: np.ndarray, design: Design,
 
 
 @dataclass(frozen=True)
+class Cells:
+    """One side of a template change: per-cluster, per-hour sums. cluster: a key per cell (a request id, a block of
+    engine windows), the same on both sides where a cluster spans the change; hour_us: the start of the cell's hour
+    (microseconds since the epoch, UTC); first_us, last_us: the cell's first and last point."""
+
+    cluster: np.ndarray
+    hour_us: np.ndarray
+    accepted: np.ndarray
+    checked: np.ndarray
+    first_us: np.ndarray
+    last_us: np.ndarray
+
+    def take(self, keep: np.ndarray) -> Cells:
+        return Cells(*(getattr(self, f)[keep] for f in ("cluster", "hour_us", "accepted", "checked", "first_us",
+                                                        "last_us")))
+
+    def interval(self) -> stats.Interval:
+        """The side's own interval, its cells summed per cluster."""
+        _, inverse = np.unique(self.cluster, return_inverse=True)
+        return stats.cluster_robust_interval(np.bincount(inverse, weights=self.accepted),
+                                             np.bincount(inverse, weights=self.checked))
+
+
+HOUR_US = 3_600_000_000
+
+# The hours a verdict rests on must hold at least this share of each side's checked positions: below it the
+# comparison would speak of a slice of the day, not of the templates.
+MATCH_SHARE = 0.2
+
+DIFFERENT_HOURS = "different hours"
+
+
+@dataclass(frozen=True)
 class Comparison:
-    """Acceptance before and after a template change, with cluster-robust intervals."""
+    """Acceptance before and after a template change: each side's own cluster-robust interval, and the test on
+    matched hours. matching: "same hours" (the sides served side by side, compared hour by hour), "same hours of
+    day" (compared on the clock hours both cover, other days' data matched to them) or "different hours" (too
+    little overlap to match: no test). difference: after minus before on the matched hours, se its standard error,
+    dof the t quantile's degrees of freedom; hours: the matched strata; share_before, share_after: the share of each
+    side's checked positions in them."""
 
     before: stats.Interval
     after: stats.Interval
     z: float
-    verdict: str  # "hurt", "helped" or "no detectable change"
+    verdict: str  # "hurt", "helped", "no detectable change" or DIFFERENT_HOURS
     critical: float = 2.576  # the |z| beyond which the verdict is hurt or helped
+    matching: str = "same hours of day"
+    difference: float = math.nan
+    se: float = math.nan
+    dof: float = math.nan
+    hours: int = 0
+    share_before: float = 0.0
+    share_after: float = 0.0
 
 
-def compare(before_a: np.ndarray, before_n: np.ndarray, after_a: np.ndarray, after_n: np.ndarray) -> Comparison:
-    """Two-sample test of per-token acceptance; arguments are per-cluster sums (requests or windows as clusters).
+def compare(before: Cells, after: Cells) -> Comparison:
+    """Two-sample test of per-token acceptance on matched hours (docs/math.md, "Template changes").
 
-    z = (after - before) / sqrt(v_before + v_after) with each side's cluster-robust (CR2) variance, against the
-    t quantile at the smaller side's degrees of freedom (conservative where one side has few clusters).
-    """
-    b = stats.cluster_robust_interval(before_a, before_n)
-    a = stats.cluster_robust_interval(after_a, after_n)
-    se = math.sqrt(_variance(b) + _variance(a))
-    z = (a.estimate - b.estimate) / se if se > 0 else 0.0
-    critical = stats.t_quantile(CHANGE_CONFIDENCE, min(b.dof, a.dof))
+    Acceptance follows the clock where the mix of requests does, so before and after are compared within strata of
+    time both cover: the hour itself where the two sides ran side by side in the hours holding at least MATCH_SHARE
+    of each, else the hour of day (UTC), leaving out an hour where one side ended as the other began. Each stratum's
+    difference of ratios is weighted by its share of both sides' checked positions; the variance sums each
+    cluster's squared linearised residual (a cluster on both sides counted once), divided by one minus its weight
+    (CR2-style), and Satterthwaite's degrees of freedom are those of that sum. Where the strata hold less than
+    MATCH_SHARE of either side, the verdict is DIFFERENT_HOURS."""
+    b_iv, a_iv = before.interval(), after.interval()
+    strata = _strata(before, after)
+    if strata is None:
+        return Comparison(b_iv, a_iv, math.nan, DIFFERENT_HOURS, math.nan, DIFFERENT_HOURS)
+    matching, kb, ka, share_b, share_a = strata
+    keys = np.intersect1d(kb, ka)
+    sb, sa = np.isin(kb, keys), np.isin(ka, keys)
+    b, a, kb, ka = before.take(sb), after.take(sa), kb[sb], ka[sa]
+    ib, ia = np.searchsorted(keys, kb), np.searchsorted(keys, ka)
+    nb, na = np.bincount(ib, b.checked, len(keys)), np.bincount(ia, a.checked, len(keys))
+    rb, ra = np.bincount(ib, b.accepted, len(keys)) / nb, np.bincount(ia, a.accepted, len(keys)) / na
+    w = (nb + na) / (nb.sum() + na.sum())
+    after_minus = float(np.sum(w * (ra - rb)))
+    # each cell's contribution to the linearised estimate, and its weight (the CR2 leverage) within its side
+    resid = np.concatenate([w[ia] * (a.accepted - ra[ia] * a.checked) / na[ia],
+                            -w[ib] * (b.accepted - rb[ib] * b.checked) / nb[ib]])
+    lev_cell = np.concatenate([w[ia] * a.checked / na[ia], w[ib] * b.checked / nb[ib]])
+    clusters, inverse = np.unique(np.concatenate([a.cluster, b.cluster]).astype(str), return_inverse=True)
+    e = np.bincount(inverse, resid, len(clusters))
+    lev = np.minimum(np.bincount(inverse, lev_cell, len(clusters)), 0.5)
+    u = e ** 2 / (1 - lev)
+    var = float(u.sum())
+    dof = max(1.0, min(var ** 2 / float(np.sum(u ** 2)), len(clusters) - 1.0)) if var > 0 else 1.0
+    se = math.sqrt(var)
+    z = after_minus / se if se > 0 else 0.0
+    critical = stats.t_quantile(CHANGE_CONFIDENCE, dof)
     verdict = "hurt" if z < -critical else "helped" if z > critical else "no detectable change"
-    return Comparison(b, a, z, verdict, critical)
+    return Comparison(b_iv, a_iv, z, verdict, critical, matching, after_minus, se, dof, len(keys), share_b, share_a)
 
 
-def _variance(iv: stats.Interval) -> float:
-    """Variance of a proportion at its effective sample size (what the cluster-robust interval used)."""
-    if iv.n_eff <= 0 or math.isnan(iv.estimate):
-        return math.inf
-    return iv.estimate * (1 - iv.estimate) / iv.n_eff
+def _strata(before: Cells, after: Cells) -> tuple[str, np.ndarray, np.ndarray, float, float] | None:
+    """The matching and each cell's stratum on both sides, with each side's share of checked positions in the
+    strata both hold; None where those shares fall below MATCH_SHARE."""
+    hours = np.intersect1d(before.hour_us, after.hour_us)
+    together = np.array([_side_by_side(before, after, h) for h in hours], dtype=bool)
+    shared, cut = hours[together], hours[~together]
+    share_b, share_a = _share(before, np.isin(before.hour_us, shared)), _share(after, np.isin(after.hour_us, shared))
+    if min(share_b, share_a) >= MATCH_SHARE:
+        return "same hours", before.hour_us, after.hour_us, share_b, share_a
+    # by the clock: an hour where one side ended as the other began compares early minutes with late ones
+    kb = np.where(np.isin(before.hour_us, cut), -1, before.hour_us // HOUR_US % 24)
+    ka = np.where(np.isin(after.hour_us, cut), -2, after.hour_us // HOUR_US % 24)
+    both = np.intersect1d(kb, ka)
+    share_b, share_a = _share(before, np.isin(kb, both)), _share(after, np.isin(ka, both))
+    if min(share_b, share_a) < MATCH_SHARE:
+        return None
+    return "same hours of day", kb, ka, share_b, share_a
+
+
+def _side_by_side(before: Cells, after: Cells, hour: int) -> bool:
+    """Whether the two sides ran at the same time within an hour: their spans there overlap by at least half the
+    shorter one (a switch, with a few requests still running across it, overlaps by far less)."""
+    mb, ma = before.hour_us == hour, after.hour_us == hour
+    b0, b1 = before.first_us[mb].min(), before.last_us[mb].max()
+    a0, a1 = after.first_us[ma].min(), after.last_us[ma].max()
+    overlap = min(b1, a1) - max(b0, a0)
+    return bool(overlap > 0 and overlap >= 0.5 * min(b1 - b0, a1 - a0))
+
+
+def _share(side: Cells, mask: np.ndarray) -> float:
+    total = float(side.checked.sum())
+    return float(side.checked[mask].sum()) / total if total > 0 else 0.0

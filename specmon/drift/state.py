@@ -226,32 +226,6 @@ def segment_before(cur: duckdb.DuckDBPyConnection, segments: Sequence[int], ts_u
     return int(found[0][0]) if found else None
 
 
-def request_sums(cur: duckdb.DuckDBPyConnection, segments: Sequence[int], lo_us: int | None = None,
-                 hi_us: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Accepted and checked summed per request (the clusters, in the order of their hashes, as the stream's
-    np.unique has them) over the run's points with lo_us <= ts < hi_us (None: unbounded): whole hours from the
-    rollups, the cut hours' steps on the spot."""
-    marks = ", ".join("?" * len(segments))
-    hour_lo = None if lo_us is None else -(-lo_us // _HOUR_US) * _HOUR_US  # the first whole hour inside
-    hour_hi = None if hi_us is None else hi_us - hi_us % _HOUR_US  # the end of the last whole hour inside
-    parts = [f"SELECT request_id, accepted, checked FROM rollup_requests WHERE segment_id IN ({marks})"
-             + (" AND hour >= ?" if hour_lo is not None else "") + (" AND hour < ?" if hour_hi is not None else "")]
-    params: list = [*segments] + [_at(t) for t in (hour_lo, hour_hi) if t is not None]
-    edges: list[tuple[int, int]] = []
-    if lo_us is not None and hour_lo is not None and lo_us < hour_lo:
-        edges.append((lo_us, hour_lo if hi_us is None else min(hour_lo, hi_us)))
-    if hi_us is not None and hour_hi is not None and hour_hi < hi_us and (hour_lo is None or hour_hi >= hour_lo):
-        edges.append((hour_hi, hi_us))
-    for a, b in edges:
-        parts.append(f"SELECT request_id, accepted, checked FROM steps WHERE segment_id IN ({marks}) "
-                     "AND ts >= ? AND ts < ?")
-        params += [*segments, _at(a), _at(b)]
-    rows = cur.execute("SELECT sum(accepted)::DOUBLE AS a, sum(checked)::DOUBLE AS n FROM ("
-                       + " UNION ALL ".join(parts) + ") GROUP BY request_id ORDER BY hash(request_id)",
-                       params).fetchnumpy()
-    return np.asarray(rows["a"], dtype=float), np.asarray(rows["n"], dtype=float)
-
-
 # -- advancing -----------------------------------------------------------------------------------------------------
 def advance(state: State, new: Points, older: Callable[[int, tuple[int, int]], Points],
             before: Callable[[int], int | None], redesign: Callable[[int], detector.Design]) -> State:

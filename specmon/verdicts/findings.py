@@ -22,7 +22,7 @@ from typing import Any
 
 from specmon.analysis import load, summary
 from specmon.analysis.load import LoadCurve
-from specmon.core.segments import IID, is_problem, why_unknown
+from specmon.core.segments import IID, finite, is_problem, why_unknown
 from specmon.core.settings import DEFAULT_ARL0_STEPS
 from specmon.drift import alarms
 from specmon.store.database import Store
@@ -159,7 +159,9 @@ def _change_finding(ch: alarms.TemplateChange) -> Finding:
         ch.hurt, ch.run, ch.template, "TEMPLATE CHANGE", ch.describe(), "drift", ch.first_ts, c.after.estimate,
         c.after.lo, c.after.hi, ch.break_even,
         {"run": ch.run, "template": ch.template, "previous": ch.previous, "first_ts": ch.first_ts.isoformat(),
-         "verdict": c.verdict, "z": c.z, "alpha_before": c.before.estimate, "alpha_after": c.after.estimate,
+         "verdict": c.verdict, "z": finite(c.z), "alpha_before": c.before.estimate, "alpha_after": c.after.estimate,
+         "matching": c.matching, "difference": finite(c.difference), "hours": c.hours,
+         "share_before": c.share_before, "share_after": c.share_after,
          "below_break_even": ch.below_break_even, "source": ch.source, "note": ch.note})
 
 
