@@ -291,7 +291,7 @@ class Kept:
 
     state: State | None = None
     changed: bool = False
-    calibrations: dict[str, float] = field(default_factory=dict)
+    calibrations: dict[str, calibration.Threshold] = field(default_factory=dict)
 
 
 def analyse_unsaved(store: Store, run: str, c: float | None, arl0_steps: int, kept: Kept) -> RunDrift:
@@ -311,7 +311,7 @@ def analyse_unsaved(store: Store, run: str, c: float | None, arl0_steps: int, ke
 
 
 def whole_stream_drift(store: Store, run: str, stream: Stream, c: float | None, arl0_steps: int,
-                       notes: list[Event], threshold: Callable[..., float] | None = None) -> RunDrift:
+                       notes: list[Event], threshold: Callable[..., calibration.Threshold] | None = None) -> RunDrift:
     """The analysis of a stream held whole in memory: engine windows (few), and what a step log's kept state must
     equal (tests/drift/test_state.py). threshold: as calibration.design_for's."""
     empty = pd.DataFrame(columns=["ts", "W"])

@@ -61,6 +61,9 @@ class Design:
     clusters: int = 0
     unit: str = "steps"
     reference: int = 0  # points it was calibrated on (the first of the stream)
+    # simulated points per alarm episode at h (alarms within EPISODE_GAP points form one), from the calibration's own
+    # streams; None where unknown (a threshold kept without it)
+    episode_points: float | None = None
 
     @property
     def states_a_rate(self) -> bool:
@@ -69,11 +72,19 @@ class Design:
         while nothing changes, and where requests span windows the measured rate was many times the one asked for."""
         return self.unit == "steps"
 
+    def rate_words(self) -> str:
+        """The stated false-alarm rate, per alarm and per alarm episode (what a person on call sees)."""
+        per_alarm = f"one false alarm per {self.arl0_steps:,} {self.unit}"
+        if self.episode_points is None:
+            return per_alarm + " (per alarm episode: unknown)"
+        return (f"{per_alarm} (re-alarms counted; one alarm episode, alarms within {EPISODE_GAP:,} {self.unit} of "
+                f"each other, per {round(self.episode_points, -2):,.0f} {self.unit})")
+
     def threshold_words(self) -> str:
         """The threshold and what it promises, in the words of the alarm, `check` and the Drift page."""
         calibrated = f"calibrated on the first {self.reference:,} {self.unit}"
         if self.states_a_rate:
-            return f"threshold h = {self.h:.2f} for one false alarm per {self.arl0_steps:,} {self.unit}, {calibrated}"
+            return f"threshold h = {self.h:.2f} for {self.rate_words()}, {calibrated}"
         return (f"threshold h = {self.h:.2f}, {calibrated}; no false-alarm rate is stated: {self.reference:,} "
                 f"{self.unit} cannot show how low acceptance goes while nothing changes")
 

@@ -99,7 +99,7 @@ def render() -> None:
                  f"them (each once no alarm has come for {detector.EPISODE_GAP:,} steps; the CUSUM restarts there, and "
                  "the stretches before the last one were watched against their own h)."
                  if d.unit == "steps" else "")
-        promise = (f"calibrated to one false alarm per {d.arl0_steps:,} {d.unit}" if d.states_a_rate else
+        promise = (f"calibrated to {d.rate_words()}" if d.states_a_rate else
                    f"calibrated, but with no false-alarm rate stated: {d.reference:,} {d.unit} cannot show how low "
                    "acceptance goes while nothing changes, so read an alarm as a lead to check, not a measured "
                    "risk,")
