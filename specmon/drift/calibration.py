@@ -528,12 +528,14 @@ def calibrate_cached(accepted: np.ndarray, checked: np.ndarray, clusters: np.nda
 def design_for(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, k: int,
                break_even: float | None, arl0_steps: int = DEFAULT_ARL0_STEPS,
                reference_steps: int = REFERENCE_STEPS, delta: float = DEFAULT_DELTA,
-               unit: str = "steps", threshold: Callable[..., Threshold | float] | None = None) -> Design | None:
+               unit: str = "steps", threshold: Callable[..., Threshold | float] | None = None,
+               ts_us: np.ndarray | None = None) -> Design | None:
     """Calibrate a detector on the first reference_steps points of a stream (clusters: the cluster of each of
     those points, or of every point). None if the reference has no checks. threshold(accepted, checked, clusters,
     p0, p1, arl0_steps) gives the Threshold for the reference (default: calibrate_threshold, remembered in this
     process; a caller that keeps thresholds elsewhere passes its own; one that gives h alone leaves the points per
-    alarm episode unknown).
+    alarm episode unknown). ts_us (each point's time, microseconds) gives the hours the reference covers, on which
+    stating a false-alarm rate depends (Design.states_a_rate).
 
     p0 is the reference's per-token acceptance; p1 is break-even alpha* when it lies below p0 by more than 0.02,
     else p0 - delta.
@@ -550,17 +552,21 @@ def design_for(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, 
     h, episodes = (found.h, found.episode_points) if isinstance(found, Threshold) else (float(found), None)
     per_a, per_n = cluster_sums(a, n, ref_clusters)
     iv = stats.cluster_robust_interval(per_a, per_n)
+    hours = None if ts_us is None else float(np.ptp(np.asarray(ts_us)[ref])) / 3.6e9
     return Design(p0, p1, float(h), arl0_steps, float(iv.design_effect), int(k), len(per_n), unit, len(a),
-                  None if episodes is None or not math.isfinite(episodes) else float(episodes))
+                  None if episodes is None or not math.isfinite(episodes) else float(episodes), hours)
 
 
-def redesigner(head: Callable[[int], tuple[np.ndarray, np.ndarray, np.ndarray]], k: int,
+def redesigner(head: Callable[[int], tuple[np.ndarray, ...]], k: int,
                break_even: float | None, arl0_steps: int = DEFAULT_ARL0_STEPS, unit: str = "steps",
                threshold: Callable[..., Threshold | float] | None = None) -> Callable[[int], Design]:
     """watch's redesign: the design calibrated on a stream's first c points (a checkpoint), head(c) giving accepted,
-    checked and clusters of at least those (a stream held whole gives all of it; a kept state reads them back)."""
+    checked and clusters of at least those, and optionally their times (a stream held whole gives all of it; a kept
+    state reads them back)."""
     def redesign(c: int) -> Design:
-        design = design_for(*head(c), k, break_even, arl0_steps, c, unit=unit, threshold=threshold)
+        held = head(c)
+        design = design_for(held[0], held[1], held[2], k, break_even, arl0_steps, c, unit=unit, threshold=threshold,
+                            ts_us=held[3] if len(held) > 3 else None)
         assert design is not None, "a reference that holds the first one has checked positions"
         return design
     return redesign
