@@ -42,7 +42,7 @@ def homogeneous_threshold(a: np.ndarray, n: np.ndarray, req: np.ndarray, p0: flo
         counts = np.bincount(pool, minlength=g)
         rates = calibration.Rates.single(float(counts @ pa) / float(counts @ pn))
         points.append(calibration.StepProcess(a, n, inverse, pool, rates).draw(rng, 5, 5 * arl0))
-    return calibration.solve_threshold([calibration.cumulative_increments(x, y, p0, p1) for x, y in points], arl0)
+    return calibration.solve_threshold([calibration.cumulative_increments(x, y, p0, p1) for x, y in points], arl0).h
 
 
 def true_threshold(rng: np.random.Generator, lengths: str, p0: float, p1: float, arl0: int,
@@ -54,7 +54,7 @@ def true_threshold(rng: np.random.Generator, lengths: str, p0: float, p1: float,
         s.append(calibration.cumulative_increments(np.array([r[0] for r in rows], float),
                                                    np.array([r[1] for r in rows], float),
                                    p0, p1))
-    return calibration.solve_threshold(s, arl0)
+    return calibration.solve_threshold(s, arl0).h
 
 
 def drawn_spread(rng: np.random.Generator, a: np.ndarray, c: np.ndarray, req: np.ndarray) -> dict:

@@ -81,7 +81,18 @@ class AlarmEvent:
             text += "; it coincides with the " + " and the ".join(e.describe() for e in self.near)
         return (text + f"; CUSUM alarm at {self.alarm_ts:%Y-%m-%d %H:%M} UTC, {self.alarms} alarm(s) to "
                 f"{self.last_alarm_ts:%Y-%m-%d %H:%M} UTC{' and still open' if self.open else ''}; "
-                f"{self.design.threshold_words()}")
+                f"{self.hours_words()}; {self.design.threshold_words()}")
+
+    def hours_words(self) -> str:
+        """The hours of the day (UTC) from the change to the last alarm: a drop that keeps to the same hours day
+        after day is more likely the traffic mix swinging with the clock than drift."""
+        span = self.last_alarm_ts - self.change_ts
+        if span.total_seconds() >= 86_400:
+            return "it covers every hour of the day"
+        first, last = self.change_ts.hour, self.last_alarm_ts.hour
+        hours = f"{first:02d}:00-{(last + 1) % 24:02d}:00 UTC"
+        return f"it covers the hours {hours}" + (" (across midnight)" if last < first or (
+            last == first and span.total_seconds() > 3600) else "")
 
 
 @dataclass(frozen=True)
@@ -309,7 +320,7 @@ class Kept:
 
     state: State | None = None
     changed: bool = False
-    calibrations: dict[str, float] = field(default_factory=dict)
+    calibrations: dict[str, calibration.Threshold] = field(default_factory=dict)
 
 
 def analyse_unsaved(store: Store, run: str, c: float | None, arl0_steps: int, kept: Kept) -> RunDrift:
@@ -329,7 +340,7 @@ def analyse_unsaved(store: Store, run: str, c: float | None, arl0_steps: int, ke
 
 
 def whole_stream_drift(store: Store, run: str, stream: Stream, c: float | None, arl0_steps: int,
-                       notes: list[Event], threshold: Callable[..., float] | None = None) -> RunDrift:
+                       notes: list[Event], threshold: Callable[..., calibration.Threshold] | None = None) -> RunDrift:
     """The analysis of a stream held whole in memory: engine windows (few), and what a step log's kept state must
     equal (tests/drift/test_state.py). threshold: as calibration.design_for's."""
     empty = pd.DataFrame(columns=["ts", "W"])
@@ -338,12 +349,13 @@ def whole_stream_drift(store: Store, run: str, stream: Stream, c: float | None, 
     changes = _changes(run, stream, events, break_even)
     reference = detector.REFERENCE_STEPS if stream.unit == "steps" else detector.REFERENCE_WINDOWS
     design = calibration.design_for(stream.accepted, stream.checked, stream.cluster, stream.k, break_even, arl0_steps,
-                              reference, unit=stream.unit, threshold=threshold)
+                              reference, unit=stream.unit, threshold=threshold, ts_us=stream.ts_us)
     if design is None:
         return RunDrift(run, None, [], changes, empty, stream.unit, "the reference window has no checked positions",
                         notes)
     # a step log's reference grows at the checkpoints; engine windows keep their first 30 (docs/drift.md)
-    grow = calibration.redesigner(lambda c: (stream.accepted, stream.checked, stream.cluster), stream.k, break_even,
+    grow = calibration.redesigner(lambda c: (stream.accepted, stream.checked, stream.cluster, stream.ts_us), stream.k,
+                                  break_even,
                             arl0_steps, stream.unit, threshold) if stream.unit == "steps" else None
     w, raw, designs = detector.detect(stream.accepted, stream.checked, design, reference, grow)
     found = []
@@ -458,7 +470,7 @@ def _current_state(cur, path: tuple, run: str, ids: list[int], total: int, k: in
                                     before_us=next(drift_state.chunk_ends(cur, ids, None, drift_state.CHUNK_POINTS)))
     design = calibration.design_for(first.accepted, first.checked, first.cluster, k, break_even, arl0_steps,
                               detector.REFERENCE_STEPS, unit="steps",
-                              threshold=drift_state.stored_threshold(cur, kept.calibrations))
+                              threshold=drift_state.stored_threshold(cur, kept.calibrations), ts_us=first.ts_us)
     if design is None:
         return None
     fresh = State(drift_state.design_key(design.p1, arl0_steps),
@@ -473,10 +485,10 @@ def _never(*_: object) -> NoReturn:
     raise AssertionError("a state built from the first point has nothing taken in before")
 
 
-def _head(cur, ids: list[int], c: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The run's first c steps (a checkpoint's reference): accepted, checked and request of each."""
+def _head(cur, ids: list[int], c: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The run's first c steps (a checkpoint's reference): accepted, checked, request and time of each."""
     head = drift_state.read_points(cur, ids, limit=c, before_us=next(drift_state.chunk_ends(cur, ids, None, c)))
-    return head.accepted, head.checked, head.cluster
+    return head.accepted, head.checked, head.cluster, head.ts_us
 
 
 def _advance_all(cur, ids: list[int], state: State, redesign: Callable[[int], detector.Design]) -> State:

@@ -19,7 +19,7 @@ import numpy as np
 
 from specmon.core import stats
 from specmon.core.settings import DEFAULT_ARL0_STEPS
-from specmon.drift.detector import REFERENCE_STEPS, Design, llr_weights
+from specmon.drift.detector import EPISODE_GAP, REFERENCE_STEPS, Design, llr_weights
 
 DEFAULT_DELTA = 0.10  # the drop to watch for when break-even is unknown or already above the reference
 
@@ -44,7 +44,17 @@ SPREAD_TEST_STEPS = 2 * REFERENCE_STEPS
 
 # Raised whenever calibrate gives another threshold for the same input, so thresholds kept in a database
 # (specmon.drift.state) are calibrated again rather than reused.
-CALIBRATION_VERSION = 8
+CALIBRATION_VERSION = 9
+
+
+def first_seen(clusters: np.ndarray) -> np.ndarray:
+    """Each point's cluster as its rank in order of first appearance (0 for the first point's): the calibration
+    draws clusters by these indices, so the threshold depends on the points and their order in time, not on the
+    names (a request id's hash would order them by name, and move h by a few percent under a renaming)."""
+    _, first, inverse = np.unique(clusters, return_index=True, return_inverse=True)
+    rank = np.empty(len(first), dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(first))
+    return rank[inverse.reshape(-1)]
 
 
 def cluster_sums(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -63,6 +73,13 @@ def target_p1(p0: float, break_even: float | None, delta: float = DEFAULT_DELTA)
 def calibrate(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p0: float, p1: float,
               arl0_steps: int = DEFAULT_ARL0_STEPS, groups: int = CALIBRATION_GROUPS,
               streams_per_group: int = 5, seed: int = 0) -> float:
+    """The threshold h of calibrate_threshold (its arguments), alone."""
+    return calibrate_threshold(accepted, checked, clusters, p0, p1, arl0_steps, groups, streams_per_group, seed).h
+
+
+def calibrate_threshold(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p0: float, p1: float,
+                        arl0_steps: int = DEFAULT_ARL0_STEPS, groups: int = CALIBRATION_GROUPS,
+                        streams_per_group: int = 5, seed: int = 0) -> Threshold:
     """The threshold h at which the CUSUM from p0 to p1, restarted after every alarm, alarms once per arl0_steps
     in-control points, averaged over the in-control processes the reference window leaves plausible (for engine
     windows each window is its own cluster).
@@ -83,12 +100,13 @@ def calibrate(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p
     / arl0_steps (solve_threshold). A step log's reference of at least SPREAD_TEST_STEPS steps whose spread test
     (spread_z) is below SPREAD_Z has its requests simulated alike instead, each group's at the group's pooled
     acceptance: the fitted distribution never comes out a single point, and the spread it keeps where requests do not
-    differ made h too high.
+    differ made h too high. The points per alarm episode are counted on the same streams at that h (Threshold).
+    Clusters are drawn by their order of first appearance (first_seen), so renaming them leaves h as it is.
     """
     rng = np.random.default_rng(seed)
     a = np.asarray(accepted, dtype=float)
     n = np.asarray(checked, dtype=float)
-    _, inverse = np.unique(clusters, return_inverse=True)
+    inverse = first_seen(np.asarray(clusters))
     n_clusters = int(inverse.max()) + 1
     single = n_clusters == len(a)  # engine windows: every point its own cluster
     per_a, per_n = np.bincount(inverse, weights=a), np.bincount(inverse, weights=n)
@@ -139,21 +157,36 @@ def cumulative_increments(accepted: np.ndarray, checked: np.ndarray, p0: float, 
     return np.cumsum(x, axis=1, dtype=np.float64)
 
 
-def solve_threshold(s: list[np.ndarray], arl0_steps: int) -> float:
-    """h at which the groups' mean alarm rate of the restarted CUSUM is 1 / arl0_steps; s holds each group's
-    cumulative increments, one stream a row.
+@dataclass(frozen=True)
+class Threshold:
+    """A calibrated threshold h and, on the same simulated streams at h, the points per alarm episode (alarms within
+    EPISODE_GAP points of the previous one form one, as the alarms, webhooks and the Drift page count them): what a
+    person on call experiences, the stated figure being points per alarm, every re-alarm counted."""
+
+    h: float
+    episode_points: float
+
+
+def solve_threshold(s: list[np.ndarray], arl0_steps: int) -> Threshold:
+    """h at which the groups' mean alarm rate of the restarted CUSUM is 1 / arl0_steps, with the points per alarm
+    episode there (Threshold); s holds each group's cumulative increments, one stream a row.
 
     A start: h is bisected on the rate from a fresh start, (n - 1) / (sum of the n streams' run lengths to the
     first alarm) per group (one vectorised pass per h). The restarted CUSUM usually alarms more often (after an
     alarm the points that follow are often the rest of the same poor request), so from there h is moved in
-    steps of 25% until the restarted rate, counted exactly (restarted_rate), brackets the stated one, and found
+    steps of 25% until the restarted rate, counted exactly (restarted_rates), brackets the stated one, and found
     inside that bracket by false position on log rate against h (an in-control CUSUM's alarm rate falls about
     exponentially in h), to within 1% of the stated rate or 0.5% of h; where it stops short, the quieter end."""
     target = math.log(1.0 / arl0_steps)
     hi = fresh_start_threshold(s, arl0_steps)
+    episodes: dict[float, float] = {}  # episode rate at each h tried: every h returned has been tried
 
     def log_rate(h: float) -> float:
-        return math.log(max(restarted_rate(s, h, arl0_steps), 1e-3 / arl0_steps))
+        rate, episodes[h] = restarted_rates(s, h, arl0_steps)
+        return math.log(max(rate, 1e-3 / arl0_steps))
+
+    def found(h: float) -> Threshold:
+        return Threshold(float(h), 1 / episodes[h] if episodes[h] > 0 else math.inf)
 
     # bracket [lo, hi]: too many alarms at lo, few enough at hi, found in steps of 25% from the fresh-start h
     # (usually upwards; downwards where the fresh-start estimate, from few streams per group, came out high)
@@ -170,7 +203,7 @@ def solve_threshold(s: list[np.ndarray], arl0_steps: int) -> float:
             lo /= 1.25
             r_lo = log_rate(lo)
         if r_lo <= target:
-            return float(hi)
+            return found(hi)
     side = 0
     for _ in range(8):
         if hi - lo < 5e-3 * hi or r_lo - r_hi < 0.02:
@@ -178,7 +211,7 @@ def solve_threshold(s: list[np.ndarray], arl0_steps: int) -> float:
         h = hi - (target - r_hi) * (hi - lo) / (r_lo - r_hi)
         r = log_rate(h)
         if abs(r - target) < 0.01:
-            return float(h)
+            return found(h)
         if r > target:
             lo, r_lo = h, r
             if side == -1:
@@ -189,7 +222,7 @@ def solve_threshold(s: list[np.ndarray], arl0_steps: int) -> float:
             if side == 1:
                 r_lo = (r_lo + target) / 2
             side = 1
-    return float(hi)
+    return found(hi)
 
 
 def fresh_start_threshold(s: list[np.ndarray], arl0_steps: int) -> float:
@@ -212,29 +245,34 @@ def fresh_start_threshold(s: list[np.ndarray], arl0_steps: int) -> float:
     return hi
 
 
-def restarted_rate(s: list[np.ndarray], h: float, arl0_steps: int) -> float:
-    """The groups' mean rate of alarms per point of the CUSUM restarted after every alarm, as in use: after a
-    restart at point r, W_t = S_t - min(S_r, min_{r<u<=t} S_u) for the cumulative increments S. Scanned in blocks
+def restarted_rates(s: list[np.ndarray], h: float, arl0_steps: int) -> tuple[float, float]:
+    """The groups' mean rates of alarms and of alarm episodes per point of the CUSUM restarted after every alarm, as
+    in use: after a restart at point r, W_t = S_t - min(S_r, min_{r<u<=t} S_u) for the cumulative increments S; an
+    alarm within EPISODE_GAP points of the previous one in its stream continues that one's episode. Scanned in blocks
     (a Python step per block and per alarm, not per point), the running minimum carried from block to block."""
     block = max(256, arl0_steps // 4)
-    rates = []
+    rates, episode_rates = [], []
     for g in s:
-        alarms = 0
+        alarms = episodes = 0
         for row in g:
-            n, start, floor = len(row), 0, 0.0
+            n, start, floor, last = len(row), 0, 0.0, -EPISODE_GAP - 1
             while start < n:
                 seg = row[start:start + block]
                 low = np.minimum(np.minimum.accumulate(seg), floor)
                 hit = np.flatnonzero(seg - low >= h)
                 if hit.size:
                     alarms += 1
+                    at = start + int(hit[0])
+                    episodes += at - last > EPISODE_GAP
+                    last = at
                     floor = float(seg[hit[0]])
-                    start += int(hit[0]) + 1
+                    start = at + 1
                 else:
                     floor = float(low[-1])
                     start += len(seg)
         rates.append(alarms / g.size)
-    return float(np.mean(rates))
+        episode_rates.append(episodes / g.size)
+    return float(np.mean(rates)), float(np.mean(episode_rates))
 
 
 class Mixing:
@@ -473,15 +511,15 @@ def first_alarm_steps(w: np.ndarray, h: float) -> np.ndarray:
     hit = w >= h
     return np.where(hit.any(axis=1), hit.argmax(axis=1) + 1, w.shape[1])
 
-_CALIBRATIONS: OrderedDict[bytes, float] = OrderedDict()  # the watcher re-analyses a run after every batch
+_CALIBRATIONS: OrderedDict[bytes, Threshold] = OrderedDict()  # the watcher re-analyses a run after every batch
 
 
 def calibrate_cached(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p0: float, p1: float,
-                      arl0_steps: int) -> float:
+                      arl0_steps: int) -> Threshold:
     key = hashlib.sha256(b"".join(np.ascontiguousarray(v).tobytes() for v in (accepted, checked, clusters))
                          + repr((p0, p1, arl0_steps)).encode()).digest()
     if key not in _CALIBRATIONS:
-        _CALIBRATIONS[key] = calibrate(accepted, checked, clusters, p0, p1, arl0_steps)
+        _CALIBRATIONS[key] = calibrate_threshold(accepted, checked, clusters, p0, p1, arl0_steps)
         if len(_CALIBRATIONS) > 64:
             _CALIBRATIONS.popitem(last=False)
     return _CALIBRATIONS[key]
@@ -490,11 +528,14 @@ def calibrate_cached(accepted: np.ndarray, checked: np.ndarray, clusters: np.nda
 def design_for(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, k: int,
                break_even: float | None, arl0_steps: int = DEFAULT_ARL0_STEPS,
                reference_steps: int = REFERENCE_STEPS, delta: float = DEFAULT_DELTA,
-               unit: str = "steps", threshold: Callable[..., float] | None = None) -> Design | None:
+               unit: str = "steps", threshold: Callable[..., Threshold | float] | None = None,
+               ts_us: np.ndarray | None = None) -> Design | None:
     """Calibrate a detector on the first reference_steps points of a stream (clusters: the cluster of each of
     those points, or of every point). None if the reference has no checks. threshold(accepted, checked, clusters,
-    p0, p1, arl0_steps) gives h for the reference (default: calibrate, remembered in this process; a caller that
-    keeps thresholds elsewhere passes its own).
+    p0, p1, arl0_steps) gives the Threshold for the reference (default: calibrate_threshold, remembered in this
+    process; a caller that keeps thresholds elsewhere passes its own; one that gives h alone leaves the points per
+    alarm episode unknown). ts_us (each point's time, microseconds) gives the hours the reference covers, on which
+    stating a false-alarm rate depends (Design.states_a_rate).
 
     p0 is the reference's per-token acceptance; p1 is break-even alpha* when it lies below p0 by more than 0.02,
     else p0 - delta.
@@ -507,19 +548,25 @@ def design_for(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, 
     p0 = float(np.clip(a.sum() / n.sum(), 0.01, 0.99))
     p1 = target_p1(p0, break_even, delta)
     ref_clusters = np.asarray(clusters)[ref]
-    h = (threshold or calibrate_cached)(a, n, ref_clusters, p0, p1, arl0_steps)
+    found = (threshold or calibrate_cached)(a, n, ref_clusters, p0, p1, arl0_steps)
+    h, episodes = (found.h, found.episode_points) if isinstance(found, Threshold) else (float(found), None)
     per_a, per_n = cluster_sums(a, n, ref_clusters)
     iv = stats.cluster_robust_interval(per_a, per_n)
-    return Design(p0, p1, float(h), arl0_steps, float(iv.design_effect), int(k), len(per_n), unit, len(a))
+    hours = None if ts_us is None else float(np.ptp(np.asarray(ts_us)[ref])) / 3.6e9
+    return Design(p0, p1, float(h), arl0_steps, float(iv.design_effect), int(k), len(per_n), unit, len(a),
+                  None if episodes is None or not math.isfinite(episodes) else float(episodes), hours)
 
 
-def redesigner(head: Callable[[int], tuple[np.ndarray, np.ndarray, np.ndarray]], k: int,
+def redesigner(head: Callable[[int], tuple[np.ndarray, ...]], k: int,
                break_even: float | None, arl0_steps: int = DEFAULT_ARL0_STEPS, unit: str = "steps",
-               threshold: Callable[..., float] | None = None) -> Callable[[int], Design]:
+               threshold: Callable[..., Threshold | float] | None = None) -> Callable[[int], Design]:
     """watch's redesign: the design calibrated on a stream's first c points (a checkpoint), head(c) giving accepted,
-    checked and clusters of at least those (a stream held whole gives all of it; a kept state reads them back)."""
+    checked and clusters of at least those, and optionally their times (a stream held whole gives all of it; a kept
+    state reads them back)."""
     def redesign(c: int) -> Design:
-        design = design_for(*head(c), k, break_even, arl0_steps, c, unit=unit, threshold=threshold)
+        held = head(c)
+        design = design_for(held[0], held[1], held[2], k, break_even, arl0_steps, c, unit=unit, threshold=threshold,
+                            ts_us=held[3] if len(held) > 3 else None)
         assert design is not None, "a reference that holds the first one has checked positions"
         return design
     return redesign

@@ -35,6 +35,10 @@ CHECKPOINT_GROWTH = 16
 # 10-second log lines) make the reference of a run of engine windows, so a rollout soon after a start is watched.
 REFERENCE_WINDOWS = 30
 
+# A step log's traffic mix swings with the clock (chat by day, batch jobs by night), and a reference that does not
+# hold a whole day pictures only its own hours: no false-alarm rate is stated on a shorter one (Design.states_a_rate).
+FULL_CYCLE_HOURS = 24.0
+
 EPISODE_GAP = 1_000  # alarms within this many points of the previous one continue its episode
 
 CHANGE_CONFIDENCE = 0.99  # template change verdicts at the two-sided 1% level
@@ -61,21 +65,45 @@ class Design:
     clusters: int = 0
     unit: str = "steps"
     reference: int = 0  # points it was calibrated on (the first of the stream)
+    # simulated points per alarm episode at h (alarms within EPISODE_GAP points form one), from the calibration's own
+    # streams; None where unknown (a threshold kept without it)
+    episode_points: float | None = None
+    # hours from the reference's first point to its last; None where the stream's times were not given
+    reference_hours: float | None = None
 
     @property
     def states_a_rate(self) -> bool:
         """Whether the reference can support a stated false-alarm rate. A step log's can (docs/drift.md, "The
         study"); engine windows' 30 cannot: a few minutes of windows do not show how low window acceptance goes
         while nothing changes, and where requests span windows the measured rate was many times the one asked for."""
-        return self.unit == "steps"
+        return self.no_rate_reason() is None
+
+    def no_rate_reason(self) -> str | None:
+        """Why no false-alarm rate is stated (None where one is): engine windows' 30 cannot support one, nor a
+        reference shorter than a day, which cannot show the daily swing of the traffic mix (the measured rate under
+        such a swing was 0.59 x the stated one, and most alarms fell in the busiest hours)."""
+        if self.unit != "steps":
+            return (f"{self.reference:,} {self.unit} cannot show how low acceptance goes while nothing changes")
+        if self.reference_hours is not None and self.reference_hours < FULL_CYCLE_HOURS:
+            return (f"the reference covers {self.reference_hours:.1f} hours, less than a full day, so it cannot show "
+                    "how the traffic mix swings with the hour (a rate is stated once a checkpoint's reference holds "
+                    f"{FULL_CYCLE_HOURS:.0f} hours)")
+        return None
+
+    def rate_words(self) -> str:
+        """The stated false-alarm rate, per alarm and per alarm episode (what a person on call sees)."""
+        per_alarm = f"one false alarm per {self.arl0_steps:,} {self.unit}"
+        if self.episode_points is None:
+            return per_alarm + " (per alarm episode: unknown)"
+        return (f"{per_alarm} (re-alarms counted; one alarm episode, alarms within {EPISODE_GAP:,} {self.unit} of "
+                f"each other, per {round(self.episode_points, -2):,.0f} {self.unit})")
 
     def threshold_words(self) -> str:
         """The threshold and what it promises, in the words of the alarm, `check` and the Drift page."""
         calibrated = f"calibrated on the first {self.reference:,} {self.unit}"
         if self.states_a_rate:
-            return f"threshold h = {self.h:.2f} for one false alarm per {self.arl0_steps:,} {self.unit}, {calibrated}"
-        return (f"threshold h = {self.h:.2f}, {calibrated}; no false-alarm rate is stated: {self.reference:,} "
-                f"{self.unit} cannot show how low acceptance goes while nothing changes")
+            return f"threshold h = {self.h:.2f} for {self.rate_words()}, {calibrated}"
+        return f"threshold h = {self.h:.2f}, {calibrated}; no false-alarm rate is stated: {self.no_rate_reason()}"
 
 
 @dataclass(frozen=True)

@@ -393,13 +393,14 @@ def remember(path: tuple, run: str, state: State) -> None:
             _MEMO.popitem(last=False)
 
 
-def save(store: Store, run: str, state: State | None, calibrations: dict[str, float]) -> bool:
+def save(store: Store, run: str, state: State | None, calibrations: dict[str, calibration.Threshold]) -> bool:
     """Store the state and new thresholds in one short write; skipped (False) when the database stays busy for
     SAVE_TIMEOUT_S or is read-only here."""
     try:
         with store.transaction(timeout=SAVE_TIMEOUT_S) as cur:
-            for key, h in calibrations.items():
-                cur.execute("INSERT OR IGNORE INTO drift_calibrations VALUES (?, ?, now()::TIMESTAMP)", [key, h])
+            for key, t in calibrations.items():
+                cur.execute("INSERT OR IGNORE INTO drift_calibrations VALUES (?, ?, now()::TIMESTAMP, ?)",
+                            [key, t.h, t.episode_points])
             if state is not None:
                 # states of another reference (the stream was rebuilt) describe nothing stored any more
                 cur.execute("DELETE FROM drift_states WHERE run = ? AND reference <> ?", [run, state.reference])
@@ -423,15 +424,17 @@ def reference_hash(points: Points) -> str:
                                    (points.accepted, points.checked, points.cluster, points.ts_us))).hexdigest()
 
 
-def stored_threshold(cur: duckdb.DuckDBPyConnection, found: dict[str, float]) -> Callable[..., float]:
+def stored_threshold(cur: duckdb.DuckDBPyConnection,
+                     found: dict[str, calibration.Threshold]) -> Callable[..., calibration.Threshold]:
     """A threshold function for calibration.design_for: a stored calibration, else calibrate (and note it in `found`, to
     be saved)."""
     def threshold(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p0: float, p1: float,
-                  arl0_steps: int) -> float:
+                  arl0_steps: int) -> calibration.Threshold:
         key = calibration_key(accepted, checked, clusters, p0, p1, arl0_steps)
-        row = cur.execute("SELECT h FROM drift_calibrations WHERE calibration_key = ?", [key]).fetchall()
+        row = cur.execute("SELECT h, episode_points FROM drift_calibrations WHERE calibration_key = ?",
+                          [key]).fetchall()
         if row:
-            return float(row[0][0])
+            return calibration.Threshold(float(row[0][0]), float(row[0][1]))
         # through drift's in-process memory: a process that opens several databases calibrates a reference once
         found[key] = calibration.calibrate_cached(accepted, checked, clusters, p0, p1, arl0_steps)
         return found[key]

@@ -433,6 +433,20 @@ MIGRATIONS.append(
     ALTER TABLE watch_sources ADD COLUMN failures BIGINT DEFAULT 0;
     """
 )
+MIGRATIONS.append(
+    # 17: a calibrated threshold keeps the points per alarm episode its simulation gave at h, which the alarms state
+    # beside the points per alarm. Thresholds are a cache keyed by the calibration's version, which moved with this,
+    # so the old rows are of no use and go.
+    """
+    DROP TABLE drift_calibrations;
+    CREATE TABLE drift_calibrations (
+        calibration_key VARCHAR PRIMARY KEY,   -- sha256 of the reference's points, p0, p1, arl0, CALIBRATION_VERSION
+        h               DOUBLE NOT NULL,
+        created_at      TIMESTAMP NOT NULL,
+        episode_points  DOUBLE NOT NULL        -- simulated points per alarm episode at h (Infinity: none)
+    );
+    """
+)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 # What a load stages, in its own DuckDB file (one per load, removed when the load ends).

@@ -148,3 +148,20 @@ def test_a_template_first_seen_after_its_annotation_is_one_event(store):
     result = alarms.analyse_run(store, "prod")
     assert [(ch.source, ch.template, ch.comparison.verdict) for ch in result.changes] == [
         ("annotation", "v2", "hurt")]
+
+
+def test_an_alarm_names_the_hours_of_the_day_it_covers():
+    # a drop that keeps to the same hours day after day is more likely the traffic mix than drift: the alarm says
+    # which hours (UTC) lie between its change and its last alarm
+    from datetime import datetime, timedelta, timezone
+
+    design = detector.Design(0.8, 0.45, 9.0, 20_000, 1.5, 4, 100, "steps", 2_000, 31_000.0, 30.0)
+    start = datetime(2026, 11, 25, 13, 20, tzinfo=timezone.utc)
+
+    def alarm(change: datetime, last: datetime) -> alarms.AlarmEvent:
+        return alarms.AlarmEvent("r", "t", change, change, last, 3, False, 0.8, 0.5, design, 0.45)
+
+    assert "it covers the hours 13:00-16:00 UTC;" in alarm(start, start + timedelta(hours=2)).describe()
+    assert "it covers the hours 22:00-02:00 UTC (across midnight)" in alarm(
+        start.replace(hour=22), start.replace(hour=22) + timedelta(hours=3)).describe()
+    assert "it covers every hour of the day" in alarm(start, start + timedelta(hours=30)).describe()

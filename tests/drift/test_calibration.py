@@ -34,7 +34,7 @@ def test_restarted_rate_counts_every_alarm_of_the_restarted_cusum():
     for h in (6.0, 15.0, 30.0):
         brute = np.mean([sum(len(detector.cusum_increments(np.diff(row, prepend=0.0), h)[1]) for row in g) / g.size
                          for g in s])
-        assert calibration.restarted_rate(s, h, 2000) == brute
+        assert calibration.restarted_rates(s, h, 2000)[0] == brute
 
 
 def test_threshold_gives_the_stated_rate_of_the_restarted_cusum():
@@ -43,8 +43,8 @@ def test_threshold_gives_the_stated_rate_of_the_restarted_cusum():
     # alarm more often here (the earlier calibration extrapolated a restart correction from three thresholds)
     s = _bursty_groups(2)
     arl0 = 2000
-    h = calibration.solve_threshold(s, arl0)
-    assert abs(math.log(calibration.restarted_rate(s, h, arl0) * arl0)) < 0.03
+    h = calibration.solve_threshold(s, arl0).h
+    assert abs(math.log(calibration.restarted_rates(s, h, arl0)[0] * arl0)) < 0.03
     w = np.concatenate([g - np.minimum(np.minimum.accumulate(g, axis=1), 0.0) for g in s])
     first = calibration.first_alarm_steps(w, h)
     assert (first < w.shape[1]).sum() / first.sum() < 0.8 / arl0  # from a fresh start it alarms less often
@@ -206,3 +206,38 @@ def test_requests_are_simulated_alike_only_where_the_reference_shows_no_spread(m
         p0 = a.sum() / c.sum()
         h = calibration.calibrate(a, c, req, p0, calibration.target_p1(p0, 0.45), 2000, groups=4, streams_per_group=2)
         assert math.isfinite(h) and bool(fitted) == uses_fit, (steps, rho, z)
+
+
+def test_renaming_every_request_leaves_the_threshold_as_it_is():
+    # the calibration draws clusters by their order of first appearance, not by their names' order (a request id's
+    # hash ordered them, and a renaming moved h by a few percent)
+    rng = np.random.default_rng(31)
+    a, c, req = streams.steps(rng, 2000, 0.75, 4, 0.2, "lognormal")
+    renamed = rng.permutation(10 ** 6)[req]  # another name for every request, in another order
+    by_name = [np.unique(x, return_index=True)[1].argsort() for x in (req, renamed)]
+    assert not np.array_equal(*by_name)  # sorted by name, the requests come in another order
+    p0 = a.sum() / c.sum()
+    p1 = calibration.target_p1(p0, 0.5)
+    one = calibration.calibrate_threshold(a, c, req, p0, p1, 2000, groups=6, streams_per_group=2)
+    other = calibration.calibrate_threshold(a, c, renamed, p0, p1, 2000, groups=6, streams_per_group=2)
+    assert one == other
+
+
+def test_episodes_are_counted_as_the_alarms_group_them():
+    # an alarm within EPISODE_GAP points of the previous one in its stream continues that episode, as
+    # detector.detect groups them; the points per episode are at least the points per alarm
+    s = _bursty_groups(4)
+    for h in (6.0, 15.0, 30.0):
+        brute = []
+        for g in s:
+            episodes = 0
+            for row in g:
+                last = -detector.EPISODE_GAP - 1
+                for alarm in detector.cusum_increments(np.diff(row, prepend=0.0), h)[1]:
+                    episodes += alarm - last > detector.EPISODE_GAP
+                    last = alarm
+            brute.append(episodes / g.size)
+        rate, episode_rate = calibration.restarted_rates(s, h, 2000)
+        assert episode_rate == float(np.mean(brute)) and 0 < episode_rate < rate
+    found = calibration.solve_threshold(s, 2000)
+    assert found.episode_points == 1 / calibration.restarted_rates(s, found.h, 2000)[1] > 2000

@@ -64,3 +64,31 @@ def test_the_watch_cut_into_pieces_is_the_watch_over_the_whole_stream():
         designs += piece[3]
     np.testing.assert_allclose(np.concatenate(w), whole[0], rtol=1e-12, atol=1e-9)
     assert raw == whole[1] and designs == whole[3] and state == whole[2]
+
+
+def test_the_design_states_its_rate_per_alarm_episode_from_its_own_calibration():
+    # the calibration counts alarm episodes on its own simulated streams at h; the design carries the figure and
+    # its words state it beside the rate per alarm (re-alarms of one episode make it the rarer of the two)
+    a, c, req = stream()
+    design = calibration.design_for(a, c, req, K, BREAK_EVEN, ARL0, FIRST)
+    assert design is not None and design.episode_points is not None and design.episode_points > ARL0
+    words = design.threshold_words()
+    assert f"one false alarm per {ARL0:,} steps" in words
+    assert f"one alarm episode, alarms within {detector.EPISODE_GAP:,} steps of each other, per " \
+           f"{round(design.episode_points, -2):,.0f} steps" in words
+    kept_h_only = calibration.design_for(a, c, req, K, BREAK_EVEN, ARL0, FIRST, threshold=lambda *_: design.h)
+    assert kept_h_only is not None and "per alarm episode: unknown" in kept_h_only.threshold_words()
+
+
+def test_no_rate_is_stated_until_the_reference_holds_a_full_day():
+    # a reference shorter than a day pictures only its own hours of a traffic mix that swings with the clock: no
+    # false-alarm rate is stated, and the words say why; one that spans a day states its rate
+    a, c, req = stream()
+    for hours, states in ((2.0, False), (30.0, True)):
+        ts_us = np.linspace(0, hours * 3.6e9, FIRST).astype(np.int64)
+        design = calibration.design_for(a, c, req, K, BREAK_EVEN, ARL0, FIRST, ts_us=ts_us)
+        assert design is not None and design.states_a_rate is states
+        assert abs(design.reference_hours - hours) < 1e-6
+        words = design.threshold_words()
+        assert ("one false alarm per" in words) is states
+        assert ("less than a full day" in words) is not states, words

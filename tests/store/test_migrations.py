@@ -210,3 +210,18 @@ def test_every_connection_gets_the_memory_cap_of_settings_or_of_the_environment(
     with Store(path) as s, s.cursor() as con:
         assert con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0] == cap("300MB")
     assert cap("300MB") != cap(settings.MEMORY_LIMIT)
+
+
+def test_the_calibrations_migration_drops_thresholds_kept_without_their_episode_rate(tmp_path):
+    # a threshold kept before the rate per alarm episode was counted has none to give: the rows go (they belong to
+    # an older calibration version, never read again), and a threshold is kept with its episode rate from then on
+    path = str(tmp_path / "old.duckdb")
+    version = next(i for i, m in enumerate(schema.MIGRATIONS) if "episode_points" in m)
+    con = database.connect(path)
+    schema.migrate(con, path, upto=version)
+    con.execute("INSERT INTO drift_calibrations VALUES ('k', 8.5, now()::TIMESTAMP)")
+    con.close()
+    with Store(path) as s:
+        assert s.query("SELECT count(*) FROM drift_calibrations")[0][0] == 0
+        assert [c for (c,) in s.query("SELECT column_name FROM information_schema.columns WHERE table_name = "
+                                       "'drift_calibrations' ORDER BY ordinal_position")][-1] == "episode_points"

@@ -99,10 +99,9 @@ def render() -> None:
                  f"them (each once no alarm has come for {detector.EPISODE_GAP:,} steps; the CUSUM restarts there, and "
                  "the stretches before the last one were watched against their own h)."
                  if d.unit == "steps" else "")
-        promise = (f"calibrated to one false alarm per {d.arl0_steps:,} {d.unit}" if d.states_a_rate else
-                   f"calibrated, but with no false-alarm rate stated: {d.reference:,} {d.unit} cannot show how low "
-                   "acceptance goes while nothing changes, so read an alarm as a lead to check, not a measured "
-                   "risk,")
+        promise = (f"calibrated to {d.rate_words()}" if d.states_a_rate else
+                   f"calibrated, but with no false-alarm rate stated: {d.no_rate_reason()}, so read an alarm as a "
+                   "lead to check, not a measured risk,")
         st.caption(f"One-sided Bernoulli CUSUM over {d.unit} from the reference acceptance p0 = {d.p0:.3f} (the "
                    f"run's first {d.reference:,} {d.unit}) towards p1 = {d.p1:.3f}; threshold h = {d.h:.2f} (the "
                    f"dashed line below), {promise} by resampling the "

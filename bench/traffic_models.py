@@ -1,0 +1,81 @@
+"""Step logs from two kinds of production-like traffic that the drift calibration's model does not describe (it
+gives a simulated request one acceptance, shifting every position's log-odds alike): for the drift traffic study
+(drift_traffic.py) and the drift tests.
+
+- position_dependent: acceptance falls with the draft position (0.85, 0.70, 0.55, 0.45 at k = 4, as EAGLE-style
+  drafts show), and requests differ the more the deeper the position (a request effect z ~ N(0, 1) moving position
+  i's log-odds by DEPTH_EFFECT[i] z).
+- state_switching: acceptance switches state within a request: long copy-like stretches (every position accepted
+  with probability COPY_ACCEPT) and hard ones (HARD_ACCEPT), each a geometric number of steps (means COPY_STEPS and
+  HARD_STEPS), the first state drawn from the chain's stationary share; heavy-tailed lengths (lognormal, sigma
+  SWITCH_SIGMA, mean SWITCH_MEAN_STEPS).
+
+Both give (accepted, checked, request) per step, requests one after another (steps of one request together), within
+a step position i checked while all before were accepted.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+POSITION_ACCEPT = (0.85, 0.70, 0.55, 0.45)
+DEPTH_EFFECT = (0.2, 0.4, 0.7, 1.0)
+POSITION_MEAN_STEPS, POSITION_SIGMA = 20.0, 1.2
+
+COPY_ACCEPT, HARD_ACCEPT = 0.95, 0.45
+COPY_STEPS, HARD_STEPS = 30.0, 15.0
+SWITCH_MEAN_STEPS, SWITCH_SIGMA = 40.0, 1.5
+
+KINDS = ("position_dependent", "state_switching")
+
+
+def _lengths(rng: np.random.Generator, n: int, mean: float, sigma: float) -> np.ndarray:
+    mu = math.log(mean) - sigma ** 2 / 2
+    return np.maximum(1, np.round(rng.lognormal(mu, sigma, n))).astype(np.int64)
+
+
+def _requests(rng: np.random.Generator, n_steps: int, mean: float, sigma: float) -> np.ndarray:
+    sizes = _lengths(rng, int(n_steps / mean * 2) + 10, mean, sigma)
+    while sizes.sum() < n_steps:
+        sizes = np.concatenate([sizes, _lengths(rng, int(n_steps / mean) + 10, mean, sigma)])
+    return np.repeat(np.arange(len(sizes)), sizes)[:n_steps]
+
+
+def _draft(rng: np.random.Generator, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """accepted and checked per step from each step's per-position acceptance (a row per step)."""
+    alive = np.ones(len(q), dtype=bool)
+    accepted = np.zeros(len(q), dtype=np.int64)
+    for i in range(q.shape[1]):
+        alive &= rng.random(len(q)) < q[:, i]
+        accepted += alive
+    return accepted, np.minimum(accepted + 1, q.shape[1])
+
+
+def position_dependent(rng: np.random.Generator, n_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    request = _requests(rng, n_steps, POSITION_MEAN_STEPS, POSITION_SIGMA)
+    z = rng.standard_normal(int(request.max()) + 1)[request]
+    base = np.log(np.array(POSITION_ACCEPT) / (1 - np.array(POSITION_ACCEPT)))
+    q = 1 / (1 + np.exp(-(base[None, :] + np.array(DEPTH_EFFECT)[None, :] * z[:, None])))
+    return (*_draft(rng, q), request)
+
+
+def state_switching(rng: np.random.Generator, n_steps: int, k: int = 4) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    request = _requests(rng, n_steps, SWITCH_MEAN_STEPS, SWITCH_SIGMA)
+    new = np.r_[True, request[1:] != request[:-1]]
+    copy_share = COPY_STEPS / (COPY_STEPS + HARD_STEPS)
+    leave = rng.random(n_steps)
+    start = rng.random(n_steps) < copy_share
+    state = np.empty(n_steps, dtype=bool)  # True: copy-like
+    for t in range(n_steps):  # a Markov chain per request: a Python step per step, affordable at study sizes
+        if new[t]:
+            state[t] = start[t]
+        else:
+            stay = 1 - 1 / (COPY_STEPS if state[t - 1] else HARD_STEPS)
+            state[t] = state[t - 1] if leave[t] < stay else not state[t - 1]
+    q = np.where(state, COPY_ACCEPT, HARD_ACCEPT)[:, None] * np.ones((1, k))
+    return (*_draft(rng, q), request)
+
+
+def steps(rng: np.random.Generator, kind: str, n_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return {"position_dependent": position_dependent, "state_switching": state_switching}[kind](rng, n_steps)
