@@ -267,3 +267,27 @@ def test_summary_of_step_logs_loads_neither_pandas_nor_the_readers(tmp_path):
     for heavy in ("pandas", "specmon.ingest.pipeline", "specmon.analysis.engine_segments",
                   "specmon.analysis.replay_segments", "torch"):
         assert f"'{heavy}'" not in loaded, heavy
+
+
+# A CSV whose quoted fields hold line breaks (LF, CRLF or a lone CR) before its bad rows, with a blank line: the rows
+# --skip-bad reports are named by the line where each starts in an editor.
+MULTI_LINE_CSV = ["request_id,step,position,draft_token,accepted", '"req{eol}uest{eol}-1",0,1,5,true', "",
+                  "r,1,1,5,true,extra", '"a{eol}b",2,1,5,true', "r,3,1,5,maybe", "r,3,2,5,false",
+                  '"c{eol}d",4,1,5,true', "r,5,1,5,3"]
+# (line, field, step): line 6 has a cell too many, line 10 is of the same step as line 9
+MULTI_LINE_REJECTED = [(6, "", 1), (9, "accepted", 3), (10, "", 3), (13, "accepted", 5)]
+
+
+@pytest.mark.parametrize("eol", ["\n", "\r\n", "\r"])
+def test_the_skip_bad_report_names_the_line_an_editor_shows(tmp_path, specmon_cmd, eol):
+    path = tmp_path / "multi.csv"
+    path.write_bytes(eol.join(line.format(eol=eol) for line in MULTI_LINE_CSV).encode() + eol.encode())
+    editor_lines = path.read_bytes().decode().splitlines()  # LF, CRLF and CR each end a line, as in an editor
+    report = tmp_path / "rejected.jsonl"
+    done = run(specmon_cmd, "ingest", "--db", str(tmp_path / "db.duckdb"), "--skip-bad", "--report", str(report),
+               str(path))
+    assert done.returncode == 0, done.stderr
+    rows = [orjson.loads(line) for line in report.read_bytes().splitlines()]
+    assert [(r["line"], r["field"]) for r in rows] == [(line, field) for line, field, _ in MULTI_LINE_REJECTED]
+    for line, _, step in MULTI_LINE_REJECTED:
+        assert editor_lines[line - 1].startswith(f"r,{step},")
