@@ -199,6 +199,9 @@ HOSTILE = {
     "one long line": lambda n: b"x" * n,
     "blank lines then a step": lambda n: b"\n" * n + orjson.dumps(STEP) + b"\n",
     "start-up lines": lambda n: ACCESS * (n // len(ACCESS)),
+    # exposition text alone: every block is read on for a sample line
+    "Prometheus comments": lambda n: b"# HELP app_series A series.\n" * (n // 28),
+    "Prometheus samples of other series": lambda n: b'app_total{route="/r"} 1\n' * (n // 24),
 }
 
 
