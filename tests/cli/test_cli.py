@@ -7,6 +7,7 @@ from dataclasses import replace
 import jsonschema
 import orjson
 import pytest
+from csv_lines import MULTI_LINE_CSV, MULTI_LINE_REJECTED
 
 from specmon.cli import main as cli
 from specmon.core import resources
@@ -267,15 +268,6 @@ def test_summary_of_step_logs_loads_neither_pandas_nor_the_readers(tmp_path):
     for heavy in ("pandas", "specmon.ingest.pipeline", "specmon.analysis.engine_segments",
                   "specmon.analysis.replay_segments", "torch"):
         assert f"'{heavy}'" not in loaded, heavy
-
-
-# A CSV whose quoted fields hold line breaks (LF, CRLF or a lone CR) before its bad rows, with a blank line: the rows
-# --skip-bad reports are named by the line where each starts in an editor.
-MULTI_LINE_CSV = ["request_id,step,position,draft_token,accepted", '"req{eol}uest{eol}-1",0,1,5,true', "",
-                  "r,1,1,5,true,extra", '"a{eol}b",2,1,5,true', "r,3,1,5,maybe", "r,3,2,5,false",
-                  '"c{eol}d",4,1,5,true', "r,5,1,5,3"]
-# (line, field, step): line 6 has a cell too many, line 10 is of the same step as line 9
-MULTI_LINE_REJECTED = [(6, "", 1), (9, "accepted", 3), (10, "", 3), (13, "accepted", 5)]
 
 
 @pytest.mark.parametrize("eol", ["\n", "\r\n", "\r"])
