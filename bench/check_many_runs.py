@@ -138,7 +138,8 @@ def timed_check(db: str, pythonpath: str) -> dict:
     return {"check_s": round(wall, 2), "exit": check.returncode, "writer_ingests": written["ingests"],
             "writer_longest_wait_s": round(written["longest_s"], 2),
             "problems": len(verdict.get("problems", [])), "alarms": len(verdict.get("alarms", [])),
-            "stderr_tail": check.stderr[-300:] if check.returncode not in (0, 1) else ""}
+            "stderr_tail": check.stderr[-300:] if check.returncode not in (0, 1) else "",
+            "load_1min_after": round(os.getloadavg()[0], 1)}
 
 
 def main() -> None:
