@@ -15,6 +15,7 @@ from waiting import until
 
 from specmon.follow import polls
 from specmon.follow.config import SourceConfig, WatchConfig
+from specmon.follow.positions import register
 from specmon.follow.watcher import Watcher
 from specmon.ingest import demo
 from specmon.store.database import Store
@@ -131,15 +132,15 @@ def test_an_inbox_file_replaced_while_it_is_read_stays_and_its_final_content_is_
 
     monkeypatch.setattr(polls, "ingest_file", ingest_replaced_once)
     logged: list[str] = []
-    w = Watcher(store, WatchConfig([SourceConfig("inbox", str(inbox), run="batch")], alarm_every_s=3600),
-                log=logged.append)
-    w.poll_once()
-    w.poll_once()  # taken, and replaced while it is read
+    source, seen = SourceConfig("inbox", str(inbox), run="batch"), {}
+    register(store, source, 300)
+    polls.poll_inbox(store, source, logged.append, seen)  # seen once
+    polls.poll_inbox(store, source, logged.append, seen)  # taken, and replaced while it is read
     assert not (tmp_path / "next.jsonl").exists()
     assert (inbox / "steps.jsonl").exists() and store.query("SELECT count(*) FROM steps")[0][0] == 0
     assert any("changed while it was read" in line for line in logged)
-    w.poll_once()
-    w.poll_once()
+    polls.poll_inbox(store, source, logged.append, seen)
+    polls.poll_inbox(store, source, logged.append, seen)
     assert store.query("SELECT request_id, accepted FROM steps") == [("r2", 2)]
     assert sorted(p.name for p in (inbox / "done").iterdir()) == ["steps.jsonl", "steps.jsonl.report.json"]
     assert '"accepted": 2' in (inbox / "done" / "steps.jsonl").read_text()
