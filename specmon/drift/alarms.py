@@ -10,7 +10,11 @@ where a new template first appears in the data, and where an annotation (`specmo
 from __future__ import annotations
 
 import functools
+import multiprocessing
+import os
+import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from typing import NoReturn
@@ -316,11 +320,19 @@ def analyse_run(store: Store, run: str, c: float | None = None,
 
 @dataclass
 class Kept:
-    """What an analysis leaves to keep: the detector's state, whether it moved, and new thresholds."""
+    """What an analysis leaves to keep: the detector's state, whether it moved, and new thresholds. known: where
+    given, the thresholds the caller holds; a threshold neither there nor stored raises drift_state.Uncalibrated
+    instead of being calibrated inside the reading block (analyse)."""
 
     state: State | None = None
     changed: bool = False
     calibrations: dict[str, calibration.Threshold] = field(default_factory=dict)
+    known: dict[str, calibration.Threshold] | None = None
+
+    def threshold(self, cur) -> Callable[..., calibration.Threshold]:
+        if self.known is not None:
+            return drift_state.known_threshold(cur, self.known)
+        return drift_state.stored_threshold(cur, self.calibrations)
 
 
 def analyse_unsaved(store: Store, run: str, c: float | None, arl0_steps: int, kept: Kept) -> RunDrift:
@@ -335,8 +347,7 @@ def analyse_unsaved(store: Store, run: str, c: float | None, arl0_steps: int, ke
                         "engine windows with per-position counts, so per-token acceptance (what the detector "
                         "watches) is unknown", annotations=notes)
     with store.cursor() as cur:  # the reading block's connection
-        return whole_stream_drift(store, run, stream, c, arl0_steps, notes,
-                                  drift_state.stored_threshold(cur, kept.calibrations))
+        return whole_stream_drift(store, run, stream, c, arl0_steps, notes, kept.threshold(cur))
 
 
 def whole_stream_drift(store: Store, run: str, stream: Stream, c: float | None, arl0_steps: int,
@@ -446,7 +457,7 @@ def _current_state(cur, path: tuple, run: str, ids: list[int], total: int, k: in
     checked positions."""
     # a checkpoint's thresholds are stored like the first's
     redesign = calibration.redesigner(functools.partial(_head, cur, ids), k, break_even, arl0_steps, "steps",
-                                drift_state.stored_threshold(cur, kept.calibrations))
+                                kept.threshold(cur))
     for state in drift_state.load_states(cur, path, run):
         # every design in force (the reference's, then each checkpoint's) must watch for the p1 asked for now
         designs = [d for _, d in state.designs]
@@ -470,7 +481,7 @@ def _current_state(cur, path: tuple, run: str, ids: list[int], total: int, k: in
                                     before_us=next(drift_state.chunk_ends(cur, ids, None, drift_state.CHUNK_POINTS)))
     design = calibration.design_for(first.accepted, first.checked, first.cluster, k, break_even, arl0_steps,
                               detector.REFERENCE_STEPS, unit="steps",
-                              threshold=drift_state.stored_threshold(cur, kept.calibrations), ts_us=first.ts_us)
+                              threshold=kept.threshold(cur), ts_us=first.ts_us)
     if design is None:
         return None
     fresh = State(drift_state.design_key(design.p1, arl0_steps),
@@ -585,5 +596,77 @@ def _step_cells(cur, segments: list[int], lo_us: int | None = None, hi_us: int |
                           np.asarray(rows["n"], dtype=float), np.asarray(rows["t0"]), np.asarray(rows["t1"]))
 
 
-def analyse(store: Store, c: float | None = None, arl0_steps: int = DEFAULT_ARL0_STEPS) -> list[RunDrift]:
-    return [analyse_run(store, run, c, arl0_steps) for run in summary.run_names(store)]
+READ_SLICE_S = 1.0  # how long analyse reads on one connection before it lets waiting writers in
+YIELD_S = 0.25  # how long it then leaves the database free: longer than a writer's wait between its tries (0.2 s)
+
+
+def analyse(store: Store, c: float | None = None, arl0_steps: int = DEFAULT_ARL0_STEPS,
+            runs: list[str] | None = None) -> list[RunDrift]:
+    """analyse_run of every run (or those named), what each gives, with the database held briefly: runs are
+    analysed on one read-only connection for READ_SLICE_S at a time, then the database is left free for YIELD_S; a
+    run whose reference is not calibrated yet is put aside, and the references all such runs need are calibrated
+    together once the connection is closed, in parallel processes (one per core), their thresholds stored in a
+    short write, and those runs analysed again (a checkpoint's reference is found on the next such round; a run
+    whose reference changes between rounds, its first steps still arriving, is calibrated in place, as analyse_run
+    does). The runs' drift states are published at the end in one transaction."""
+    names = summary.run_names(store) if runs is None else list(runs)
+    done: dict[str, tuple[RunDrift, Kept]] = {}
+    known: dict[str, calibration.Threshold] = {}
+    unsaved: dict[str, calibration.Threshold] = {}
+    asked: dict[str, int] = {}  # the size of the reference each run waits for
+    in_place: set[str] = set()
+    pending = names
+    while pending:
+        wanted: dict[str, tuple] = {}
+        waiting: list[str] = []
+        i = 0
+        while i < len(pending):
+            if i:
+                time.sleep(YIELD_S)
+            with store.reading():
+                start = time.monotonic()
+                while i < len(pending) and time.monotonic() - start < READ_SLICE_S:
+                    run = pending[i]
+                    kept = Kept(known=None if run in in_place else known)
+                    i += 1
+                    try:
+                        done[run] = (analyse_unsaved(store, run, c, arl0_steps, kept), kept)
+                        unsaved.update(kept.calibrations)
+                    except drift_state.Uncalibrated as need:
+                        wanted.setdefault(need.key, need.args)
+                        waiting.append(run)
+                        # a run asks again only for a checkpoint's longer reference after a whole first one; any
+                        # other request means its reference changed under the analysis (steps still arriving in
+                        # it), and it is calibrated in place next time rather than chased round after round
+                        size, before = len(need.args[0]), asked.get(run)
+                        if before is not None and not (before >= detector.REFERENCE_STEPS and size > before):
+                            in_place.add(run)
+                        asked[run] = size
+        if wanted:
+            found = _calibrate_all(wanted)
+            known.update(found)
+            unsaved.update(found)
+            if drift_state.save_many(store, {}, unsaved):  # kept at once: each cost seconds
+                unsaved = {}
+        pending = waiting
+    where = drift_state.identity(store)
+    states = {}
+    for run, (_, kept) in done.items():
+        if kept.state is not None:
+            drift_state.remember(where, run, kept.state)
+            if kept.changed:
+                states[run] = kept.state
+    if states or unsaved:
+        drift_state.save_many(store, states, unsaved)
+    return [done[run][0] for run in names]
+
+
+def _calibrate_all(wanted: dict[str, tuple]) -> dict[str, calibration.Threshold]:
+    """calibration.calibrate_threshold of each key's arguments, in parallel processes where there are several."""
+    if len(wanted) == 1:
+        return {key: calibration.calibrate_threshold(*args) for key, args in wanted.items()}
+    workers = min(len(wanted), len(os.sched_getaffinity(0)))
+    # spawned, not forked: the caller may be a threaded server, and a forked child inherits its locks held
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {key: pool.submit(calibration.calibrate_threshold, *args) for key, args in wanted.items()}
+        return {key: f.result() for key, f in futures.items()}

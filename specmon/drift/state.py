@@ -37,6 +37,8 @@ from specmon.store.database import Store
 
 STATE_VERSION = 3  # raised when what a state holds or means changes: older states are then rebuilt
 SAVE_TIMEOUT_S = 0.2  # how long saving a state may wait for the database before it is skipped
+# how long publishing the states and thresholds of many runs may wait: each costs up to seconds to compute again
+PUBLISH_TIMEOUT_S = 5.0
 STATES_PER_RUN = 4  # designs kept per run (another c or false-alarm rate is another design)
 CHART_POINTS = 2000  # the W chart's rows at most
 CHUNK_POINTS = 1_000_000  # points read at a time (about 60 MB of columns)
@@ -396,12 +398,20 @@ def remember(path: tuple, run: str, state: State) -> None:
 def save(store: Store, run: str, state: State | None, calibrations: dict[str, calibration.Threshold]) -> bool:
     """Store the state and new thresholds in one short write; skipped (False) when the database stays busy for
     SAVE_TIMEOUT_S or is read-only here."""
+    return save_many(store, {run: state} if state is not None else {}, calibrations, SAVE_TIMEOUT_S)
+
+
+def save_many(store: Store, states: dict[str, State], calibrations: dict[str, calibration.Threshold],
+              timeout: float = PUBLISH_TIMEOUT_S) -> bool:
+    """Store states of many runs (run -> state) and new thresholds in one write, built beforehand so that the
+    transaction only publishes them; skipped (False) when the database stays busy for `timeout` seconds or is
+    read-only here."""
     try:
-        with store.transaction(timeout=SAVE_TIMEOUT_S) as cur:
-            for key, t in calibrations.items():
-                cur.execute("INSERT OR IGNORE INTO drift_calibrations VALUES (?, ?, now()::TIMESTAMP, ?)",
-                            [key, t.h, t.episode_points])
-            if state is not None:
+        with store.transaction(timeout=timeout) as cur:
+            if calibrations:
+                cur.executemany("INSERT OR IGNORE INTO drift_calibrations VALUES (?, ?, now()::TIMESTAMP, ?)",
+                                [[key, t.h, t.episode_points] for key, t in calibrations.items()])
+            for run, state in states.items():
                 # states of another reference (the stream was rebuilt) describe nothing stored any more
                 cur.execute("DELETE FROM drift_states WHERE run = ? AND reference <> ?", [run, state.reference])
                 cur.execute("INSERT OR REPLACE INTO drift_states VALUES (?, ?, ?, ?, ?, now()::TIMESTAMP)",
@@ -438,4 +448,30 @@ def stored_threshold(cur: duckdb.DuckDBPyConnection,
         # through drift's in-process memory: a process that opens several databases calibrates a reference once
         found[key] = calibration.calibrate_cached(accepted, checked, clusters, p0, p1, arl0_steps)
         return found[key]
+    return threshold
+
+
+class Uncalibrated(Exception):
+    """A threshold neither stored nor calibrated yet (known_threshold): its key and calibration.calibrate's
+    arguments, for the caller to calibrate outside its reading block."""
+
+    def __init__(self, key: str, args: tuple):
+        super().__init__(key)
+        self.key, self.args = key, args
+
+
+def known_threshold(cur: duckdb.DuckDBPyConnection,
+                    known: dict[str, calibration.Threshold]) -> Callable[..., calibration.Threshold]:
+    """A threshold function for calibration.design_for: one in `known` (thresholds the caller holds) or stored,
+    else Uncalibrated (no simulation runs while the database is held)."""
+    def threshold(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p0: float, p1: float,
+                  arl0_steps: int) -> calibration.Threshold:
+        key = calibration_key(accepted, checked, clusters, p0, p1, arl0_steps)
+        if key in known:
+            return known[key]
+        row = cur.execute("SELECT h, episode_points FROM drift_calibrations WHERE calibration_key = ?",
+                          [key]).fetchall()
+        if row:
+            return calibration.Threshold(float(row[0][0]), float(row[0][1]))
+        raise Uncalibrated(key, (np.array(accepted), np.array(checked), np.array(clusters), p0, p1, arl0_steps))
     return threshold

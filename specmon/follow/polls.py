@@ -151,7 +151,9 @@ def poll_inbox(store: Store, source: SourceConfig, log: Log, seen: dict[str, tup
     A file is complete when its size and modification time did not change between two polls (seen holds the
     last look) and it does not end in a partial-download suffix. Ingest is deduplicated by content, so a
     watcher killed between storing a file and moving it stores nothing twice when it sees the file again. A file
-    delivered under a name done/ or rejected/ already holds is kept beside the earlier one (free_name)."""
+    delivered under a name done/ or rejected/ already holds is kept beside the earlier one (free_name). A file that
+    changes while it is read (replaced, or written to) is left where it is and taken once it is stable again: only
+    content that fails to parse goes to rejected/."""
     folder = Path(source.location)
     if not folder.is_dir():
         raise SpecmonError(f"{folder}: no such folder")
@@ -176,6 +178,10 @@ def poll_inbox(store: Store, source: SourceConfig, log: Log, seen: dict[str, tup
             template = source.template or annotated_template(cur, source.run or entry.stem, utc_now())
         result = ingest_file(store, str(entry), run=source.run, template=template, skip_bad=source.skip_bad,
                              report_path=str(report), baseline_of=source.baseline_of)
+        if result.changed_while_read:  # not bad content: whatever the file holds now is read at a later poll
+            report.unlink(missing_ok=True)
+            log(f"{entry}: changed while it was read; left in the inbox to be read again")
+            continue
         target = rejected_dir if result.status == "rejected" else done_dir
         (target / f"{name}.report.json").write_bytes(orjson.dumps(result.as_dict(), option=orjson.OPT_INDENT_2))
         os.replace(entry, target / name)

@@ -60,6 +60,11 @@ class IngestResult:
             return f"{self.steps:,} engine windows"
         return f"{self.steps:,} steps ({self.positions:,} drafted positions)"
 
+    @property
+    def changed_while_read(self) -> bool:
+        """Refused only because the file changed under its reader: its content was not judged (read it again)."""
+        return self.status == "rejected" and any(f.reason == _CHANGED for f in self.faults)
+
     def as_dict(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k != "faults"}
         d["faults"] = [f.as_dict() for f in self.faults]

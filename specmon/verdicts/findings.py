@@ -231,7 +231,7 @@ def gather(store: Store, *, since: datetime | None = None, c: float | None = Non
     rows = summary.summarize(store, by="template", c=c, since=since, per_position=False, run=run)
     if not rows or rows[0]["demo"]:
         return Verdict(since, rows, [], [], [])
-    runs = [alarms.analyse_run(store, r, c, arl0_steps) for r in ([run] if run else summary.run_names(store))]
+    runs = alarms.analyse(store, c, arl0_steps, [run] if run else None)
     curves = load.curves(store, run)
     return Verdict(since, rows, segment_findings(rows, curves) + load_findings(curves)
                    + drift_findings(runs, rows, since), runs, curves)

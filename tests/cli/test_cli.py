@@ -7,6 +7,7 @@ from dataclasses import replace
 import jsonschema
 import orjson
 import pytest
+from csv_lines import MULTI_LINE_CSV, MULTI_LINE_REJECTED
 
 from specmon.cli import main as cli
 from specmon.core import resources
@@ -267,3 +268,18 @@ def test_summary_of_step_logs_loads_neither_pandas_nor_the_readers(tmp_path):
     for heavy in ("pandas", "specmon.ingest.pipeline", "specmon.analysis.engine_segments",
                   "specmon.analysis.replay_segments", "torch"):
         assert f"'{heavy}'" not in loaded, heavy
+
+
+@pytest.mark.parametrize("eol", ["\n", "\r\n", "\r"])
+def test_the_skip_bad_report_names_the_line_an_editor_shows(tmp_path, specmon_cmd, eol):
+    path = tmp_path / "multi.csv"
+    path.write_bytes(eol.join(line.format(eol=eol) for line in MULTI_LINE_CSV).encode() + eol.encode())
+    editor_lines = path.read_bytes().decode().splitlines()  # LF, CRLF and CR each end a line, as in an editor
+    report = tmp_path / "rejected.jsonl"
+    done = run(specmon_cmd, "ingest", "--db", str(tmp_path / "db.duckdb"), "--skip-bad", "--report", str(report),
+               str(path))
+    assert done.returncode == 0, done.stderr
+    rows = [orjson.loads(line) for line in report.read_bytes().splitlines()]
+    assert [(r["line"], r["field"]) for r in rows] == [(line, field) for line, field, _ in MULTI_LINE_REJECTED]
+    for line, _, step in MULTI_LINE_REJECTED:
+        assert editor_lines[line - 1].startswith(f"r,{step},")

@@ -208,8 +208,8 @@ import sys
 from specmon.drift import alarms, calibration, detector
 from specmon.store.database import Store
 calls = []
-calibrate = calibration.calibrate
-calibration.calibrate = lambda *a, **k: calls.append(1) or calibrate(*a, **k)
+calibrate = calibration.calibrate_threshold
+calibration.calibrate_threshold = lambda *a, **k: calls.append(1) or calibrate(*a, **k)
 result = alarms.analyse_run(Store(sys.argv[1]), "prod")
 print(len(calls), len(result.alarms), result.design.h, repr(result.changes).replace(" ", ""))
 """

@@ -15,7 +15,9 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pytest
+from csv_lines import MULTI_LINE_CSV, MULTI_LINE_REJECTED
 from paper import PAPER_P, PAPER_Q
 from paths import ROOT
 
@@ -237,3 +239,21 @@ def test_a_load_sweep_uploads_and_the_load_page_shows_its_break_even(app_url, br
     page.screenshot(path=str(SHOTS / "load-sweep.png"), full_page=True)
     errors = page.locator(ERRORS)
     assert errors.count() == 0, errors.first.inner_text()
+
+
+@pytest.mark.slow  # an upload and a download in a real browser
+def test_the_rejected_rows_download_names_the_lines_an_editor_shows(app_url, browser, tmp_path):
+    """A CSV whose quoted fields hold line breaks before its bad rows, uploaded with "store the good rows": the
+    downloaded rows are named by the line where each starts (as `specmon ingest --skip-bad` names them)."""
+    path = tmp_path / "multi.csv"
+    path.write_text("\n".join(line.format(eol="\n") for line in MULTI_LINE_CSV) + "\n")
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    upload(page, app_url, path)
+    page.get_by_text("Store the good rows and list the rejected ones").click()
+    page.get_by_role("button", name="Ingest").click()
+    button = page.get_by_role("button", name=re.compile("Rejected rows of multi.csv"))
+    button.wait_for(timeout=120_000)
+    with page.expect_download(timeout=60_000) as download:
+        button.click()
+    rows = [orjson.loads(line) for line in Path(download.value.path()).read_bytes().splitlines()]
+    assert [(r["line"], r["field"]) for r in rows] == [(line, field) for line, field, _ in MULTI_LINE_REJECTED]

@@ -13,7 +13,9 @@ from small_disk import fill, small_disk
 from test_watcher import totals, v1_line
 from waiting import until
 
+from specmon.follow import polls
 from specmon.follow.config import SourceConfig, WatchConfig
+from specmon.follow.positions import register
 from specmon.follow.watcher import Watcher
 from specmon.ingest import demo
 from specmon.store.database import Store
@@ -110,6 +112,39 @@ def test_an_inbox_keeps_every_delivery_of_one_name(tmp_path):
     rejected = sorted(p.name for p in (inbox / "rejected").iterdir())
     assert rejected == ["bad-1.jsonl", "bad-1.jsonl.report.json", "bad.jsonl", "bad.jsonl.report.json"]
     assert (inbox / "rejected" / "bad.jsonl").read_text() != (inbox / "rejected" / "bad-1.jsonl").read_text()
+
+
+def test_an_inbox_file_replaced_while_it_is_read_stays_and_its_final_content_is_stored(tmp_path, monkeypatch):
+    """A file replaced (mv) while a poll reads it is not bad content: it stays in the inbox, and the content it then
+    holds is stored at a later poll; rejected/ holds nothing."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    steps_file(inbox, "steps.jsonl", 1)
+    steps_file(tmp_path, "next.jsonl", 2)
+    store = Store(str(tmp_path / "w.duckdb"))
+    read = polls.ingest_file
+
+    def ingest_replaced_once(*args, **kwargs):  # the real ingest; the file replaced once it is hashed
+        def replace_once(what: str) -> None:
+            if what == "storing" and (tmp_path / "next.jsonl").exists():
+                os.replace(tmp_path / "next.jsonl", inbox / "steps.jsonl")
+        return read(*args, **kwargs, stage=replace_once)
+
+    monkeypatch.setattr(polls, "ingest_file", ingest_replaced_once)
+    logged: list[str] = []
+    source, seen = SourceConfig("inbox", str(inbox), run="batch"), {}
+    register(store, source, 300)
+    polls.poll_inbox(store, source, logged.append, seen)  # seen once
+    polls.poll_inbox(store, source, logged.append, seen)  # taken, and replaced while it is read
+    assert not (tmp_path / "next.jsonl").exists()
+    assert (inbox / "steps.jsonl").exists() and store.query("SELECT count(*) FROM steps")[0][0] == 0
+    assert any("changed while it was read" in line for line in logged)
+    polls.poll_inbox(store, source, logged.append, seen)
+    polls.poll_inbox(store, source, logged.append, seen)
+    assert store.query("SELECT request_id, accepted FROM steps") == [("r2", 2)]
+    assert sorted(p.name for p in (inbox / "done").iterdir()) == ["steps.jsonl", "steps.jsonl.report.json"]
+    assert '"accepted": 2' in (inbox / "done" / "steps.jsonl").read_text()
+    assert not any((inbox / "rejected").iterdir())
 
 
 def test_a_marker_file_named_like_the_inbox_folders_is_left_alone(tmp_path):

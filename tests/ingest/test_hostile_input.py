@@ -149,6 +149,35 @@ def test_a_vllm_log_whose_first_metrics_line_comes_after_megabytes_of_start_up_l
     assert res.steps == ingest_file(store, str(tmp_path / "plain.log")).steps
 
 
+@pytest.mark.parametrize("opening", ["comments", "other series"])
+def test_a_prometheus_page_whose_first_wanted_sample_comes_after_a_mebibyte(store, tmp_path, opening):
+    """A page opens with 1.5 MB of # HELP and # TYPE lines, or of series specmon does not read, before its own."""
+    page = (ENGINES / "vllm-prom-1.prom").read_bytes()
+    if opening == "comments":
+        filler = [b"# HELP app_series_%d A series of the application.\n# TYPE app_series_%d counter\n" % (i, i)
+                  for i in range(20_000)]
+    else:
+        filler = [b'app_requests_total{route="/r%d"} %d\n' % (i, i) for i in range(50_000)]
+    opening_bytes = b"".join(filler)
+    assert len(opening_bytes) > 3 << 19
+    path = tmp_path / "late.prom"
+    path.write_bytes(opening_bytes + page)
+    assert detect_format(str(path)) == "prometheus"
+    res = ingest_file(store, str(path))
+    assert res.status == "stored"
+    (tmp_path / "plain.prom").write_bytes(page)
+    assert detect_format(str(tmp_path / "plain.prom")) == "prometheus"
+
+
+def test_a_server_log_that_prints_metric_names_after_a_mebibyte_is_not_taken_for_a_page(tmp_path):
+    """Only a file that opens as exposition text is read on for a sample line."""
+    page = (ENGINES / "vllm-prom-1.prom").read_bytes()
+    path = tmp_path / "server.log"
+    path.write_bytes(b"INFO starting the server: loading weights\n" * 40_000 + page)
+    with pytest.raises(formats.Unrecognised):
+        detect_format(str(path))
+
+
 def test_a_table_separated_by_tabs_or_semicolons_is_named_with_a_way_to_convert_it(store, tmp_path):
     for sep, name in (("\t", "tabs"), (";", "semicolons")):
         path = tmp_path / f"steps-{name}.tsv"
@@ -170,6 +199,9 @@ HOSTILE = {
     "one long line": lambda n: b"x" * n,
     "blank lines then a step": lambda n: b"\n" * n + orjson.dumps(STEP) + b"\n",
     "start-up lines": lambda n: ACCESS * (n // len(ACCESS)),
+    # exposition text alone: every block is read on for a sample line
+    "Prometheus comments": lambda n: b"# HELP app_series A series.\n" * (n // 28),
+    "Prometheus samples of other series": lambda n: b'app_total{route="/r"} 1\n' * (n // 24),
 }
 
 

@@ -43,7 +43,8 @@ class Empty(Exception):
 def detect(path: str) -> str:
     """The file's format, from its content (decompressed where it is gzip, without a BOM) from its first line that
     is not blank: every format is tried on the first block of it, and the formats whose lines may come anywhere
-    (SCAN_ANYWHERE: a server log after its start-up lines) on each block after it, as far as the file goes. Linear
+    (SCAN_ANYWHERE: a server log after its start-up lines) and those whose scan_after(first block) says so (a
+    Prometheus page after its comments and other series) on each block after it, as far as the file goes. Linear
     in the file's size: each block is read and tried once. Raises Empty or Unrecognised."""
     found = textio.blocks(path, _SNIFF_BYTES)
     head = next(found, b"")
@@ -57,7 +58,8 @@ def detect(path: str) -> str:
         fmt = m.sniff(head)
         if fmt:
             return fmt
-    anywhere = [m for m in modules() if getattr(m, "SCAN_ANYWHERE", False)]
+    anywhere = [m for m in modules() if getattr(m, "SCAN_ANYWHERE", False)
+                or getattr(m, "scan_after", lambda _: False)(head)]
     for block in found:
         for m in anywhere:
             fmt = m.sniff(block)

@@ -132,6 +132,36 @@ def _body_lines(body: bytes) -> Iterator[tuple[int, bytes, bool]]:
         yield no, raw[:MAX_ENGINE_LINE_BYTES], len(raw) > MAX_ENGINE_LINE_BYTES
 
 
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+
+def scan_after(head: bytes) -> bool:
+    """Whether detection reads on past the first block for a sample line (sniff): where every line of it is
+    exposition text (a comment, or a sample of some series), since a page may open with any number of # HELP and
+    # TYPE lines or of series specmon does not read. String operations only: linear in the block."""
+    for line in head.decode("utf-8", "replace").splitlines():
+        line = line.strip()
+        if line and line[0] != "#" and not _sample_like(line):
+            return False
+    return True
+
+
+def _sample_like(line: str) -> bool:
+    """name[{labels}] value [timestamp], the value a number."""
+    name = line.split("{", 1)[0].split(" ", 1)[0]
+    if not _METRIC_NAME.fullmatch(name):
+        return False
+    rest = line.rsplit("}", 1)[1] if line[len(name):].startswith("{") and "}" in line else line[len(name):]
+    fields = rest.split()
+    if not 1 <= len(fields) <= 2:
+        return False
+    try:
+        float(fields[0])
+    except ValueError:
+        return False
+    return True
+
+
 def sniff(head: bytes) -> str | None:
     """A sample line of a wanted metric: a speculative-decoding counter or gauge, or a load series."""
     text = head.decode("utf-8", "replace")
