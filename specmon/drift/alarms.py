@@ -606,8 +606,8 @@ def analyse(store: Store, c: float | None = None, arl0_steps: int = DEFAULT_ARL0
     analysed on one read-only connection for READ_SLICE_S at a time, then the database is left free for YIELD_S; a
     run whose reference is not calibrated yet is put aside, and the references all such runs need are calibrated
     together once the connection is closed, in parallel processes (one per core), their thresholds stored in a
-    short write, and those runs analysed again (a checkpoint's reference is found on the next such round; a run
-    whose reference changes between rounds, its first steps still arriving, is calibrated in place, as analyse_run
+    short write, and those runs analysed again (a checkpoint's reference is found when they are analysed again; a run
+    whose reference changes between analyses, its first steps still arriving, is calibrated in place, as analyse_run
     does). The runs' drift states are published at the end in one transaction."""
     names = summary.run_names(store) if runs is None else list(runs)
     done: dict[str, tuple[RunDrift, Kept]] = {}
@@ -637,7 +637,7 @@ def analyse(store: Store, c: float | None = None, arl0_steps: int = DEFAULT_ARL0
                         waiting.append(run)
                         # a run asks again only for a checkpoint's longer reference after a whole first one; any
                         # other request means its reference changed under the analysis (steps still arriving in
-                        # it), and it is calibrated in place next time rather than chased round after round
+                        # it), and it is calibrated in place next time rather than chased again and again
                         size, before = len(need.args[0]), asked.get(run)
                         if before is not None and not (before >= detector.REFERENCE_STEPS and size > before):
                             in_place.add(run)
