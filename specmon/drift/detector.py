@@ -351,9 +351,9 @@ def compare(before: Cells, after: Cells) -> Comparison:
     time both cover: the hour itself where the two sides ran side by side in the hours holding at least MATCH_SHARE
     of each, else the hour of day (UTC), leaving out an hour where one side ended as the other began. Each stratum's
     difference of ratios is weighted by its share of both sides' checked positions; the variance sums each
-    cluster's squared linearised residual (a cluster on both sides counted once), divided by one minus its weight
-    (CR2-style), and Satterthwaite's degrees of freedom are those of that sum. Where the strata hold less than
-    MATCH_SHARE of either side, the verdict is DIFFERENT_HOURS."""
+    cluster's squared linearised residual (a cluster on both sides counted once), divided by one minus its share
+    of its stratum's side (CR2-style), and Satterthwaite's degrees of freedom are those of that sum. Where the
+    strata hold less than MATCH_SHARE of either side, the verdict is DIFFERENT_HOURS."""
     b_iv, a_iv = before.interval(), after.interval()
     strata = _strata(before, after)
     if strata is None:
@@ -367,13 +367,17 @@ def compare(before: Cells, after: Cells) -> Comparison:
     rb, ra = np.bincount(ib, b.accepted, len(keys)) / nb, np.bincount(ia, a.accepted, len(keys)) / na
     w = (nb + na) / (nb.sum() + na.sum())
     after_minus = float(np.sum(w * (ra - rb)))
-    # each cell's contribution to the linearised estimate, and its weight (the CR2 leverage) within its side
+    # each cell's contribution to the linearised estimate, and its leverage: its share of its stratum's side, by
+    # which a residual about that side's own ratio falls short (a stratum of six engine-window blocks: by a sixth)
     resid = np.concatenate([w[ia] * (a.accepted - ra[ia] * a.checked) / na[ia],
                             -w[ib] * (b.accepted - rb[ib] * b.checked) / nb[ib]])
-    lev_cell = np.concatenate([w[ia] * a.checked / na[ia], w[ib] * b.checked / nb[ib]])
+    share = np.concatenate([a.checked / na[ia], b.checked / nb[ib]])
+    pull = share * np.concatenate([w[ia], w[ib]])  # the cell's weight in the estimate
     clusters, inverse = np.unique(np.concatenate([a.cluster, b.cluster]).astype(str), return_inverse=True)
     e = np.bincount(inverse, resid, len(clusters))
-    lev = np.minimum(np.bincount(inverse, lev_cell, len(clusters)), 0.5)
+    # a cluster over several cells: their leverages averaged by each cell's weight in the estimate
+    lev = np.minimum(np.bincount(inverse, pull * share, len(clusters)) / np.bincount(inverse, pull, len(clusters)),
+                     0.5)
     u = e ** 2 / (1 - lev)
     var = float(u.sum())
     dof = max(1.0, min(var ** 2 / float(np.sum(u ** 2)), len(clusters) - 1.0)) if var > 0 else 1.0
