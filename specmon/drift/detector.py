@@ -371,12 +371,16 @@ def compare(before: Cells, after: Cells) -> Comparison:
     # which a residual about that side's own ratio falls short (a stratum of six engine-window blocks: by a sixth)
     resid = np.concatenate([w[ia] * (a.accepted - ra[ia] * a.checked) / na[ia],
                             -w[ib] * (b.accepted - rb[ib] * b.checked) / nb[ib]])
-    share = np.concatenate([a.checked / na[ia], b.checked / nb[ib]])
-    pull = share * np.concatenate([w[ia], w[ib]])  # the cell's weight in the estimate
     clusters, inverse = np.unique(np.concatenate([a.cluster, b.cluster]).astype(str), return_inverse=True)
     e = np.bincount(inverse, resid, len(clusters))
-    # a cluster over several cells: their leverages averaged by each cell's weight in the estimate
-    lev = np.minimum(np.bincount(inverse, pull * share, len(clusters)) / np.bincount(inverse, pull, len(clusters)),
+    # a cluster's share of each stratum's side it is in (however finely its cells cut it), those shares averaged
+    # by the weight each has in the estimate
+    side = np.concatenate([np.zeros(len(ia), dtype=np.int64), np.ones(len(ib), dtype=np.int64)])
+    stratum = np.concatenate([ia, ib])
+    part, where = np.unique(np.stack([inverse, side, stratum]), axis=1, return_inverse=True)
+    share = np.bincount(where.reshape(-1), np.concatenate([a.checked / na[ia], b.checked / nb[ib]]), part.shape[1])
+    pull = share * w[part[2]]
+    lev = np.minimum(np.bincount(part[0], pull * share, len(clusters)) / np.bincount(part[0], pull, len(clusters)),
                      0.5)
     u = e ** 2 / (1 - lev)
     var = float(u.sum())
