@@ -13,14 +13,22 @@ import math
 from collections.abc import Callable
 
 import numpy as np
+import pandas as pd
 import traffic_daily as td
 
+from specmon.analysis.engine_segments import block_seconds
 from specmon.core import stats
 from specmon.core.segments import segment_status
 from specmon.drift import detector
 
 K = 4
-BLOCK_US = 600 * td.US  # engine windows' clusters (specmon's WINDOW_BLOCK_SECONDS)
+BLOCK_US = 600 * td.US  # engine windows' clusters in template comparisons (specmon's WINDOW_BLOCK_SECONDS)
+
+
+def interval_block_us(end_us: np.ndarray) -> int:
+    """The block length specmon's intervals take for windows ending at end_us (one engine)."""
+    ends = pd.Series(pd.to_datetime(end_us, unit="us", utc=True))
+    return int(block_seconds(pd.DataFrame({"labels": "", "end_ts": ends})) * td.US)
 
 
 def _se(p: float, n: int) -> float:
@@ -87,14 +95,15 @@ def _flat(_: np.ndarray) -> np.ndarray:
 
 
 def interval_windows(rng: np.random.Generator, reps: int) -> list[dict]:
-    """Windows over requests arriving at 0.2/s with a constant mix, clustered by 10-minute blocks as specmon does."""
+    """Windows over requests arriving at 0.2/s with a constant mix, clustered by blocks as specmon does (10 minutes,
+    or half an hour or an hour where the log fills 12 such blocks)."""
     truth = td.truth(K, 0.5)
     out = []
     for hours in (1.0, 6.0, 24.0):
         results = []
         for _ in range(reps):
             w = td.engine_windows(rng, 0.2, hours, K, share=_flat)
-            _, block = np.unique(w.end_us // BLOCK_US, return_inverse=True)
+            _, block = np.unique(w.end_us // interval_block_us(w.end_us), return_inverse=True)
             acc_pos = np.stack([np.bincount(block, w.accepted_per_position[:, i]) for i in range(K)])
             results.append(_judge(acc_pos, np.bincount(block, w.drafts), truth))
         out.append({"hours": hours, "blocks": int(hours * 6)} | _tally(results))
@@ -129,7 +138,7 @@ def _window_cells(w: td.Windows, mask: np.ndarray) -> detector.Cells:
 
 def template_changes(rng: np.random.Generator, reps: int, kind: str, drop: float, span_h: float = 72) -> dict:
     """A rollout at a uniformly random time of a span_h-hour daily mix (at least 6 hours from either end)."""
-    new = {"hurt": 0, "helped": 0, "no detectable change": 0, detector.DIFFERENT_HOURS: 0}
+    new = {"hurt": 0, "helped": 0, "no detectable change": 0, detector.DIFFERENT_HOURS: 0, detector.ONE_HOUR: 0}
     pooled = 0
     for _ in range(reps):
         at = float(rng.uniform(6, span_h - 6))
@@ -139,7 +148,7 @@ def template_changes(rng: np.random.Generator, reps: int, kind: str, drop: float
         else:
             w = td.engine_windows(rng, 0.05, span_h, K, at, drop)
             before, after = _window_cells(w, ~w.v2), _window_cells(w, w.v2)
-        new[detector.compare(before, after).verdict] += 1
+        new[detector.compare(before, after, by_stratum=kind == "windows").verdict] += 1
         pooled += _pooled_flag(before, after)
     flagged = (new["hurt"] + new["helped"]) / reps
     return {"kind": kind, "drop": drop, "span_h": span_h, "replicates": reps, "verdicts": new,

@@ -1,7 +1,8 @@
 """Whether blocks of engine windows are independent enough for their variance: the spread of standardized errors
 (1 where the variance is right) on engine windows over overlapping requests (bench/traffic_daily.py), for the
-interval of alpha over a day's log with 10-minute and one-hour blocks, and for the matched-hours template test
-on no-op rollouts over 72 hours at a constant and a daily mix.
+interval of alpha over a day's log with 10-minute blocks, one-hour blocks and specmon's choice (block_seconds), and
+for the matched-hours template test on no-op rollouts over 72 hours at a constant and a daily mix, with the hours
+as the observations (as specmon compares engine windows).
 
     cd bench && nice python window_blocks.py [--reps 100] [--seed 9]
 """
@@ -21,10 +22,11 @@ from specmon.drift import detector
 
 def interval_spread(rng: np.random.Generator, reps: int, k: int = 4) -> dict:
     truth = td.truth(k, 0.5)["alpha"]
-    z: dict[str, list[float]] = {"10 minutes": [], "1 hour": []}
+    z: dict[str, list[float]] = {"10 minutes": [], "1 hour": [], "specmon": []}
     for _ in range(reps):
         w = td.engine_windows(rng, 0.2, 24.0, k, share=ps._flat)
-        for name, block_us in (("10 minutes", ps.BLOCK_US), ("1 hour", 6 * ps.BLOCK_US)):
+        for name, block_us in (("10 minutes", ps.BLOCK_US), ("1 hour", 6 * ps.BLOCK_US),
+                               ("specmon", ps.interval_block_us(w.end_us))):
             _, block = np.unique(w.end_us // block_us, return_inverse=True)
             iv = stats.cluster_robust_interval(np.bincount(block, w.accepted), np.bincount(block, w.checked))
             se = (iv.hi - iv.lo) / (2 * stats.t_quantile(0.95, iv.dof))
@@ -39,7 +41,7 @@ def template_spread(rng: np.random.Generator, reps: int, k: int = 4) -> dict:
         z, flagged = [], 0
         for _ in range(reps):
             w = td.engine_windows(rng, 0.05, 72, k, float(rng.uniform(6, 66)), 0.0, share)
-            c = detector.compare(ps._window_cells(w, ~w.v2), ps._window_cells(w, w.v2))
+            c = detector.compare(ps._window_cells(w, ~w.v2), ps._window_cells(w, w.v2), by_stratum=True)
             z.append(c.z)
             flagged += c.verdict in ("hurt", "helped")
         out[name] = {"z_spread": float(np.nanstd(z)), "flagged": flagged / reps}

@@ -38,3 +38,17 @@ def vllm_log(path, seed=0):
                                               100 * acc / (drafts * K)))
     path.write_text("\n".join(lines) + "\n")
     return str(path)
+
+
+def vllm_window_lines(start: datetime, end_us, drafts, accepted_per_position, window_s: float) -> str:
+    """vLLM V1 lines for windows given as arrays (each window's end in microseconds after start, its drafts, and
+    its accepted tokens per position), dated as vLLM dates them (month-day, no year)."""
+    lines = []
+    for end, n, per_pos in zip(end_us, drafts, accepted_per_position, strict=True):
+        n, per_pos = int(n), [int(a) for a in per_pos]
+        acc, k = sum(per_pos), len(per_pos)
+        ts = (start + timedelta(microseconds=int(end))).strftime("%m-%d %H:%M:%S")
+        rates = ", ".join(f"{a / n:.3f}" for a in per_pos)
+        figures = (1 + acc / n, acc / window_s, n * k / window_s, acc, n * k, rates, 100 * acc / (n * k))
+        lines.append(f"(APIServer pid=4242) INFO {ts} [metrics.py:86] " + VLLM_V1 % figures)
+    return "\n".join(lines) + "\n"

@@ -5,8 +5,9 @@ Engines log counts, not distributions: beta is unknown (null) for them. Per-toke
 counts (position 1 is checked on every draft, position i when i - 1 was accepted): checked = drafts +
 sum_{i<k} accepted_at_i. Where an engine gives only accepted and drafted tokens (early vLLM V1, llama.cpp's
 summaries), alpha stays null and its accepted/drafted rate is reported as draft_acceptance_rate. The intervals
-treat each block of windows (window_blocks: one engine, WINDOW_BLOCK_SECONDS of time) as a cluster
-(stats.cluster_interval), since a request spans neighbouring windows.
+treat each block of windows (window_blocks: one engine, WINDOW_BLOCK_SECONDS of time, or an hour or half an hour
+where the segment fills enough of them: block_seconds) as a cluster (stats.cluster_interval), since a request spans
+neighbouring windows.
 """
 from __future__ import annotations
 
@@ -22,7 +23,13 @@ import pandas as pd
 
 from specmon.core import stats
 from specmon.core.segments import Estimate, PositionSummary, SegmentSummary, economics, position_summary
-from specmon.core.settings import BUCKETS, CONFIDENCE, WINDOW_BLOCK_SECONDS
+from specmon.core.settings import (
+    BUCKETS,
+    CONFIDENCE,
+    LONGER_WINDOW_BLOCKS_SECONDS,
+    MIN_WINDOW_BLOCKS,
+    WINDOW_BLOCK_SECONDS,
+)
 from specmon.ingest.formats.prometheus_metrics import (
     COUNTERS,
     GAUGES,
@@ -220,13 +227,24 @@ ONE_BLOCK_NOTE = (f"no interval yet: the windows span one {WINDOW_BLOCK_SECONDS 
                   "outlive a window, so windows are not independent observations; an interval needs two blocks")
 
 
-def window_blocks(part: pd.DataFrame) -> pd.Series:
-    """Each window's block, the cluster of every interval on engine windows: its engine (label set) and the
-    WINDOW_BLOCK_SECONDS bucket of time it ends in. A request spans neighbouring windows, so windows as clusters
+def window_blocks(part: pd.DataFrame, seconds: float = WINDOW_BLOCK_SECONDS) -> pd.Series:
+    """Each window's block, the cluster of every interval on engine windows: its engine (label set) and the bucket
+    of `seconds` (block_seconds) it ends in. A request spans neighbouring windows, so windows as clusters
     under-cover (0.80-0.87 for 10-second windows in tests/analysis/test_engine_intervals.py); blocks far longer
     than a request are all but independent."""
-    bucket = part["end_ts"].dt.floor(pd.Timedelta(seconds=WINDOW_BLOCK_SECONDS)).astype(str)
+    bucket = part["end_ts"].dt.floor(pd.Timedelta(seconds=seconds)).astype(str)
     return part["labels"].fillna("").astype(str) + "@" + bucket
+
+
+def block_seconds(part: pd.DataFrame) -> float:
+    """The block length of the segment's intervals: the longest of LONGER_WINDOW_BLOCKS_SECONDS whose blocks the
+    windows fill at least MIN_WINDOW_BLOCKS of, else WINDOW_BLOCK_SECONDS."""
+    engine = pd.factorize(part["labels"].fillna("").astype(str))[0]
+    for seconds in sorted(LONGER_WINDOW_BLOCKS_SECONDS, reverse=True):
+        bucket = part["end_ts"].dt.floor(pd.Timedelta(seconds=seconds)).to_numpy()
+        if len(pd.DataFrame({"engine": engine, "bucket": bucket}).drop_duplicates()) >= MIN_WINDOW_BLOCKS:
+            return seconds
+    return WINDOW_BLOCK_SECONDS
 
 
 def _block_sums(blocks: np.ndarray, a: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -234,11 +252,11 @@ def _block_sums(blocks: np.ndarray, a: np.ndarray, n: np.ndarray) -> tuple[np.nd
     return np.bincount(inverse, weights=a), np.bincount(inverse, weights=n)
 
 
-def _tokens_interval(part: pd.DataFrame, alpha: stats.Interval) -> tuple[float | None, float | None]:
+def _tokens_interval(part: pd.DataFrame, alpha: stats.Interval, seconds: float) -> tuple[float | None, float | None]:
     """L's interval, blocks of windows as clusters (window_blocks), at alpha's degrees of freedom; needs 2 blocks
     with counts."""
     known = part[part["drafts"].notna() & part["accepted_tokens"].notna()]
-    accepted, drafts = _block_sums(window_blocks(known).to_numpy(), known["accepted_tokens"].to_numpy(float),
+    accepted, drafts = _block_sums(window_blocks(known, seconds).to_numpy(), known["accepted_tokens"].to_numpy(float),
                                    known["drafts"].to_numpy(float))
     iv = stats.ratio_interval(stats.ClusterSums.of(accepted, drafts), alpha.dof, CONFIDENCE)
     return (None, None) if iv is None else (1 + max(iv[0], 0.0), 1 + iv[1])
@@ -275,14 +293,15 @@ def segment_of_windows(key: dict, part: pd.DataFrame, c: float | None, bucketed:
     iv = None
     if checks:
         rows, a, n = np.array(checks).T
-        blocks = window_blocks(part).to_numpy()[rows.astype(int)]
+        seconds = block_seconds(part.iloc[rows.astype(int)])
+        blocks = window_blocks(part, seconds).to_numpy()[rows.astype(int)]
         if len(np.unique(blocks)) < 2:
             alpha = Estimate(float(a.sum() / n.sum()) if n.sum() else None)
             note = note or ONE_BLOCK_NOTE
         else:
             iv = stats.cluster_robust_interval(*_block_sums(blocks, a, n), CONFIDENCE)
             alpha = Estimate(iv.estimate, iv.lo, iv.hi)
-            tokens = Estimate(tokens_per_step, *(_tokens_interval(part, iv) if n_drafts else (None, None)))
+            tokens = Estimate(tokens_per_step, *(_tokens_interval(part, iv, seconds) if n_drafts else (None, None)))
     elif note is None:
         note = "per-token alpha needs per-position counts, which this engine output does not give"
     drafted, accepted = _sum_or_none(part["draft_tokens"]), _sum_or_none(part["accepted_tokens"])

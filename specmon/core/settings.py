@@ -11,12 +11,18 @@ from dataclasses import dataclass
 
 # Every interval specmon reports (alpha, beta, L, per-position rates) is a two-sided 95% interval.
 CONFIDENCE = 0.95
-# Engine windows are summed into blocks of this many seconds of one engine before any interval: a request outlives a
-# 10-second log window or a 15-second scrape, so neighbouring windows share its noise, and a block this much longer
-# than most requests makes neighbouring blocks all but independent (tests/analysis/test_load_windows.py: coverage
-# 0.93-0.95 for throughput noise that persists 30 to 120 s, where 120-second blocks gave 0.86;
+# Engine windows are summed into blocks of at least this many seconds of one engine before any interval: a request
+# outlives a 10-second log window or a 15-second scrape, so neighbouring windows share its noise, and a block this
+# much longer than most requests makes neighbouring blocks all but independent (tests/analysis/test_load_windows.py:
+# coverage 0.93-0.95 for throughput noise that persists 30 to 120 s, where 120-second blocks gave 0.86;
 # tests/analysis/test_engine_intervals.py for acceptance and L).
 WINDOW_BLOCK_SECONDS = 600.0
+# Where a segment's windows fill at least MIN_WINDOW_BLOCKS blocks of a longer length, its intervals take the
+# longest such blocks: the longest requests (minutes, where durations are heavy-tailed) outlive 10-minute blocks
+# and carry much of the variance, so over a day 10-minute blocks understate it (coverage 0.85-0.91 where one-hour
+# blocks give 0.93; docs/drift.md, "Production-like traffic"), while 12 blocks keep the t quantile near 2.2.
+LONGER_WINDOW_BLOCKS_SECONDS = (1800.0, 3600.0)
+MIN_WINDOW_BLOCKS = 12
 # |z| above this says observed and predicted acceptance differ beyond sampling noise (two-sided p ~ 0.003).
 GAP_Z_LIMIT = 3.0
 # The level of the losslessness KS tests (`specmon verify`, the Losslessness page): p below it fails.

@@ -130,6 +130,9 @@ class TemplateChange:
         if c.verdict == detector.DIFFERENT_HOURS:
             text = (f"{head}: the two sides cover different hours, so the data cannot tell a change of template "
                     f"from the time of day: {sides} (each side's own)")
+        elif c.verdict == detector.ONE_HOUR:
+            text = (f"{head}: the two sides share one matched hour, too few to tell a change of template from that "
+                    f"hour's own noise: {sides} (each side's own), a difference of {c.difference:+.3f} there")
         else:
             words = {"hurt": "hurt acceptance", "helped": "raised acceptance",
                      "no detectable change": "made no change that the data can detect"}[c.verdict]
@@ -165,7 +168,9 @@ class Stream:
     template: np.ndarray  # the data's template at each point (object array)
     k: int
     unit: str
-    block: np.ndarray | None = None  # an engine window's block (engine_segments.window_blocks), its intervals' cluster
+    # an engine window's WINDOW_BLOCK_SECONDS block (engine_segments.window_blocks), its cluster in template
+    # comparisons: never the longer blocks of long segments' intervals, which would fill whole hours, the strata
+    block: np.ndarray | None = None
 
 
 def annotate(store: Store, run: str, template: str, at: datetime, note: str | None = None) -> int:
@@ -266,7 +271,8 @@ def _changes(run: str, stream: Stream, events: list[Event], break_even: float | 
             after = (stream.ts_us >= t) & (stream.ts_us < next_t)
         if not before.any() or not after.any():
             continue
-        comparison = detector.compare(_cells(stream, before), _cells(stream, after))
+        # blocks of engine windows share long requests: the hours, not the blocks, are the observations
+        comparison = detector.compare(_cells(stream, before), _cells(stream, after), stream.block is not None)
         out.append(TemplateChange(run, event.template, previous, event.ts, comparison, break_even, event.source,
                                   event.note))
     return out

@@ -319,6 +319,7 @@ HOUR_US = 3_600_000_000
 MATCH_SHARE = 0.2
 
 DIFFERENT_HOURS = "different hours"
+ONE_HOUR = "one matched hour"  # strata as the observations (compare's by_stratum), and only one of them
 
 
 @dataclass(frozen=True)
@@ -333,7 +334,7 @@ class Comparison:
     before: stats.Interval
     after: stats.Interval
     z: float
-    verdict: str  # "hurt", "helped", "no detectable change" or DIFFERENT_HOURS
+    verdict: str  # "hurt", "helped", "no detectable change", DIFFERENT_HOURS or ONE_HOUR
     critical: float = 2.576  # the |z| beyond which the verdict is hurt or helped
     matching: str = "same hours of day"
     difference: float = math.nan
@@ -344,7 +345,7 @@ class Comparison:
     share_after: float = 0.0
 
 
-def compare(before: Cells, after: Cells) -> Comparison:
+def compare(before: Cells, after: Cells, by_stratum: bool = False) -> Comparison:
     """Two-sample test of per-token acceptance on matched hours (docs/math.md, "Template changes").
 
     Acceptance follows the clock where the mix of requests does, so before and after are compared within strata of
@@ -353,7 +354,14 @@ def compare(before: Cells, after: Cells) -> Comparison:
     difference of ratios is weighted by its share of both sides' checked positions; the variance sums each
     cluster's squared linearised residual (a cluster on both sides counted once), divided by one minus its share
     of its stratum's side (CR2-style), and Satterthwaite's degrees of freedom are those of that sum. Where the
-    strata hold less than MATCH_SHARE of either side, the verdict is DIFFERENT_HOURS."""
+    strata hold less than MATCH_SHARE of either side, the verdict is DIFFERENT_HOURS.
+
+    by_stratum: the strata's differences are the independent observations instead of the clusters, for cells
+    whose clusters share noise (blocks of engine windows, which long requests span): the variance is the spread of
+    the strata's weighted differences about the estimate, H / (H - 1) sum w_h^2 (d_h - d)^2 over H strata, with
+    H - 1 degrees of freedom (ONE_HOUR where H is 1). It holds wherever the hours are independent of each other and
+    each hour's difference has mean zero when nothing changed, which matching gives; it asks nothing of the cells
+    within an hour."""
     b_iv, a_iv = before.interval(), after.interval()
     strata = _strata(before, after)
     if strata is None:
@@ -367,6 +375,12 @@ def compare(before: Cells, after: Cells) -> Comparison:
     rb, ra = np.bincount(ib, b.accepted, len(keys)) / nb, np.bincount(ia, a.accepted, len(keys)) / na
     w = (nb + na) / (nb.sum() + na.sum())
     after_minus = float(np.sum(w * (ra - rb)))
+    if by_stratum:
+        if len(keys) < 2:
+            return Comparison(b_iv, a_iv, math.nan, ONE_HOUR, math.nan, matching, after_minus, hours=1,
+                              share_before=share_b, share_after=share_a)
+        var = len(keys) / (len(keys) - 1) * float(np.sum(w ** 2 * (ra - rb - after_minus) ** 2))
+        return _verdict(b_iv, a_iv, matching, after_minus, var, len(keys) - 1.0, len(keys), share_b, share_a)
     # each cell's contribution to the linearised estimate, and its leverage: its share of its stratum's side, by
     # which a residual about that side's own ratio falls short (a stratum of six engine-window blocks: by a sixth)
     resid = np.concatenate([w[ia] * (a.accepted - ra[ia] * a.checked) / na[ia],
@@ -385,11 +399,16 @@ def compare(before: Cells, after: Cells) -> Comparison:
     u = e ** 2 / (1 - lev)
     var = float(u.sum())
     dof = max(1.0, min(var ** 2 / float(np.sum(u ** 2)), len(clusters) - 1.0)) if var > 0 else 1.0
+    return _verdict(b_iv, a_iv, matching, after_minus, var, dof, len(keys), share_b, share_a)
+
+
+def _verdict(before: stats.Interval, after: stats.Interval, matching: str, after_minus: float, var: float,
+             dof: float, hours: int, share_b: float, share_a: float) -> Comparison:
     se = math.sqrt(var)
     z = after_minus / se if se > 0 else 0.0
     critical = stats.t_quantile(CHANGE_CONFIDENCE, dof)
     verdict = "hurt" if z < -critical else "helped" if z > critical else "no detectable change"
-    return Comparison(b_iv, a_iv, z, verdict, critical, matching, after_minus, se, dof, len(keys), share_b, share_a)
+    return Comparison(before, after, z, verdict, critical, matching, after_minus, se, dof, hours, share_b, share_a)
 
 
 def _strata(before: Cells, after: Cells) -> tuple[str, np.ndarray, np.ndarray, float, float] | None:

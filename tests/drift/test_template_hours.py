@@ -1,9 +1,11 @@
 """Template-change verdicts compare templates, not clock times: under a daily mix of request types a rollout that
 changes nothing is not called hurt, a real drop still is, and sides that cover different hours get no verdict."""
 import sys
+from datetime import datetime, timedelta
 
 import numpy as np
 import pytest
+from engine_streams import vllm_window_lines
 from paths import BENCH
 
 from specmon.drift import alarms, detector
@@ -65,3 +67,44 @@ def test_templates_served_side_by_side_are_compared_hour_by_hour():
     c = detector.compare(_cells(rng, hours, 0.8, 50, 0), _cells(rng, hours, 0.7, 50, 10_000))
     assert c.matching == "same hours" and c.hours == 10 and c.verdict == "hurt"
     assert c.difference == np.float64(c.difference) and -0.13 < c.difference < -0.07
+
+
+def _window_cells(w, mask) -> detector.Cells:
+    """Engine windows as specmon compares them: each 600 s block a cluster, within its hour."""
+    end = w.end_us[mask]
+    return detector.Cells(end // (600 * traffic_daily.US), end - end % detector.HOUR_US, w.accepted[mask],
+                          w.checked[mask], end, end)
+
+
+def test_engine_window_verdicts_take_the_hours_as_the_observations():
+    # long requests span many 10 s windows and so many 600 s blocks: the blocks of one hour share noise, and
+    # taken as independent they call this no-op rollout (seed 3) a rise; the hours' own spread does not
+    w = traffic_daily.engine_windows(np.random.default_rng(3), 0.05, 72, 4, 60, 0.0)
+    before, after = _window_cells(w, ~w.v2), _window_cells(w, w.v2)
+    assert detector.compare(before, after).verdict == "helped"
+    c = detector.compare(before, after, by_stratum=True)
+    assert c.verdict == "no detectable change" and c.hours == 12 and c.dof == c.hours - 1
+    w = traffic_daily.engine_windows(np.random.default_rng(3), 0.05, 72, 4, 60, 0.05)
+    c = detector.compare(_window_cells(w, ~w.v2), _window_cells(w, w.v2), by_stratum=True)
+    assert c.verdict == "hurt" and c.difference < -0.03
+
+
+def test_one_matched_hour_is_too_few_to_judge_by_the_hours():
+    rng = np.random.default_rng(5)
+    c = detector.compare(_cells(rng, [30], 0.8, 50, 0), _cells(rng, [30], 0.5, 50, 10_000), by_stratum=True)
+    assert c.verdict == detector.ONE_HOUR and c.hours == 1 and c.difference < -0.2
+
+
+@pytest.mark.slow  # three days of engine windows ingested and analysed twice
+@pytest.mark.parametrize("drop, verdict", [(0.0, "no detectable change"), (0.05, "hurt")])
+def test_an_annotated_rollout_on_a_vllm_log_is_judged_by_its_hours(store, tmp_path, drop, verdict):
+    w = traffic_daily.engine_windows(np.random.default_rng(3), 0.05, 72, 4, 60, drop)
+    start = datetime.combine((datetime.now() - timedelta(days=10)).date(), datetime.min.time())
+    path = tmp_path / "vllm.log"
+    path.write_text(vllm_window_lines(start, w.end_us, w.drafts, w.accepted_per_position, traffic_daily.WINDOW_S))
+    assert ingest_file(store, str(path), run="prod").status == "stored"
+    alarms.annotate(store, "prod", "v2", start + timedelta(hours=60), "new system prompt")
+    [change] = alarms.analyse_run(store, "prod", c=0.05).changes
+    c = change.comparison
+    assert c.verdict == verdict and c.dof == c.hours - 1, change.describe()
+    assert f"compared on the {c.hours} hours of day both cover" in change.describe()
