@@ -103,10 +103,11 @@ def interval_windows(rng: np.random.Generator, reps: int) -> list[dict]:
         results = []
         for _ in range(reps):
             w = td.engine_windows(rng, 0.2, hours, K, share=_flat)
-            _, block = np.unique(w.end_us // interval_block_us(w.end_us), return_inverse=True)
+            block_us = interval_block_us(w.end_us)
+            _, block = np.unique(w.end_us // block_us, return_inverse=True)
             acc_pos = np.stack([np.bincount(block, w.accepted_per_position[:, i]) for i in range(K)])
             results.append(_judge(acc_pos, np.bincount(block, w.drafts), truth))
-        out.append({"hours": hours, "blocks": int(hours * 6)} | _tally(results))
+        out.append({"hours": hours, "blocks": int(hours * td.HOUR_US // block_us)} | _tally(results))
     return out
 
 

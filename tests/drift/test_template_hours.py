@@ -12,6 +12,7 @@ from specmon.drift import alarms, detector
 from specmon.ingest.pipeline import ingest_file
 
 sys.path.insert(0, str(BENCH))
+import production_study as ps  # noqa: E402  (engine windows as specmon compares them: 600 s blocks within hours)
 import traffic_daily  # noqa: E402  (the study's daily-mix model, not the statistics' own)
 
 
@@ -69,23 +70,16 @@ def test_templates_served_side_by_side_are_compared_hour_by_hour():
     assert c.difference == np.float64(c.difference) and -0.13 < c.difference < -0.07
 
 
-def _window_cells(w, mask) -> detector.Cells:
-    """Engine windows as specmon compares them: each 600 s block a cluster, within its hour."""
-    end = w.end_us[mask]
-    return detector.Cells(end // (600 * traffic_daily.US), end - end % detector.HOUR_US, w.accepted[mask],
-                          w.checked[mask], end, end)
-
-
 def test_engine_window_verdicts_take_the_hours_as_the_observations():
     # long requests span many 10 s windows and so many 600 s blocks: the blocks of one hour share noise, and
     # taken as independent they call this no-op rollout (seed 3) a rise; the hours' own spread does not
     w = traffic_daily.engine_windows(np.random.default_rng(3), 0.05, 72, 4, 60, 0.0)
-    before, after = _window_cells(w, ~w.v2), _window_cells(w, w.v2)
+    before, after = ps._window_cells(w, ~w.v2), ps._window_cells(w, w.v2)
     assert detector.compare(before, after).verdict == "helped"
     c = detector.compare(before, after, by_stratum=True)
     assert c.verdict == "no detectable change" and c.hours == 12 and c.dof == c.hours - 1
     w = traffic_daily.engine_windows(np.random.default_rng(3), 0.05, 72, 4, 60, 0.05)
-    c = detector.compare(_window_cells(w, ~w.v2), _window_cells(w, w.v2), by_stratum=True)
+    c = detector.compare(ps._window_cells(w, ~w.v2), ps._window_cells(w, w.v2), by_stratum=True)
     assert c.verdict == "hurt" and c.difference < -0.03
 
 
