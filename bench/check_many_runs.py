@@ -1,19 +1,21 @@
-"""`specmon check` over hundreds of runs: the first check (every reference calibrated), a second one (thresholds and
-drift states kept), and the longest a second process waits to write while each runs:
+"""`specmon check` over hundreds of runs: the first check, a second one (thresholds and drift states kept), and the
+longest a second process waits to write while each runs:
 
     nice python bench/check_many_runs.py [--runs 300] [--engine-runs 20] [--steps 3000] [--old PATH]
 
 The database: --runs step-log runs of 0.8-1.5 x --steps steps each (those past 4,000 also calibrate at their
 first checkpoint), requests of lognormal length (mean 20 steps) each with its own acceptance (correlation 0.2,
 k = 4; one in ten runs drops to a lower acceptance at two thirds), and --engine-runs vLLM engine logs of 400
-windows, all through `specmon ingest`'s own path (ingest_file). The database is built once and copied for each
-checkout timed, so both check the same bytes. A second process meanwhile ingests a one-step log every 0.5 s into
-the first run, after its steps (a real ingest_file in another Python, waiting for the lock as a user's would, like
-a watcher following that run): its longest ingest is the longest time check kept writers out, plus the ingest's
-own time.
+windows. It is built twice from the same files: by `specmon ingest --no-drift` (every reference is then calibrated
+by the first check) and by plain `specmon ingest`, which brings each run's drift detector up to date as it stores
+the run (the first check then finds every threshold kept); both builds are timed, each file through the CLI's own
+code in this process. Each database is copied for every checkout timed, so they check the same bytes. A second
+process meanwhile ingests a one-step log every 0.5 s into the first run, after its steps (a real ingest_file in
+another Python, waiting for the lock as a user's would, like a watcher following that run): its longest ingest is
+the longest time check kept writers out, plus the ingest's own time.
 
---old PATH also times another checkout (its specmon package on PYTHONPATH) on a copy of the same database, side by
-side; the JSON is printed and written beside this script.
+--old PATH also times another checkout (its specmon package on PYTHONPATH) on a copy of the database built with
+--no-drift, side by side; the JSON is printed and written beside this script.
 """
 from __future__ import annotations
 
@@ -76,26 +78,35 @@ def engine_log(rng: np.random.Generator, windows: int, minute0: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def build(db: str, runs: int, engine_runs: int, steps: int) -> dict:
-    from specmon.ingest.pipeline import ingest_file
+def write_logs(folder: str, runs: int, engine_runs: int, steps: int) -> list[tuple[str, str]]:
+    """The files of the database, (path, run) in ingest order."""
+    rng = np.random.default_rng(20260301)
+    files = []
+    for i in range(runs):
+        path = os.path.join(folder, f"run{i:03d}.jsonl")
+        with open(path, "w") as fh:
+            fh.write(step_log(rng, int(steps * rng.uniform(0.8, 1.5)), T0 + timedelta(days=i % 30, hours=i // 30),
+                              i % 10 == 0))
+        files.append((path, f"run{i:03d}"))
+    for i in range(engine_runs):
+        path = os.path.join(folder, f"engine{i:02d}.log")
+        with open(path, "w") as fh:
+            fh.write(engine_log(rng, 400, 40 * i))
+        files.append((path, f"engine{i:02d}"))
+    return files
+
+
+def build(db: str, files: list[tuple[str, str]], drift: bool) -> dict:
+    """One `specmon ingest` per file (the CLI's main, in this process), with or without --no-drift."""
+    from specmon.cli.main import main as specmon
     from specmon.store.database import Store
 
-    store = Store(db)
-    rng = np.random.default_rng(20260301)
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        for i in range(runs):
-            path = os.path.join(tmp, f"run{i:03d}.jsonl")
-            with open(path, "w") as fh:
-                fh.write(step_log(rng, int(steps * rng.uniform(0.8, 1.5)), T0 + timedelta(days=i % 30, hours=i // 30),
-                                  i % 10 == 0))
-            assert ingest_file(store, path, run=f"run{i:03d}").status == "stored"
-        for i in range(engine_runs):
-            path = os.path.join(tmp, f"engine{i:02d}.log")
-            with open(path, "w") as fh:
-                fh.write(engine_log(rng, 400, 40 * i))
-            assert ingest_file(store, path, run=f"engine{i:02d}").status == "stored"
-    return {"build_s": round(time.perf_counter() - t0, 1), "steps": store.query("SELECT count(*) FROM steps")[0][0]}
+    for path, run in files:
+        assert specmon(["ingest", "--db", db, "--run", run, path] + ([] if drift else ["--no-drift"])) == 0
+    with Store(db) as store:
+        steps = store.query("SELECT count(*) FROM steps")[0][0]
+    return {"build_s": round(time.perf_counter() - t0, 1), "steps": steps}
 
 
 WRITER = r"""
@@ -152,17 +163,21 @@ def main() -> None:
     args = ap.parse_args()
     out: dict = {"machine": machine(), "runs": args.runs, "engine_runs": args.engine_runs, "steps_per_run": args.steps}
     with tempfile.TemporaryDirectory() as tmp:
-        base = os.path.join(tmp, "base.duckdb")
-        out["database"] = build(base, args.runs, args.engine_runs, args.steps)
-        print(json.dumps(out["database"]), file=sys.stderr, flush=True)
-        for label, checkout in [("this", ROOT)] + ([("old", args.old)] if args.old else []):
-            db = os.path.join(tmp, f"{label}.duckdb")
-            shutil.copyfile(base, db)
+        files = write_logs(tmp, args.runs, args.engine_runs, args.steps)
+        builds = {"no_drift": os.path.join(tmp, "no_drift.duckdb"), "drift": os.path.join(tmp, "drift.duckdb")}
+        for kind, base in builds.items():
+            out[f"database_{kind}"] = build(base, files, kind == "drift")
+            print(kind, json.dumps(out[f"database_{kind}"]), file=sys.stderr, flush=True)
+        turns = [("this", ROOT, "drift"), ("this", ROOT, "no_drift")] + ([("old", args.old, "no_drift")]
+                                                                         if args.old else [])
+        for label, checkout, kind in turns:
+            db = os.path.join(tmp, f"{label}_{kind}.duckdb")
+            shutil.copyfile(builds[kind], db)
             first = timed_check(db, checkout)
-            print(label, "first", json.dumps(first), file=sys.stderr, flush=True)
+            print(label, kind, "first", json.dumps(first), file=sys.stderr, flush=True)
             second = timed_check(db, checkout)
-            print(label, "second", json.dumps(second), file=sys.stderr, flush=True)
-            out[label] = {"first": first, "second": second}
+            print(label, kind, "second", json.dumps(second), file=sys.stderr, flush=True)
+            out[f"{label}_{kind}"] = {"first": first, "second": second}
     print(json.dumps(out, indent=1))
     with open(args.out, "w") as fh:
         json.dump(out, fh, indent=1)

@@ -99,6 +99,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         raise SpecmonError(f"--baseline-of {args.baseline_of!r} says the run served without speculation, and "
                            f"--k {args.k} that it drafted {args.k} tokens a step: give one of them")
     status = EXIT_OK
+    stored: list[str] = []
     with _open_store(args) as store:
         for path in args.paths:
             name = "<stdin>" if path == "-" else path
@@ -110,9 +111,25 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             if result.status == "rejected":
                 status = EXIT_FINDING
                 _say_rejected(name, result)
+            elif result.status == "stored" and result.run not in stored:
+                stored.append(result.run)
             for note in result.notes:
                 _err(f"{name}: note: {note}")
+        if stored and not args.no_drift:
+            _prepare_drift(store, stored, args)
     return status
+
+
+def _prepare_drift(store: Store, runs: list[str], args: argparse.Namespace) -> None:
+    """Bring the drift detectors of the runs just stored up to date (thresholds calibrated for any reference the new
+    data fills, states advanced), kept in the database so that `check` with the same --c and --false-alarm-steps
+    reads them instead of calibrating. The data is stored already: a failure here is a note, not a failed ingest."""
+    from specmon.drift import alarms
+
+    try:
+        alarms.analyse(store, args.c, args.false_alarm_steps, runs, progress=_err)
+    except SpecmonError as e:
+        _err(f"the drift detector was not brought up to date ({e}); `specmon check` will do it")
 
 
 def _ingest_one(store: Store, path: str, name: str, args: argparse.Namespace) -> IngestResult:
@@ -217,7 +234,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     since = parse_since(args.since)
     with _open_store(args, create=False) as store:
-        verdict = findings.gather(store, since=since, c=args.c, arl0_steps=args.false_alarm_steps)
+        verdict = findings.gather(store, since=since, c=args.c, arl0_steps=args.false_alarm_steps, progress=_err)
     if verdict.demo_only:
         window = f" since {since:%Y-%m-%d %H:%M} UTC" if since else ""
         _err(f"nothing of yours to judge: {store.path} holds no steps of your own{window}"
@@ -709,12 +726,22 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"how long to wait while another process writes the database (default: "
                          f"${LOCK_TIMEOUT_ENV}, else {DEFAULT_LOCK_TIMEOUT_S:g})")
 
-    p = sub.add_parser("ingest", parents=[db], help="store step logs, engine logs or Prometheus pages",
+    # what the drift detector is designed for: check judges with it, and ingest prepares it for check
+    design = argparse.ArgumentParser(add_help=False)
+    design.add_argument("--c", type=_cost, help="draft cost / target cost, overriding the measured one")
+    design.add_argument("--false-alarm-steps", type=_positive_int, default=DEFAULT_ARL0_STEPS,
+                        help="expected steps (engine windows) between false alarms when nothing changed "
+                        f"(default {DEFAULT_ARL0_STEPS})")
+
+    p = sub.add_parser("ingest", parents=[db, design], help="store step logs, engine logs or Prometheus pages",
                        description="Store specmon step logs (JSON Lines, or the flat form as CSV or Parquet), vLLM, "
                                    "llama.cpp or SGLang logs and JSON responses, saved Prometheus /metrics pages, "
                                    "load sweeps or `vllm bench serve --save-result` results; the format is "
                                    "detected. Each file is one transaction: a file with any fault stores nothing "
-                                   "(exit 1) unless --skip-bad. Re-ingesting the same content is a no-op.")
+                                   "(exit 1) unless --skip-bad. Re-ingesting the same content is a no-op. Then the "
+                                   "drift detector of each run stored into is brought up to date, as `check` with "
+                                   "the same --c and --false-alarm-steps would (a new reference's threshold is "
+                                   "calibrated now, a few seconds, so that check only reads it).")
     p.add_argument("paths", nargs="+", metavar="PATH", help="files to ingest; - reads standard input")
     p.add_argument("--run", help="run to store into (default: the file name without extension)")
     p.add_argument("--template", help="template for steps whose log line names none")
@@ -728,6 +755,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "that do not record it (0: speculation off)")
     p.add_argument("--baseline-of", metavar="RUN", help="these files ran without speculation, on the model, "
                    "hardware and traffic of run RUN: its baseline (implies --k 0)")
+    p.add_argument("--no-drift", action="store_true", help="leave the drift detector to the next `check` (a bulk "
+                   "load ingests faster; that check then calibrates every new reference)")
     p.add_argument("--json", action="store_true", help="one JSON object per file on stdout")
     p.set_defaults(func=cmd_ingest)
 
@@ -742,8 +771,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-demo", action="store_true", help="do not load the demo data into an empty database")
     p.set_defaults(func=cmd_summary)
 
-    p = sub.add_parser("check", parents=[db], help="exit 1 on a losing segment, a drift alarm or a template change "
-                       "that hurt (for cron and CI)",
+    p = sub.add_parser("check", parents=[db, design], help="exit 1 on a losing segment, a drift alarm or a template "
+                       "change that hurt (for cron and CI)",
                        description="Exit 0: every segment healthy, no drift alarm, no template change that hurt. "
                                    "1: a problem (one line each). 2: error, or c unknown for a segment (pass --c). "
                                    "Drift: a one-sided Bernoulli CUSUM per run (step logs, engine logs, Prometheus), "
@@ -752,11 +781,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "support it, no rate is stated); template changes and annotations are judged "
                                    "before/after on the hours both sides cover (where they cover different hours "
                                    "the data cannot tell, and only a new side below break-even is a problem).")
-    p.add_argument("--c", type=_cost, help="draft cost / target cost, overriding the measured one")
     p.add_argument("--since", help="only steps, alarms and template changes since then: 6h, 2d, 30m, 1w or ISO time")
-    p.add_argument("--false-alarm-steps", type=_positive_int, default=DEFAULT_ARL0_STEPS,
-                   help="expected steps (engine windows) between false alarms when nothing changed "
-                   f"(default {DEFAULT_ARL0_STEPS})")
     p.add_argument("--json", action="store_true", help="problems, statuses, alarms and template changes as JSON")
     p.set_defaults(func=cmd_check)
 

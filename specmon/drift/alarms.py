@@ -607,14 +607,15 @@ YIELD_S = 0.25  # how long it then leaves the database free: longer than a write
 
 
 def analyse(store: Store, c: float | None = None, arl0_steps: int = DEFAULT_ARL0_STEPS,
-            runs: list[str] | None = None) -> list[RunDrift]:
+            runs: list[str] | None = None, progress: Callable[[str], None] | None = None) -> list[RunDrift]:
     """analyse_run of every run (or those named), what each gives, with the database held briefly: runs are
     analysed on one read-only connection for READ_SLICE_S at a time, then the database is left free for YIELD_S; a
     run whose reference is not calibrated yet is put aside, and the references all such runs need are calibrated
     together once the connection is closed, in parallel processes (one per core), their thresholds stored in a
     short write, and those runs analysed again (a checkpoint's reference is found when they are analysed again; a run
     whose reference changes between analyses, its first steps still arriving, is calibrated in place, as analyse_run
-    does). The runs' drift states are published at the end in one transaction."""
+    does). The runs' drift states are published at the end in one transaction. progress(words) is told before each
+    round of calibrations, the one wait that lasts seconds."""
     names = summary.run_names(store) if runs is None else list(runs)
     done: dict[str, tuple[RunDrift, Kept]] = {}
     known: dict[str, calibration.Threshold] = {}
@@ -649,7 +650,7 @@ def analyse(store: Store, c: float | None = None, arl0_steps: int = DEFAULT_ARL0
                             in_place.add(run)
                         asked[run] = size
         if wanted:
-            found = _calibrate_all(wanted)
+            found = _calibrate_all(wanted, len(set(waiting)), progress)
             known.update(found)
             unsaved.update(found)
             if drift_state.save_many(store, {}, unsaved):  # kept at once: each cost seconds
@@ -667,12 +668,22 @@ def analyse(store: Store, c: float | None = None, arl0_steps: int = DEFAULT_ARL0
     return [done[run][0] for run in names]
 
 
-def _calibrate_all(wanted: dict[str, tuple]) -> dict[str, calibration.Threshold]:
-    """calibration.calibrate_threshold of each key's arguments, in parallel processes where there are several."""
+def _calibrate_all(wanted: dict[str, tuple], runs: int,
+                   progress: Callable[[str], None] | None) -> dict[str, calibration.Threshold]:
+    """calibration.calibrate_threshold of each key's arguments (the references of that many runs), in parallel
+    processes where there are several; progress(words) is told first."""
+    if progress is not None:
+        progress(f"calibrating the drift detector on {len(wanted)} reference(s) of {runs} run(s), "
+                 f"{_workers(len(wanted))} at a time (a few seconds each)")
     if len(wanted) == 1:
         return {key: calibration.calibrate_threshold(*args) for key, args in wanted.items()}
-    workers = min(len(wanted), len(os.sched_getaffinity(0)))
+    workers = _workers(len(wanted))
     # spawned, not forked: the caller may be a threaded server, and a forked child inherits its locks held
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = {key: pool.submit(calibration.calibrate_threshold, *args) for key, args in wanted.items()}
         return {key: f.result() for key, f in futures.items()}
+
+
+def _workers(calibrations: int) -> int:
+    """Processes for that many calibrations: one per core at most."""
+    return min(calibrations, len(os.sched_getaffinity(0)))

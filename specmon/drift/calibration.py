@@ -150,6 +150,33 @@ def request_spread_z(accepted: np.ndarray, checked: np.ndarray, steps: np.ndarra
     return float(((((accepted - p * checked) ** 2 - v * checked) / s).sum()) / scale) if scale > 0 else 0.0
 
 
+def runs_z(accepted: np.ndarray, clusters: np.ndarray) -> float:
+    """A test of the calibration's picture of a request, that given its acceptance its steps are independent: z of
+    sum_j w_j d_j against its own spread, sqrt(sum_j (w_j d_j)^2), over the requests j of at least 3 steps, where
+    d_j = (mean squared difference of consecutive steps' accepted counts) - 2 (their sample variance) and w_j =
+    sqrt(m_j - 1) for m_j steps (in stream order). Where a request's steps are exchangeable, as independent draws
+    given its acceptance are, both terms of d_j estimate twice the steps' variance, so E d_j = 0 exactly whatever the
+    request's acceptance, and requests are independent; runs of alike steps (a copy-like stretch, then a hard one)
+    make consecutive steps closer than any two, and z negative. The square root keeps a few long requests (lognormal
+    lengths) from making up the sum. Measured (docs/drift.md, "Runs within requests"): on the study's references,
+    spread between requests or not, mean -0.1 to 0.2 and sd 0.9-1.1, below -3 in at most 1% of any cell; on
+    state-switching traffic below -3 in 86% of 2,000-step references and 98-100% from 4,000 steps on."""
+    y = np.asarray(accepted, dtype=float)
+    request = first_seen(np.asarray(clusters))
+    order = np.argsort(request, kind="stable")  # each request's steps together, in stream order
+    request, y = request[order], y[order]
+    m = np.bincount(request).astype(float)
+    total, squares = np.bincount(request, weights=y), np.bincount(request, weights=y * y)
+    same = request[1:] == request[:-1]
+    step_diff = np.bincount(request[1:][same], weights=(y[1:][same] - y[:-1][same]) ** 2, minlength=len(m))
+    kept = m >= 3
+    m, total, squares, step_diff = m[kept], total[kept], squares[kept], step_diff[kept]
+    d = step_diff / (m - 1) - 2 * (squares - total ** 2 / m) / (m - 1)
+    wd = np.sqrt(m - 1) * d
+    spread = math.sqrt(float((wd ** 2).sum()))
+    return float(wd.sum() / spread) if spread > 0 else 0.0
+
+
 def cumulative_increments(accepted: np.ndarray, checked: np.ndarray, p0: float, p1: float) -> np.ndarray:
     """Cumulative CUSUM increments of simulated streams (one a row) watched with p0 and p1."""
     wa, wr = llr_weights(p0, p1)
@@ -554,7 +581,8 @@ def design_for(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, 
     iv = stats.cluster_robust_interval(per_a, per_n)
     hours = None if ts_us is None else float(np.ptp(np.asarray(ts_us)[ref])) / 3.6e9
     return Design(p0, p1, float(h), arl0_steps, float(iv.design_effect), int(k), len(per_n), unit, len(a),
-                  None if episodes is None or not math.isfinite(episodes) else float(episodes), hours)
+                  None if episodes is None or not math.isfinite(episodes) else float(episodes), hours,
+                  runs_z(a, ref_clusters) if unit == "steps" else None)
 
 
 def redesigner(head: Callable[[int], tuple[np.ndarray, ...]], k: int,

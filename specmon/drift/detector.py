@@ -41,6 +41,14 @@ FULL_CYCLE_HOURS = 24.0
 
 EPISODE_GAP = 1_000  # alarms within this many points of the previous one continue its episode
 
+# The calibration draws a request's steps independently given its acceptance. Where the reference's consecutive
+# steps within requests are more alike than that allows (runs of easy and hard steps), the test of it
+# (calibration.runs_z) is below -RUNS_Z and no rate is stated: on such traffic the threshold came out far too high (4 x
+# the stated steps per false alarm at 2,000, no alarm at all at 20,000). At -3 the test flagged at most 1% of the
+# study's own references in any cell, and 86% of state-switching ones at 2,000 steps, 98-100% from 4,000 on
+# (docs/drift.md, "Runs within requests").
+RUNS_Z = 3.0
+
 CHANGE_CONFIDENCE = 0.99  # template change verdicts at the two-sided 1% level
 
 # A change time whose profile log-likelihood lies within this many (design-effect-scaled) units of the maximum is
@@ -70,6 +78,8 @@ class Design:
     episode_points: float | None = None
     # hours from the reference's first point to its last; None where the stream's times were not given
     reference_hours: float | None = None
+    # the reference's test for runs of alike steps within requests (calibration.runs_z); None for engine windows
+    runs_z: float | None = None
 
     @property
     def states_a_rate(self) -> bool:
@@ -81,9 +91,14 @@ class Design:
     def no_rate_reason(self) -> str | None:
         """Why no false-alarm rate is stated (None where one is): engine windows' 30 cannot support one, nor a
         reference shorter than a day, which cannot show the daily swing of the traffic mix (the measured rate under
-        such a swing was 0.59 x the stated one, and most alarms fell in the busiest hours)."""
+        such a swing was 0.59 x the stated one, and most alarms fell in the busiest hours), nor one whose requests'
+        steps come in runs (RUNS_Z)."""
         if self.unit != "steps":
             return (f"{self.reference:,} {self.unit} cannot show how low acceptance goes while nothing changes")
+        if self.runs_z is not None and self.runs_z < -RUNS_Z:
+            return (f"within requests, consecutive steps of the reference are more alike than their request's "
+                    f"acceptance explains (runs of easy and hard steps; test z = {self.runs_z:.1f}), which the "
+                    "calibration does not picture")
         if self.reference_hours is not None and self.reference_hours < FULL_CYCLE_HOURS:
             return (f"the reference covers {self.reference_hours:.1f} hours, less than a full day, so it cannot show "
                     "how the traffic mix swings with the hour (a rate is stated once a checkpoint's reference holds "

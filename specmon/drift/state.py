@@ -35,7 +35,7 @@ from specmon.core.faults import SpecmonError
 from specmon.drift import calibration, detector
 from specmon.store.database import Store
 
-STATE_VERSION = 3  # raised when what a state holds or means changes: older states are then rebuilt
+STATE_VERSION = 4  # raised when what a state holds or means changes: older states are then rebuilt
 SAVE_TIMEOUT_S = 0.2  # how long saving a state may wait for the database before it is skipped
 # how long publishing the states and thresholds of many runs may wait: each costs up to seconds to compute again
 PUBLISH_TIMEOUT_S = 5.0

@@ -16,6 +16,7 @@ when its state changes and a restarted watcher does not repeat itself.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -149,7 +150,8 @@ def _alarm_finding(a: alarms.AlarmEvent, segment: dict) -> Finding:
          "alarm_ts": a.alarm_ts.isoformat(), "last_alarm_ts": a.last_alarm_ts.isoformat(),
          "alarms": a.alarms, "open": a.open, "alpha_before": a.alpha_before,
          "alpha_after": a.alpha_after, "p0": a.design.p0, "p1": a.design.p1, "h": a.design.h,
-         "false_alarm_steps": a.design.arl0_steps, "reference_points": a.design.reference})
+         "false_alarm_steps": a.design.arl0_steps, "reference_points": a.design.reference,
+         "no_rate_reason": a.design.no_rate_reason()})
 
 
 def _change_finding(ch: alarms.TemplateChange) -> Finding:
@@ -225,13 +227,15 @@ def drift_findings(runs: list[alarms.RunDrift], rows: list[dict], since: datetim
 
 
 def gather(store: Store, *, since: datetime | None = None, c: float | None = None,
-           arl0_steps: int = DEFAULT_ARL0_STEPS, run: str | None = None) -> Verdict:
+           arl0_steps: int = DEFAULT_ARL0_STEPS, run: str | None = None,
+           progress: Callable[[str], None] | None = None) -> Verdict:
     """Judge every segment (of one run, or all) and run the drift analysis of each run; `since` limits the steps,
-    alarms and template changes looked at to those at or after it."""
+    alarms and template changes looked at to those at or after it; progress(words) hears of the drift analysis's
+    calibrations (alarms.analyse)."""
     rows = summary.summarize(store, by="template", c=c, since=since, per_position=False, run=run)
     if not rows or rows[0]["demo"]:
         return Verdict(since, rows, [], [], [])
-    runs = alarms.analyse(store, c, arl0_steps, [run] if run else None)
+    runs = alarms.analyse(store, c, arl0_steps, [run] if run else None, progress)
     curves = load.curves(store, run)
     return Verdict(since, rows, segment_findings(rows, curves) + load_findings(curves)
                    + drift_findings(runs, rows, since), runs, curves)

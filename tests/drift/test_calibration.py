@@ -12,6 +12,7 @@ from specmon.drift import calibration, detector
 
 sys.path.insert(0, str(BENCH))
 import streams  # noqa: E402  (the study's request models, which are not the detector's own)
+import traffic_models  # noqa: E402  (production-like traffic outside the calibration's model)
 
 
 def _bursty_groups(seed: int, groups: int = 6, rows: int = 3, n: int = 20_000) -> list[np.ndarray]:
@@ -184,6 +185,40 @@ def test_the_spread_test_is_standard_normal_without_a_spread_and_large_with_one(
     spread = [calibration.spread_z(*streams.steps(rng, 4000, 0.8, 4, 0.05, "lognormal", "two-point"))
               for _ in range(20)]
     assert min(spread) > calibration.SPREAD_Z
+
+
+def test_the_runs_test_is_standard_normal_where_steps_are_independent_given_the_request():
+    # requests differing strongly (correlation 0.3) or as two kinds, with heavy-tailed lengths: given its acceptance
+    # a request's steps are independent, so 60 references give a mean within 0.4 of 0 and an sd within 0.7-1.3, and
+    # at most 2 fall below -RUNS_Z (0.5% is what the docs measured); the same where requests differ most deep in the
+    # draft, which changes each step's distribution and not their order
+    rng = np.random.default_rng(23)
+    for rho, shape in ((0.0, "beta"), (0.3, "beta"), (0.2, "two-point")):
+        z = np.array([calibration.runs_z(*streams.steps(rng, 2000, 0.8, 4, rho, "lognormal", shape)[::2])
+                      for _ in range(60)])
+        assert abs(z.mean()) < 0.4 and 0.7 < z.std() < 1.3 and (z < -detector.RUNS_Z).sum() <= 2, (rho, shape)
+    z = np.array([calibration.runs_z(*traffic_models.steps(rng, "position_dependent", 2000)[::2]) for _ in range(30)])
+    assert abs(z.mean()) < 0.5 and (z < -detector.RUNS_Z).sum() <= 1
+
+
+def test_runs_of_easy_and_hard_steps_within_requests_withhold_the_stated_rate():
+    # copy-like stretches and hard ones within requests, which the calibration (one acceptance per request, steps
+    # independent given it) turned into a threshold far too high: the test is below -RUNS_Z on most 2,000-step
+    # references and on every 8,000-step one, and a design calibrated on one states no rate and says why
+    rng = np.random.default_rng(24)
+    short = [calibration.runs_z(*traffic_models.steps(rng, "state_switching", 2000)[::2]) for _ in range(30)]
+    assert sum(z < -detector.RUNS_Z for z in short) >= 20
+    long = [calibration.runs_z(*traffic_models.steps(rng, "state_switching", 8000)[::2]) for _ in range(10)]
+    assert max(long) < -detector.RUNS_Z
+    a, c, req = traffic_models.steps(rng, "state_switching", 8000)
+    design = calibration.design_for(a, c, req, 4, 0.45, 2000, 8000,
+                                    threshold=lambda *_: calibration.Threshold(50.0, 4000.0))
+    assert design.runs_z is not None and design.runs_z < -detector.RUNS_Z
+    assert not design.states_a_rate and "runs of easy and hard steps" in design.threshold_words()
+    a, c, req = streams.steps(rng, 8000, 0.8, 4, 0.2, "lognormal")
+    design = calibration.design_for(a, c, req, 4, 0.45, 2000, 8000,
+                                    threshold=lambda *_: calibration.Threshold(50.0, 4000.0))
+    assert design.states_a_rate, design.runs_z
 
 
 def test_requests_are_simulated_alike_only_where_the_reference_shows_no_spread(monkeypatch):
