@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -111,7 +112,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             if result.status == "rejected":
                 status = EXIT_FINDING
                 _say_rejected(name, result)
-            elif result.status == "stored" and result.run not in stored:
+            elif result.status == "stored" and result.kind == "steplog" and result.run not in stored:
                 stored.append(result.run)
             for note in result.notes:
                 _err(f"{name}: note: {note}")
@@ -121,9 +122,11 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def _prepare_drift(store: Store, runs: list[str], args: argparse.Namespace) -> None:
-    """Bring the drift detectors of the runs just stored up to date (thresholds calibrated for any reference the new
-    data fills, states advanced), kept in the database so that `check` with the same --c and --false-alarm-steps
-    reads them instead of calibrating. The data is stored already: a failure here is a note, not a failed ingest."""
+    """Bring the drift detectors of the step-log runs just stored up to date (thresholds calibrated for any reference
+    the new steps fill, states advanced from the steps after the kept one), kept in the database so that `check` with
+    the same --c and --false-alarm-steps reads them instead of calibrating. Engine windows keep no state (each analysis
+    reads their whole stream), so nothing is prepared for them. The data is stored already: a failure here is a note,
+    not a failed ingest."""
     from specmon.drift import alarms
 
     try:
@@ -671,19 +674,30 @@ def _positive_int(text: str) -> int:
 
 
 def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not 0 < v < 1e6:
+    v = _wait_seconds(text)
+    if v == 0:
         raise argparse.ArgumentTypeError(f"must be more than 0 and less than 1e6 seconds, got {text}")
     return v
 
 
+def _wait_seconds(text: str) -> float:
+    """A wait in seconds, 0 (do not wait) included; nan and inf are not waits."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 <= v < 1e6:
+        raise argparse.ArgumentTypeError(f"must be from 0 to less than 1e6 seconds, got {text}")
+    return v
+
+
 def _cost(text: str) -> float:
-    v = float(text)
-    if not v >= 0:
-        raise argparse.ArgumentTypeError(f"c is a cost ratio >= 0, got {text}")
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"c is a cost ratio >= 0, got {text!r}") from None
+    if not 0 <= v < math.inf:
+        raise argparse.ArgumentTypeError(f"c is a finite cost ratio >= 0, got {text}")
     return v
 
 
@@ -722,7 +736,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     db = argparse.ArgumentParser(add_help=False)
     db.add_argument("--db", help=f"DuckDB file (default: ${DB_ENV}, else ./{DEFAULT_DB})")
-    db.add_argument("--lock-timeout", type=float, metavar="SECONDS",
+    db.add_argument("--lock-timeout", type=_wait_seconds, metavar="SECONDS",
                     help=f"how long to wait while another process writes the database (default: "
                          f"${LOCK_TIMEOUT_ENV}, else {DEFAULT_LOCK_TIMEOUT_S:g})")
 
@@ -739,9 +753,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "load sweeps or `vllm bench serve --save-result` results; the format is "
                                    "detected. Each file is one transaction: a file with any fault stores nothing "
                                    "(exit 1) unless --skip-bad. Re-ingesting the same content is a no-op. Then the "
-                                   "drift detector of each run stored into is brought up to date, as `check` with "
-                                   "the same --c and --false-alarm-steps would (a new reference's threshold is "
-                                   "calibrated now, a few seconds, so that check only reads it).")
+                                   "drift detector of each step-log run stored into is brought up to date, as "
+                                   "`check` with the same --c and --false-alarm-steps would (a new reference's "
+                                   "threshold is calibrated now, a few seconds, so that check only reads it).")
     p.add_argument("paths", nargs="+", metavar="PATH", help="files to ingest; - reads standard input")
     p.add_argument("--run", help="run to store into (default: the file name without extension)")
     p.add_argument("--template", help="template for steps whose log line names none")

@@ -212,16 +212,10 @@ def run_annotations(store: Store, run: str) -> list[Event]:
 
 def _window_stream(store: Store, run: str) -> Stream | None:
     """Engine windows with per-position counts, as points: (accepted, checked) positions per window."""
-    df = engine_segments.windows(store, run)
+    df = engine_segments.checked_windows(store, run)
     if df.empty:
         return None
-    df = df.sort_values("end_ts", kind="stable").reset_index(drop=True)
-    checks = [engine_segments.window_checks(w) for w in engine_segments.check_rows(df)]
-    keep = np.array([c is not None for c in checks])
-    if not keep.any():
-        return None
-    a, n = np.array([c for c in checks if c is not None]).T
-    df = df[keep]
+    a, n = df["accepted"].to_numpy(dtype=float), df["checked"].to_numpy(dtype=float)
     ts = df["end_ts"].to_numpy(dtype="datetime64[us]").astype(np.int64)
     return Stream(a, n, ts, np.arange(len(a)), df["template"].to_numpy(dtype=object),
                    int(df["k"].max()) if df["k"].notna().any() else 1, "windows",
@@ -334,6 +328,7 @@ class Kept:
     changed: bool = False
     calibrations: dict[str, calibration.Threshold] = field(default_factory=dict)
     known: dict[str, calibration.Threshold] | None = None
+    stored: drift_state.StoredStates | None = None  # the kept states, read for many runs at once (analyse)
 
     def threshold(self, cur) -> Callable[..., calibration.Threshold]:
         if self.known is not None:
@@ -464,7 +459,7 @@ def _current_state(cur, path: tuple, run: str, ids: list[int], total: int, k: in
     # a checkpoint's thresholds are stored like the first's
     redesign = calibration.redesigner(functools.partial(_head, cur, ids), k, break_even, arl0_steps, "steps",
                                 kept.threshold(cur))
-    for state in drift_state.load_states(cur, path, run):
+    for state in drift_state.load_states(cur, path, run, kept.stored):
         # every design in force (the reference's, then each checkpoint's) must watch for the p1 asked for now
         designs = [d for _, d in state.designs]
         key = drift_state.design_key(calibration.target_p1(designs[0].p0, break_even), arl0_steps)
@@ -630,11 +625,12 @@ def analyse(store: Store, c: float | None = None, arl0_steps: int = DEFAULT_ARL0
         while i < len(pending):
             if i:
                 time.sleep(YIELD_S)
-            with store.reading():
+            with store.reading(), store.cursor() as cur:
+                stored = drift_state.StoredStates(cur, pending[i:])
                 start = time.monotonic()
                 while i < len(pending) and time.monotonic() - start < READ_SLICE_S:
                     run = pending[i]
-                    kept = Kept(known=None if run in in_place else known)
+                    kept = Kept(known=None if run in in_place else known, stored=stored)
                     i += 1
                     try:
                         done[run] = (analyse_unsaved(store, run, c, arl0_steps, kept), kept)

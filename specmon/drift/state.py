@@ -373,13 +373,39 @@ def identity(store: Store) -> tuple:
         return store.path, id(store)
 
 
-def load_states(cur: duckdb.DuckDBPyConnection, path: tuple, run: str) -> list[State]:
-    """The run's kept states, the furthest first: the database's, and this process's that descend from one of them
-    (same design and reference; a file created again under a reused name and inode has none of them)."""
+class StoredStates:
+    """The kept states (design key, JSON text) of a list of runs, read from one connection a batch of runs at a
+    time: a state's text is tens of kilobytes, and reading one run's rows scans the whole column of them, so a query
+    per run made analysing many runs quadratic in their number (11 s of a 21 s check over 320 runs)."""
+
+    BATCH = 64
+
+    def __init__(self, cur: duckdb.DuckDBPyConnection, runs: Sequence[str]):
+        self.cur, self.runs = cur, list(runs)
+        self.place = {run: i for i, run in enumerate(self.runs)}
+        self.rows: dict[str, list[tuple[str, str]]] = {}
+
+    def of(self, run: str) -> list[tuple[str, str]]:
+        if run not in self.rows:
+            start = self.place.get(run)
+            batch = [run] if start is None else self.runs[start:start + self.BATCH]
+            for name in batch:
+                self.rows.setdefault(name, [])
+            found = self.cur.execute("SELECT run, design_key, state FROM drift_states WHERE run IN (SELECT unnest(?))",
+                                     [batch]).fetchall()
+            for name, key, text in found:
+                self.rows[name].append((key, text))
+        return self.rows[run]
+
+
+def load_states(cur: duckdb.DuckDBPyConnection, path: tuple, run: str,
+                stored: StoredStates | None = None) -> list[State]:
+    """The run's kept states, the furthest first: the database's (read through `stored` where given), and this
+    process's that descend from one of them (same design and reference; a file created again under a reused name and
+    inode has none of them)."""
+    rows = (stored or StoredStates(cur, [run])).of(run)
     # a state of another STATE_VERSION may hold other fields: its design key differs, so it is never used
-    found = [State.from_json(text) for key, text in
-             cur.execute("SELECT design_key, state FROM drift_states WHERE run = ?", [run]).fetchall()
-             if json.loads(key)[0] == STATE_VERSION]
+    found = [State.from_json(text) for key, text in rows if json.loads(key)[0] == STATE_VERSION]
     known = {(st.design_key, st.reference) for st in found}
     with _MEMO_GUARD:
         found += [st for (p, r, _), st in _MEMO.items()

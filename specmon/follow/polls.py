@@ -145,18 +145,28 @@ def free_name(name: str, *folders: Path) -> str:
         n += 1
 
 
+# An inbox file being taken is held under this prefix (a second name for the same file, hidden from the polls), so
+# that what is stored and what is moved to done/ or rejected/ are the same file whatever the inbox name holds by then.
+_HOLD_PREFIX = ".specmon-taking-"
+_LEAVING_PREFIX = ".specmon-leaving-"  # an inbox name being let go of (_let_go)
+
+
 def poll_inbox(store: Store, source: SourceConfig, log: Log, seen: dict[str, tuple[int, int]]) -> PollResult:
     """Ingest every complete file in the folder once, then move it to done/ or rejected/ with its report.
 
     A file is complete when its size and modification time did not change between two polls (seen holds the
-    last look) and it does not end in a partial-download suffix. Ingest is deduplicated by content, so a
-    watcher killed between storing a file and moving it stores nothing twice when it sees the file again. A file
-    delivered under a name done/ or rejected/ already holds is kept beside the earlier one (free_name). A file that
-    changes while it is read (replaced, or written to) is left where it is and taken once it is stable again: only
-    content that fails to parse goes to rejected/."""
+    last look) and it does not end in a partial-download suffix. It is taken through a second name of its own
+    (_hold): what is read, stored and moved to done/ is that file, and the inbox name is let go only while it still
+    names it, so a new delivery moved in under the same name meanwhile stays in the inbox for the next poll.
+    Ingest is deduplicated by content, so a watcher killed between storing a file and moving it stores nothing
+    twice when it sees the file again (a held name it left behind is put back first). A file delivered under a
+    name done/ or rejected/ already holds is kept beside the earlier one (free_name). A file written to while it is
+    read is left where it is and taken once it is stable again: only content that fails to parse goes to
+    rejected/."""
     folder = Path(source.location)
     if not folder.is_dir():
         raise SpecmonError(f"{folder}: no such folder")
+    _put_back_held(folder, log)
     stored = 0
     faults: list[Fault] = []
     for entry in sorted(folder.iterdir()):
@@ -169,6 +179,7 @@ def poll_inbox(store: Store, source: SourceConfig, log: Log, seen: dict[str, tup
             seen[str(entry)] = look  # seen once: take it at the next poll if it did not change
             continue
         del seen[str(entry)]
+        held = _hold(entry, st)
         done_dir, rejected_dir = inbox_folder(folder, "done", log), inbox_folder(folder, "rejected", log)
         rejected_dir.mkdir(exist_ok=True)
         done_dir.mkdir(exist_ok=True)
@@ -176,15 +187,21 @@ def poll_inbox(store: Store, source: SourceConfig, log: Log, seen: dict[str, tup
         report = rejected_dir / f"{name}.rejected.jsonl"
         with store.cursor() as cur:
             template = source.template or annotated_template(cur, source.run or entry.stem, utc_now())
-        result = ingest_file(store, str(entry), run=source.run, template=template, skip_bad=source.skip_bad,
-                             report_path=str(report), baseline_of=source.baseline_of)
+        result = ingest_file(store, str(held or entry), name=str(entry), run=source.run, template=template,
+                             skip_bad=source.skip_bad, report_path=str(report), baseline_of=source.baseline_of)
         if result.changed_while_read:  # not bad content: whatever the file holds now is read at a later poll
             report.unlink(missing_ok=True)
+            if held is not None:
+                held.unlink(missing_ok=True)
             log(f"{entry}: changed while it was read; left in the inbox to be read again")
             continue
         target = rejected_dir if result.status == "rejected" else done_dir
         (target / f"{name}.report.json").write_bytes(orjson.dumps(result.as_dict(), option=orjson.OPT_INDENT_2))
-        os.replace(entry, target / name)
+        if held is None:
+            os.replace(entry, target / name)
+        else:
+            os.replace(held, target / name)
+            _let_go(entry, (st.st_dev, st.st_ino), log)
         if result.status == "rejected":
             faults += result.faults
             log(f"{entry}: rejected ({result.fault_count} fault(s), first: {result.faults[0]}); moved to "
@@ -196,6 +213,62 @@ def poll_inbox(store: Store, source: SourceConfig, log: Log, seen: dict[str, tup
     with store.transaction() as cur:
         save_position(cur, source, Position(), stored, now)
     return PollResult(stored, faults)
+
+
+def _hold(entry: Path, st: os.stat_result) -> Path | None:
+    """A second name for the inbox file, in the inbox under _HOLD_PREFIX, naming the very file that was judged
+    complete; None where the file system makes none (another file system behind a link, no hard links), and the
+    file is then read and moved by its inbox name."""
+    held = entry.with_name(_HOLD_PREFIX + entry.name)
+    try:
+        held.unlink(missing_ok=True)
+        os.link(entry, held)
+        same = held.stat()
+    except OSError:
+        return None
+    if (same.st_dev, same.st_ino) != (st.st_dev, st.st_ino):  # replaced between the look and the link
+        held.unlink()
+        return None
+    return held
+
+
+def _let_go(entry: Path, file_id: tuple[int, int], log: Log) -> None:
+    """Remove the inbox name of a file taken, if it still names that file; a delivery moved in under the name
+    since then is put back under it (or beside it, were yet another there by then) for the next poll."""
+    gone = entry.with_name(_LEAVING_PREFIX + entry.name)
+    try:
+        os.rename(entry, gone)  # atomic: whatever the name held at this instant, and nothing after
+    except FileNotFoundError:
+        return
+    now = gone.stat()
+    if (now.st_dev, now.st_ino) == file_id:
+        gone.unlink()
+        return
+    try:
+        os.link(gone, entry)
+        gone.unlink()
+    except FileExistsError:
+        os.rename(gone, entry.with_name(free_name(entry.name, entry.parent)))
+    log(f"{entry}: a new file arrived under this name while the earlier one was stored; it is read next")
+
+
+def _put_back_held(folder: Path, log: Log) -> None:
+    """Held names a watcher killed while taking a file left behind: dropped where the inbox name still names the
+    same file, else put back under a free name, so that no delivery is lost (ingest is deduplicated by content)."""
+    for held in [*folder.glob(f"{_HOLD_PREFIX}*"), *folder.glob(f"{_LEAVING_PREFIX}*")]:
+        if not held.is_file():
+            continue
+        original = held.name.removeprefix(_HOLD_PREFIX).removeprefix(_LEAVING_PREFIX)
+        entry = folder / original
+        try:
+            if entry.exists() and os.path.samefile(entry, held):
+                held.unlink()
+                continue
+        except OSError:
+            pass
+        back = folder / free_name(original, folder)
+        os.rename(held, back)
+        log(f"{back}: a file left while it was being taken; put back to be read")
 
 
 def poll_prometheus(store: Store, source: SourceConfig, log: Log) -> PollResult:

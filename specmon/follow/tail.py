@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from dataclasses import dataclass, field
 
 from specmon.core.faults import SpecmonError
@@ -99,6 +100,9 @@ def next_chunk(path: str, pos: Position) -> tuple[Chunk | None, Position]:
         raise SpecmonError(f"{path}: no such file (waiting for it to appear)") from None
     if os.path.isdir(path):
         raise SpecmonError(f"{path}: is a directory, not a log file")
+    if not stat.S_ISREG(st.st_mode):
+        raise SpecmonError(f"{path}: not a regular file (a pipe or a device): a watched log is a file that grows; "
+                           "to store what a pipe carries, give it to specmon ingest")
     current = file_identity(st)
     if pos.file_id is not None and current != pos.file_id:
         old = find_by_inode(path, pos.file_id)
@@ -118,17 +122,24 @@ def read_from(path: str, pos: Position, st: os.stat_result) -> Chunk | None:
     with open(path, "rb") as fh:
         fh.seek(pos.offset)
         data = fh.read(READ_BYTES)
-        while b"\n" not in data and len(data) < MAX_LINE_BYTES:
+        while _last_line_end(data) < 0 and len(data) < MAX_LINE_BYTES:
             more = fh.read(READ_BYTES)
             if not more:
-                return None  # a half-written line waits for its newline
+                return None  # a half-written line waits for its line end
             data += more
-    cut = data.rfind(b"\n")
+    cut = _last_line_end(data)
     if cut < 0:
         raise SpecmonError(f"{path}: line {pos.line_no + 1} is longer than {MAX_LINE_BYTES} bytes (at byte "
                            f"{pos.offset}); the source stops there")
     data = data[:cut + 1]
     return Chunk(path, file_identity(st), head_digest(path), pos.offset, pos.offset + len(data), pos.line_no + 1, data)
+
+
+def _last_line_end(data: bytes) -> int:
+    """Where the last complete line of data ends (-1: none yet): at LF, or at a lone CR, as the ingest reads lines
+    (specmon.ingest.formats.textio). A CR that is the last byte read may be the first half of a CR LF written in
+    two pieces, so it ends its line only once the next byte is there."""
+    return max(data.rfind(b"\n"), data.rfind(b"\r", 0, len(data) - 1))
 
 
 def position_after(chunk: Chunk, pos: Position, state: dict) -> Position:

@@ -11,9 +11,10 @@ stored under another content's hash.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
-import shutil
+import select
 import stat
 import tempfile
 from collections.abc import Callable, Iterator
@@ -221,7 +222,7 @@ def ingest_file(
     "committing"), which can take a while for a large file once every byte has been read."""
     name = name or path
     if _is_stream(path):  # a FIFO or a process substitution (<(zcat x.gz)): it can be read once, so into a spool
-        with open(path, "rb") as fh, spooled(fh) as copy:
+        with _open_pipe(path, name) as fh, spooled(fh, name) as copy:
             return ingest_file(store, copy, name=name, run=run, template=template, skip_bad=skip_bad,
                                report_path=report_path, fmt=fmt, sum_tol=sum_tol, progress=progress, stage=stage,
                                demo=demo, run_meta=run_meta, dedupe_key=dedupe_key, first_line=first_line,
@@ -283,12 +284,29 @@ def ingest_file(
 
 
 def _is_stream(path: str) -> bool:
-    """Whether the path is a pipe or a character device: bytes that can be read once, not a file."""
+    """Whether the path is a pipe: bytes that can be read once, not a file."""
     try:
         mode = os.stat(path).st_mode
     except OSError:
         return False
-    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)
+    return stat.S_ISFIFO(mode)
+
+
+def _open_pipe(path: str, name: str) -> IO[bytes]:
+    """A pipe opened for reading once something writes to it: a named pipe that nothing writes to within
+    PIPE_WRITER_WAIT_S is an error that says so, where a plain open would wait without a word."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # returns at once, writer or not
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        if not poller.poll(PIPE_WRITER_WAIT_S * 1000):  # data, or a writer that came and went (POLLHUP)
+            raise SpecmonError(f"{name}: a named pipe that nothing wrote to in {PIPE_WRITER_WAIT_S:g} s; start what "
+                               "writes it first, or give a file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _check_readable(path: str, name: str) -> None:
@@ -298,8 +316,8 @@ def _check_readable(path: str, name: str) -> None:
     if not os.path.exists(path):
         raise SpecmonError(f"{name}: no such file")
     if not os.path.isfile(path):
-        raise SpecmonError(f"{name}: not a regular file (a socket or a device); give a file, a pipe or - for "
-                           "standard input")
+        raise SpecmonError(f"{name}: not a regular file (a socket or a device, which may never end); give a file, "
+                           "a pipe or - for standard input")
     if not os.access(path, os.R_OK):
         raise SpecmonError(f"{name}: cannot be read (permission denied)")
 
@@ -342,6 +360,11 @@ def _already(result: IngestResult) -> IngestResult:
 
 
 SPOOL_PREFIX = "specmon-spool-"
+SPOOL_CHUNK = 8 << 20  # bytes copied between two looks at the spool's free space
+# A spool stops (an error) rather than leave its file system with less free than this share of it: a stream that
+# does not end (a pipe fed forever) must not fill the disk other programs need.
+SPOOL_KEEP_FREE = 0.05
+PIPE_WRITER_WAIT_S = 60.0  # how long a named pipe may stay silent before an ingest of it gives up
 
 
 def sweep_spools() -> None:
@@ -357,23 +380,43 @@ def sweep_spools() -> None:
 
 
 @contextmanager
-def spooled(stream: IO[bytes]) -> Iterator[str]:
+def spooled(stream: IO[bytes], name: str = "the stream") -> Iterator[str]:
     """The stream's bytes in a temporary file (hashing and DuckDB's readers need one), removed whatever ends the
     block (an exception, or a signal the caller turns into one, as the CLI does with SIGTERM). Copies left by killed
-    processes are swept first."""
+    processes are swept first. A stream that would leave the temporary folder's file system less than
+    SPOOL_KEEP_FREE of it free, or fills it, is an error naming `name` (nothing is stored)."""
     sweep_spools()
     fd, path = tempfile.mkstemp(prefix=f"{SPOOL_PREFIX}{os.getpid()}-")
     try:
         with os.fdopen(fd, "wb") as out:
-            shutil.copyfileobj(stream, out)
+            _copy_keeping_free(stream, out, path, name)
         yield path
     finally:
         os.unlink(path)
 
 
+def _copy_keeping_free(stream: IO[bytes], out: IO[bytes], path: str, name: str) -> None:
+    copied = 0
+    try:
+        while chunk := stream.read(SPOOL_CHUNK):
+            out.write(chunk)
+            copied += len(chunk)
+            disk = os.statvfs(path)
+            if disk.f_bavail * disk.f_frsize < SPOOL_KEEP_FREE * disk.f_blocks * disk.f_frsize:
+                raise SpecmonError(f"{name}: {copied / 2**20:,.0f} MiB read and it goes on, leaving the temporary "
+                                   f"folder {os.path.dirname(path)} nearly full; nothing was stored (a stream that "
+                                   "does not end? else set TMPDIR to a folder with more room)")
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        raise SpecmonError(f"{name}: the temporary folder {os.path.dirname(path)} is full after "
+                           f"{copied / 2**20:.0f} MiB of it; nothing was stored (set TMPDIR to a folder with more "
+                           "room)") from None
+
+
 def ingest_stream(store: Store, stream: IO[bytes], name: str, **options) -> IngestResult:
     """Ingest an upload or standard input: spooled (spooled), then ingested by ingest_file under `name`."""
-    with spooled(stream) as path:
+    with spooled(stream, name) as path:
         return ingest_file(store, path, name=name, **options)
 
 

@@ -114,9 +114,16 @@ def test_an_inbox_keeps_every_delivery_of_one_name(tmp_path):
     assert (inbox / "rejected" / "bad.jsonl").read_text() != (inbox / "rejected" / "bad-1.jsonl").read_text()
 
 
-def test_an_inbox_file_replaced_while_it_is_read_stays_and_its_final_content_is_stored(tmp_path, monkeypatch):
-    """A file replaced (mv) while a poll reads it is not bad content: it stays in the inbox, and the content it then
-    holds is stored at a later poll; rejected/ holds nothing."""
+def _poll_twice(store, source, logged, seen) -> None:
+    polls.poll_inbox(store, source, logged.append, seen)  # seen once
+    polls.poll_inbox(store, source, logged.append, seen)  # taken
+
+
+@pytest.mark.parametrize("when", ["storing", "after the commit"])
+def test_an_inbox_file_replaced_while_it_is_taken_is_stored_and_so_is_its_replacement(tmp_path, monkeypatch, when):
+    """A file replaced (mv) under its inbox name while a poll reads it, or between the commit and the move to done/:
+    the file taken is what is stored and what done/ keeps, and the new delivery stays in the inbox and is stored
+    at a later poll, beside it in done/; nothing is lost or moved unread."""
     inbox = tmp_path / "inbox"
     inbox.mkdir()
     steps_file(inbox, "steps.jsonl", 1)
@@ -124,27 +131,82 @@ def test_an_inbox_file_replaced_while_it_is_read_stays_and_its_final_content_is_
     store = Store(str(tmp_path / "w.duckdb"))
     read = polls.ingest_file
 
-    def ingest_replaced_once(*args, **kwargs):  # the real ingest; the file replaced once it is hashed
-        def replace_once(what: str) -> None:
-            if what == "storing" and (tmp_path / "next.jsonl").exists():
-                os.replace(tmp_path / "next.jsonl", inbox / "steps.jsonl")
-        return read(*args, **kwargs, stage=replace_once)
+    def replace_once() -> None:
+        if (tmp_path / "next.jsonl").exists():
+            os.replace(tmp_path / "next.jsonl", inbox / "steps.jsonl")
 
-    monkeypatch.setattr(polls, "ingest_file", ingest_replaced_once)
+    def ingest_then_replace(*args, **kwargs):  # the real ingest; the inbox name replaced at `when`
+        result = read(*args, **kwargs, stage=lambda what: what == when and replace_once())
+        if when == "after the commit":
+            replace_once()
+        return result
+
+    monkeypatch.setattr(polls, "ingest_file", ingest_then_replace)
     logged: list[str] = []
     source, seen = SourceConfig("inbox", str(inbox), run="batch"), {}
     register(store, source, 300)
-    polls.poll_inbox(store, source, logged.append, seen)  # seen once
-    polls.poll_inbox(store, source, logged.append, seen)  # taken, and replaced while it is read
+    _poll_twice(store, source, logged, seen)
     assert not (tmp_path / "next.jsonl").exists()
+    assert store.query("SELECT request_id, accepted FROM steps") == [("r1", 1)]
+    assert '"accepted": 2' in (inbox / "steps.jsonl").read_text(), "the new delivery waits in the inbox"
+    assert '"accepted": 1' in (inbox / "done" / "steps.jsonl").read_text(), "done/ keeps the file stored"
+    assert any("a new file arrived under this name" in line for line in logged)
+    _poll_twice(store, source, logged, seen)
+    assert sorted(store.query("SELECT request_id, accepted FROM steps")) == [("r1", 1), ("r2", 2)]
+    assert '"accepted": 2' in (inbox / "done" / "steps-1.jsonl").read_text()
+    assert not any((inbox / "rejected").iterdir())
+    assert sorted(p.name for p in inbox.iterdir()) == ["done", "rejected"], "no held name left behind"
+
+
+def test_an_inbox_file_written_to_while_it_is_read_stays_and_its_final_content_is_stored(tmp_path, monkeypatch):
+    """A file written to in place while a poll reads it is not bad content: it stays in the inbox, and the content
+    it then holds is stored at a later poll; rejected/ holds nothing."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    steps_file(inbox, "steps.jsonl", 1)
+    store = Store(str(tmp_path / "w.duckdb"))
+    read = polls.ingest_file
+    grown: list[bool] = []
+
+    def ingest_appended_once(*args, **kwargs):  # the real ingest; a line appended to the file once it is hashed
+        def append_once(what: str) -> None:
+            if what == "storing" and not grown:
+                grown.append(True)
+                with open(inbox / "steps.jsonl", "a") as fh:
+                    fh.write((inbox / "steps.jsonl").read_text().replace('"r1"', '"r3"'))
+        return read(*args, **kwargs, stage=append_once)
+
+    monkeypatch.setattr(polls, "ingest_file", ingest_appended_once)
+    logged: list[str] = []
+    source, seen = SourceConfig("inbox", str(inbox), run="batch"), {}
+    register(store, source, 300)
+    _poll_twice(store, source, logged, seen)
     assert (inbox / "steps.jsonl").exists() and store.query("SELECT count(*) FROM steps")[0][0] == 0
     assert any("changed while it was read" in line for line in logged)
-    polls.poll_inbox(store, source, logged.append, seen)
-    polls.poll_inbox(store, source, logged.append, seen)
-    assert store.query("SELECT request_id, accepted FROM steps") == [("r2", 2)]
+    _poll_twice(store, source, logged, seen)
+    assert sorted(store.query("SELECT request_id FROM steps")) == [("r1",), ("r3",)]
     assert sorted(p.name for p in (inbox / "done").iterdir()) == ["steps.jsonl", "steps.jsonl.report.json"]
-    assert '"accepted": 2' in (inbox / "done" / "steps.jsonl").read_text()
     assert not any((inbox / "rejected").iterdir())
+    assert sorted(p.name for p in inbox.iterdir()) == ["done", "rejected"]
+
+
+def test_a_held_name_left_by_a_killed_watcher_is_put_back(tmp_path):
+    """A watcher killed while taking a file leaves its held name: where the inbox name still names the file it is
+    dropped, else (the inbox name replaced meanwhile) the held file is put back under a free name and stored."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    steps_file(inbox, "steps.jsonl", 1)
+    os.link(inbox / "steps.jsonl", inbox / ".specmon-taking-steps.jsonl")  # killed while taking it
+    steps_file(tmp_path, "other.jsonl", 2)
+    os.link(tmp_path / "other.jsonl", inbox / ".specmon-taking-late.jsonl")  # killed after its name was replaced
+    store = Store(str(tmp_path / "w.duckdb"))
+    source, seen, logged = SourceConfig("inbox", str(inbox), run="batch"), {}, []
+    register(store, source, 300)
+    _poll_twice(store, source, logged, seen)
+    assert sorted(store.query("SELECT request_id FROM steps")) == [("r1",), ("r2",)]
+    assert sorted(p.name for p in (inbox / "done").iterdir() if not p.name.endswith(".json")) == \
+        ["late.jsonl", "steps.jsonl"]
+    assert sorted(p.name for p in inbox.iterdir()) == ["done", "rejected"]
 
 
 def test_a_marker_file_named_like_the_inbox_folders_is_left_alone(tmp_path):

@@ -65,6 +65,36 @@ def test_a_followed_log_counts_every_line_once_through_half_lines_rotation_and_t
     assert store.query("SELECT count(*) FROM engine_windows")[0][0] == 9
 
 
+def test_a_followed_log_whose_lines_end_in_a_lone_cr_is_read_line_by_line(tmp_path):
+    """Lines ended by a lone CR (as the ingest reads them) are taken as they come, not held until an LF; a CR that
+    is the last byte written waits for the next byte, since it may be the first half of a CR LF."""
+    log = tmp_path / "vllm.log"
+    store = Store(str(tmp_path / "w.duckdb"))
+    w = Watcher(store, WatchConfig([SourceConfig("log", str(log), run="prod")], interval_s=0.1))
+    lines = [v1_line(i, 100, [80, 60, 40])[0].rstrip("\n") for i in range(4)]
+    log.write_bytes(f"{lines[0]}\r{lines[1]}\r".encode())
+    w.poll_once()
+    assert store.query("SELECT count(*) FROM engine_windows")[0][0] == 1, "the last CR may be half a CR LF"
+    with open(log, "ab") as fh:
+        fh.write(f"\n{lines[2]}\r{lines[3]}\r".encode())  # it was: the line ends CR LF
+    w.poll_once()
+    assert store.query("SELECT count(*) FROM engine_windows")[0][0] == 3
+    with open(log, "ab") as fh:
+        fh.write(b"\r")  # a blank line after the last one: that one is complete now
+    w.poll_once()
+    assert store.query("SELECT count(*) FROM engine_windows")[0][0] == 4
+
+
+def test_a_followed_pipe_is_refused_with_a_message(tmp_path):
+    fifo = tmp_path / "vllm.log"
+    os.mkfifo(fifo)
+    store = Store(str(tmp_path / "w.duckdb"))
+    w = Watcher(store, WatchConfig([SourceConfig("log", str(fifo), run="prod")], interval_s=0.1), log=lambda s: None)
+    w.poll_once()
+    row = watched_sources(store).iloc[0]
+    assert row["status"] == "failing" and "not a regular file (a pipe or a device)" in row["last_error"]
+
+
 def _watch(db: str, *args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "specmon", "watch", "--db", db, "--interval", "0.2", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
