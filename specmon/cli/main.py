@@ -112,7 +112,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             if result.status == "rejected":
                 status = EXIT_FINDING
                 _say_rejected(name, result)
-            elif result.status == "stored" and result.kind == "steplog" and result.run not in stored:
+            elif result.status == "stored" and result.kind != "sweep" and result.run not in stored:
                 stored.append(result.run)
             for note in result.notes:
                 _err(f"{name}: note: {note}")
@@ -122,11 +122,10 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def _prepare_drift(store: Store, runs: list[str], args: argparse.Namespace) -> None:
-    """Bring the drift detectors of the step-log runs just stored up to date (thresholds calibrated for any reference
-    the new steps fill, states advanced from the steps after the kept one), kept in the database so that `check` with
-    the same --c and --false-alarm-steps reads them instead of calibrating. Engine windows keep no state (each analysis
-    reads their whole stream), so nothing is prepared for them. The data is stored already: a failure here is a note,
-    not a failed ingest."""
+    """Bring the drift detectors of the runs just stored up to date (thresholds calibrated for any reference the new
+    data fills; a step log's state advanced from the steps after the kept one), kept in the database so that `check`
+    with the same --c and --false-alarm-steps reads them instead of calibrating. Load sweeps have no detector. The
+    data is stored already: a failure here is a note, not a failed ingest."""
     from specmon.drift import alarms
 
     try:
@@ -753,7 +752,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "load sweeps or `vllm bench serve --save-result` results; the format is "
                                    "detected. Each file is one transaction: a file with any fault stores nothing "
                                    "(exit 1) unless --skip-bad. Re-ingesting the same content is a no-op. Then the "
-                                   "drift detector of each step-log run stored into is brought up to date, as "
+                                   "drift detector of each run stored into is brought up to date, as "
                                    "`check` with the same --c and --false-alarm-steps would (a new reference's "
                                    "threshold is calibrated now, a few seconds, so that check only reads it).")
     p.add_argument("paths", nargs="+", metavar="PATH", help="files to ingest; - reads standard input")

@@ -292,6 +292,8 @@ def break_even_alpha(store: Store, run: str, c: float | None, k: int) -> float |
         be = finite(theory.break_even_alpha(step_k, step_c)) if step_k else None
         if be is not None:
             return be
+    elif c is None and run not in summary.declared_costs(store):
+        return None  # engine and replay rows take c only as given or declared: spare their summary (every window)
     rows = summary.summarize(store, by="run", c=c, run=run, per_position=False)
     for row in rows:
         if row["break_even_alpha"] is not None:
@@ -666,13 +668,13 @@ def analyse(store: Store, c: float | None = None, arl0_steps: int = DEFAULT_ARL0
 
 def _calibrate_all(wanted: dict[str, tuple], runs: int,
                    progress: Callable[[str], None] | None) -> dict[str, calibration.Threshold]:
-    """calibration.calibrate_threshold of each key's arguments (the references of that many runs), in parallel
-    processes where there are several; progress(words) is told first."""
+    """calibration.calibrate_threshold of each key's arguments (the references of that many runs), in processes of
+    their own, in parallel where there are several; progress(words) is told first. Even one runs apart: its
+    simulated streams take about 0.4 GB at the default rate, which the caller (an ingest that just read a large
+    file, a check holding engine windows) would add to its own peak."""
     if progress is not None:
         progress(f"calibrating the drift detector on {len(wanted)} reference(s) of {runs} run(s), "
                  f"{_workers(len(wanted))} at a time (a few seconds each)")
-    if len(wanted) == 1:
-        return {key: calibration.calibrate_threshold(*args) for key, args in wanted.items()}
     workers = _workers(len(wanted))
     # spawned, not forked: the caller may be a threaded server, and a forked child inherits its locks held
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:

@@ -90,22 +90,24 @@ def test_another_process_writes_while_check_calibrates(tmp_path, specmon_cmd):
 
 
 def test_ingest_prepares_the_drift_detector_so_check_calibrates_nothing(tmp_path, specmon_cmd):
-    """`specmon ingest` calibrates the references its files fill and keeps the runs' drift states, so a check with
-    the same design reads them (no calibration, the same verdicts as a check that calibrated everything itself);
-    --no-drift leaves it all to the check, and a check with another design calibrates its own."""
+    """`specmon ingest` calibrates the references its files fill (two step logs' and an engine log's) and keeps the
+    step logs' drift states, so a check with the same design reads them (no calibration, the same verdicts as a
+    check that calibrated everything itself); --no-drift leaves it all to the check, and a check with another design
+    calibrates its own."""
     files = []
     for seed, n_requests in enumerate((250, 420)):
         path = tmp_path / f"run{seed}.jsonl"
         path.write_text("".join(random_lines(np.random.default_rng(seed), n_requests)))
         files.append(str(path))
+    files.append(vllm_log(tmp_path / "engine.log"))
     design = ["--false-alarm-steps", str(ARL0), "--c", "0.1"]
     prepared, deferred = str(tmp_path / "prepared.duckdb"), str(tmp_path / "deferred.duckdb")
 
     ingest = subprocess.run([*specmon_cmd, "ingest", "--db", prepared, *files, *design], capture_output=True,
                             text=True, timeout=300)
     assert ingest.returncode == 0, ingest.stderr
-    assert "calibrating the drift detector on 2 reference(s) of 2 run(s)" in ingest.stderr
-    assert Store(prepared).query("SELECT count(DISTINCT run) FROM drift_states")[0][0] == 2
+    assert "calibrating the drift detector on 3 reference(s) of 3 run(s)" in ingest.stderr
+    assert Store(prepared).query("SELECT count(DISTINCT run) FROM drift_states")[0][0] == 2  # engine windows: none
     ingest = subprocess.run([*specmon_cmd, "ingest", "--db", deferred, "--no-drift", *files], capture_output=True,
                             text=True, timeout=300)
     assert ingest.returncode == 0 and "calibrating" not in ingest.stderr, ingest.stderr
@@ -119,7 +121,7 @@ def test_ingest_prepares_the_drift_detector_so_check_calibrates_nothing(tmp_path
 
     reads, calibrates = check(prepared, *design), check(deferred, *design)
     assert "calibrating" not in reads.stderr
-    assert "calibrating the drift detector on 2 reference(s) of 2 run(s)" in calibrates.stderr
+    assert "calibrating the drift detector on 3 reference(s) of 3 run(s)" in calibrates.stderr
     assert json.loads(reads.stdout) == json.loads(calibrates.stdout)
     assert json.loads(reads.stdout)["alarms"], "the runs' drops are found"
     assert "calibrating" in check(prepared, "--false-alarm-steps", str(2 * ARL0), "--c", "0.1").stderr
