@@ -48,6 +48,8 @@ def why_unknown(row: dict) -> str:
     """Why a segment's status is "unknown", as the CLI and the pages say it: what economics() lacked."""
     if row.get("c") is None:
         return "no draft/target timings in the log, so the draft cost c is unknown"
+    if row.get("drafted") == 0:
+        return "no step drafted a token, so there is no draft length to judge"
     if not row.get("k"):
         return "no step drafted a token, so there is no draft length to judge" if not row.get("drafted") else \
             "its draft length k is unknown"
@@ -115,6 +117,8 @@ def economics(k: int | None, c: float | None, c_source: str | None, alpha: Estim
     """
     if c is None:
         return Economics(c_source=c_source)
+    if mean_draft_len == 0:  # nothing drafted: no speculation ran, whatever k was configured, so nothing to judge
+        return Economics(c=c, c_source=c_source)
     be_alpha = be_iid = be_tokens = s_iid = be_basis = basis = None
     status = status_iid = "unknown"
     if k:

@@ -283,3 +283,17 @@ def test_the_skip_bad_report_names_the_line_an_editor_shows(tmp_path, specmon_cm
     assert [(r["line"], r["field"]) for r in rows] == [(line, field) for line, field, _ in MULTI_LINE_REJECTED]
     for line, _, step in MULTI_LINE_REJECTED:
         assert editor_lines[line - 1].startswith(f"r,{step},")
+
+
+def test_check_on_a_log_where_no_step_drafted_is_unknown_whether_or_not_k_is_logged(tmp_path, specmon_cmd):
+    """Every step drafted nothing: no speculation ran, so there is nothing to judge (exit 2, saying so), the same
+    with k logged as without; a configured k is no draft length."""
+    for with_k in (False, True):
+        log = tmp_path / f"idle{with_k}.jsonl"
+        log.write_text("".join(json.dumps({"request_id": f"r{i // 5}", "draft_tokens": [], "accepted": 0,
+                                           **({"k": 4} if with_k else {})}) + "\n" for i in range(40)))
+        db = str(tmp_path / f"idle{with_k}.duckdb")
+        assert run(specmon_cmd, "ingest", "--db", db, str(log)).returncode == 0
+        done = run(specmon_cmd, "check", "--db", db, "--c", "0.1")
+        assert done.returncode == 2, (with_k, done.stdout, done.stderr)
+        assert b"no step drafted a token" in done.stderr and b"LOSING" not in done.stdout
