@@ -696,7 +696,7 @@ def _cost(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"c is a cost ratio >= 0, got {text!r}") from None
     if not 0 <= v < math.inf:
-        raise argparse.ArgumentTypeError(f"c is a finite cost ratio >= 0, got {text}")
+        raise argparse.ArgumentTypeError(f"c is a cost ratio >= 0 (a finite one), got {text}")
     return v
 
 

@@ -81,8 +81,9 @@ def test_check_exit_codes(tmp_path, specmon_cmd):
     assert r.returncode == 0
     r = run(specmon_cmd, "check", "--db", db, "--c", "0.9")  # alpha* about 0.94: losing
     assert r.returncode == 1 and b"LOSING: run 'stdin'" in r.stdout
-    r = run(specmon_cmd, "check", "--db", db, "--c", "-1")
-    assert r.returncode == 2 and b"c is a cost ratio" in r.stderr
+    for bad in ("-1", "nan", "inf"):
+        r = run(specmon_cmd, "check", "--db", db, "--c", bad)
+        assert r.returncode == 2 and b"c is a cost ratio >= 0" in r.stderr, bad
 
 
 def test_check_on_the_demo_template_change(tmp_path, specmon_cmd):

@@ -127,3 +127,18 @@ def test_serve_starts_on_the_default_database_and_on_a_named_new_one_with_demo(t
         finally:
             proc.terminate()
             proc.wait(timeout=30)
+
+
+def test_a_wait_for_the_database_that_is_not_a_number_of_seconds_is_refused(tmp_path, specmon_cmd):
+    """nan, inf or a negative wait, as --lock-timeout or SPECMON_LOCK_TIMEOUT, is an error naming what takes it
+    (exit 2), never a wait without end."""
+    db = tmp_path / "w.duckdb"
+    Store(str(db)).close()
+    for bad in ("nan", "inf", "-1", "abc"):
+        flag = subprocess.run([*specmon_cmd, "summary", "--db", str(db), "--lock-timeout", bad], capture_output=True,
+                              text=True, timeout=60)
+        assert flag.returncode == 2 and "argument --lock-timeout" in flag.stderr, (bad, flag.stderr)
+        env = subprocess.run([*specmon_cmd, "summary", "--db", str(db)], capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "SPECMON_LOCK_TIMEOUT": bad})
+        assert env.returncode == 2 and "SPECMON_LOCK_TIMEOUT=" in env.stderr, (bad, env.stderr)
+        assert "Traceback" not in flag.stderr + env.stderr
