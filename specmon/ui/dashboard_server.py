@@ -27,20 +27,23 @@ _HEAD_START = "specmon-head-start"
 
 
 def prepare_first_page() -> None:
-    from specmon.ui import data
-    from specmon.ui.app import configure_page
-    from specmon.ui.views import overview  # the default page, and through it the shared data module
-
-    # Streamlit's first uses in a process: recognising the icon as an emoji loads its emoji catalogue, and the first
-    # element walks the whole call stack (a check for a REPL). Outside a page run both are drawn nowhere.
-    configure_page()
-    st.empty()
+    # A head start only: the page imports, queries and draws all of this again and shows what failed. So nothing
+    # here may end in a traceback, not even an import cut short because a signal is ending the server meanwhile
+    # (an import that registers an exit handler then raises RuntimeError).
     try:
+        from specmon.ui import data
+        from specmon.ui.app import configure_page
+        from specmon.ui.views import overview  # the default page, and through it the shared data module
+
+        # Streamlit's first uses in a process: recognising the icon as an emoji loads its emoji catalogue, and the
+        # first element walks the whole call stack (a check for a REPL). Outside a page run both are drawn nowhere.
+        configure_page()
+        st.empty()
         data.sources()  # in the order the page asks for them
         rows = data.summaries()
         if rows:
             overview.acceptance_chart(rows).to_dict()  # Altair's first chart builds its schema validator
-    except Exception:  # noqa: BLE001 (a head start only: the page runs the query again and shows what failed)
+    except Exception:  # noqa: BLE001
         pass
 
 
