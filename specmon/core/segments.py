@@ -48,11 +48,10 @@ def why_unknown(row: dict) -> str:
     """Why a segment's status is "unknown", as the CLI and the pages say it: what economics() lacked."""
     if row.get("c") is None:
         return "no draft/target timings in the log, so the draft cost c is unknown"
-    if row.get("drafted") == 0:
+    if row.get("drafted") == 0 or not (row.get("k") or row.get("drafted")):
         return "no step drafted a token, so there is no draft length to judge"
     if not row.get("k"):
-        return "no step drafted a token, so there is no draft length to judge" if not row.get("drafted") else \
-            "its draft length k is unknown"
+        return "its draft length k is unknown"
     return "neither its tokens per step L nor its per-token acceptance alpha has an interval"
 
 

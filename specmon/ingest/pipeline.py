@@ -410,7 +410,7 @@ def _copy_keeping_free(stream: IO[bytes], out: IO[bytes], path: str, name: str) 
         if exc.errno != errno.ENOSPC:
             raise
         raise SpecmonError(f"{name}: the temporary folder {os.path.dirname(path)} is full after "
-                           f"{copied / 2**20:.0f} MiB of it; nothing was stored (set TMPDIR to a folder with more "
+                           f"{copied / 2**20:,.0f} MiB of it; nothing was stored (set TMPDIR to a folder with more "
                            "room)") from None
 
 
