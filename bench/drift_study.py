@@ -86,12 +86,7 @@ def interval_cell(rng: np.random.Generator, rho: float, lengths: str, g: int, k:
         healthy += status == "healthy"
         tokens = stats.ratio_interval(stats.ClusterSums.of(accepted, sizes.astype(float)), iv.dof)
         hits["L"] += tokens[0] <= true_l - 1 <= tokens[1]
-        reached = np.concatenate([[sizes.sum()], acc_pos[:-1].sum(axis=1)])
-        for i in range(k):
-            n_eff = reached[i] / iv.design_effect
-            lo, hi = stats.wilson_interval(acc_pos[i].sum() / reached[i] * n_eff, n_eff, 0.95, iv.dof) \
-                if reached[i] else (0.0, 1.0)
-            position_hits[i] += lo <= true_cond[i] <= hi
+        position_hits += production_study.position_hits(acc_pos, sizes, true_cond)
     out = {f"coverage_{name}": v / reps for name, v in hits.items()}
     out["coverage_per_position"] = (position_hits / reps).tolist()  # each position's own interval
     out.update({"p_losing_at_break_even": losing / reps, "p_healthy_at_break_even": healthy / reps,
@@ -207,7 +202,7 @@ def mixing_tail_cell(rng: np.random.Generator, rho: float, lengths: str, k: int,
         a, c, req = streams.steps(rng, detector.REFERENCE_STEPS, P0, k, rho, lengths, shape)
         _, inverse = np.unique(req, return_inverse=True)
         g = int(inverse.max()) + 1
-        mixing = calibration.Mixing(np.bincount(inverse, weights=a), np.bincount(inverse, weights=c))
+        mixing = calibration.Mixing.of_steps(a, c, inverse)
         for _ in range(calibration.CALIBRATION_GROUPS):
             rates = mixing.fit(np.bincount(rng.integers(0, g, g), minlength=g))
             r = rates.draw(rng, 4000)

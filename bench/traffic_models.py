@@ -11,13 +11,15 @@ gives a simulated request one acceptance, shifting every position's log-odds ali
   SWITCH_SIGMA, mean SWITCH_MEAN_STEPS).
 
 Both give (accepted, checked, request) per step, requests one after another (steps of one request together), within
-a step position i checked while all before were accepted.
+a step position i checked while all before were accepted; as step logs with their truth for the study's interval part
+(`drift_study.py --sections production --traffic traffic_models:position_dependent_log,...`).
 """
 from __future__ import annotations
 
 import math
 
 import numpy as np
+import traffic_daily as td
 
 POSITION_ACCEPT = (0.85, 0.70, 0.55, 0.45)
 DEPTH_EFFECT = (0.2, 0.4, 0.7, 1.0)
@@ -52,12 +54,16 @@ def _draft(rng: np.random.Generator, q: np.ndarray) -> tuple[np.ndarray, np.ndar
     return accepted, np.minimum(accepted + 1, q.shape[1])
 
 
+def position_accept(z: np.ndarray) -> np.ndarray:
+    """Per-position acceptance (a row per request effect z) of position-dependent traffic."""
+    base = np.log(np.array(POSITION_ACCEPT) / (1 - np.array(POSITION_ACCEPT)))
+    return 1 / (1 + np.exp(-(base[None, :] + np.array(DEPTH_EFFECT)[None, :] * z[:, None])))
+
+
 def position_dependent(rng: np.random.Generator, n_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     request = _requests(rng, n_steps, POSITION_MEAN_STEPS, POSITION_SIGMA)
     z = rng.standard_normal(int(request.max()) + 1)[request]
-    base = np.log(np.array(POSITION_ACCEPT) / (1 - np.array(POSITION_ACCEPT)))
-    q = 1 / (1 + np.exp(-(base[None, :] + np.array(DEPTH_EFFECT)[None, :] * z[:, None])))
-    return (*_draft(rng, q), request)
+    return (*_draft(rng, position_accept(z)), request)
 
 
 def state_switching(rng: np.random.Generator, n_steps: int, k: int = 4) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -79,3 +85,35 @@ def state_switching(rng: np.random.Generator, n_steps: int, k: int = 4) -> tuple
 
 def steps(rng: np.random.Generator, kind: str, n_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return {"position_dependent": position_dependent, "state_switching": state_switching}[kind](rng, n_steps)
+
+
+def _truth(reach: np.ndarray) -> dict:
+    """alpha, L - 1 and the conditional rates from E P(a step accepts at least i positions), i = 0..k."""
+    k = len(reach) - 1
+    return {"alpha": float(reach[1:].sum() / reach[:k].sum()), "L_minus_1": float(reach[1:].sum()),
+            "conditional": [float(reach[i] / reach[i - 1]) for i in range(1, k + 1)]}
+
+
+def _log(request: np.ndarray, accepted: np.ndarray, checked: np.ndarray, k: int) -> td.StepLog:
+    zeros = np.zeros(len(request), dtype=np.int64)
+    return td.StepLog(request, zeros, accepted, checked, zeros.astype(bool), k)
+
+
+def position_dependent_log(rng: np.random.Generator, n_requests: int, k: int = 4) -> tuple[td.StepLog, dict]:
+    """n_requests of position-dependent traffic as a step log, with the truth (production_study.py's --traffic
+    form; k is POSITION_ACCEPT's length)."""
+    sizes = _lengths(rng, n_requests, POSITION_MEAN_STEPS, POSITION_SIGMA)
+    request = np.repeat(np.arange(n_requests), sizes)
+    accepted, checked = _draft(rng, position_accept(rng.standard_normal(n_requests)[request]))
+    z = np.random.default_rng(0).standard_normal(2_000_000)  # lengths are independent of z: a step's mean
+    reach = np.concatenate([[1.0], np.cumprod(position_accept(z), axis=1).mean(axis=0)])
+    return _log(request, accepted, checked, len(POSITION_ACCEPT)), _truth(reach)
+
+
+def state_switching_log(rng: np.random.Generator, n_requests: int, k: int = 4) -> tuple[td.StepLog, dict]:
+    """About n_requests of state-switching traffic as a step log, with the truth: every step's state is the chain's
+    stationary share, whatever its place in the request."""
+    accepted, checked, request = state_switching(rng, int(n_requests * SWITCH_MEAN_STEPS), k)
+    copy_share = COPY_STEPS / (COPY_STEPS + HARD_STEPS)
+    reach = np.array([copy_share * COPY_ACCEPT ** i + (1 - copy_share) * HARD_ACCEPT ** i for i in range(k + 1)])
+    return _log(request, accepted, checked, k), _truth(reach)

@@ -292,17 +292,24 @@ def _tokens_interval(part: pd.DataFrame, alpha: stats.Interval, seconds: float) 
     return (None, None) if iv is None else (1 + max(iv[0], 0.0), 1 + iv[1])
 
 
-def _positions(part: pd.DataFrame, alpha: stats.Interval | None) -> tuple[PositionSummary, ...]:
+def _positions(part: pd.DataFrame, seconds: float, interval: bool) -> tuple[PositionSummary, ...]:
     """Per-position rates summed over the windows that give per-position counts: position 1 is reached by every
-    draft, position i by the drafts accepted at i - 1."""
+    draft, position i by the drafts accepted at i - 1; blocks of windows are each position's clusters
+    (window_blocks), with no interval where alpha has none (interval=False)."""
     with_pp = part[part["accepted_per_position"].map(_has_positions) & part["drafts"].notna()]
     width = max(len(v) for v in with_pp["accepted_per_position"])
-    acc = np.zeros(width)
-    for v in with_pp["accepted_per_position"]:
-        acc[:len(v)] += np.asarray(v, dtype=float)
+    acc = np.zeros((len(with_pp), width))
+    for row, v in enumerate(with_pp["accepted_per_position"]):
+        acc[row, :len(v)] = np.asarray(v, dtype=float)
+    reached = np.column_stack([with_pp["drafts"].to_numpy(float), acc[:, :-1]])
+    _, block = np.unique(window_blocks(with_pp, seconds).to_numpy(), return_inverse=True)
     drafts = float(with_pp["drafts"].sum())
-    reached = np.concatenate([[drafts], acc[:-1]])
-    return tuple(position_summary(i + 1, float(reached[i]), float(acc[i]), drafts, alpha) for i in range(width))
+    out = []
+    for i in range(width):
+        a, n = np.bincount(block, weights=acc[:, i]), np.bincount(block, weights=reached[:, i])
+        held = n > 0  # a block whose drafts never reached the position is no cluster of it
+        out.append(position_summary(i + 1, stats.ClusterSums.of(a[held], n[held]), drafts, interval=interval))
+    return tuple(out)
 
 
 def _sum_or_none(column: pd.Series) -> float | None:
@@ -320,7 +327,7 @@ def segment_of_windows(key: dict, part: pd.DataFrame, c: float | None, bucketed:
     k_values = part["k"].dropna()
     k = int(k_values.max()) if len(k_values) else None
     alpha, tokens = Estimate(), Estimate(tokens_per_step)
-    iv = None
+    iv, seconds = None, WINDOW_BLOCK_SECONDS
     if checks:
         rows, a, n = np.array(checks).T
         seconds = block_seconds(part.iloc[rows.astype(int)])
@@ -337,7 +344,7 @@ def segment_of_windows(key: dict, part: pd.DataFrame, c: float | None, bucketed:
     drafted, accepted = _sum_or_none(part["draft_tokens"]), _sum_or_none(part["accepted_tokens"])
     mean_draft_len = drafted / n_drafts if drafted and n_drafts else None
     bucket = key.get("bucket")
-    per_position = _positions(part, iv) if checks else ()
+    per_position = _positions(part, seconds, iv is not None) if checks else ()
     return SegmentSummary(
         run=key["run"], template=key.get("template") or None, day=None,
         bucket_start=pd.Timestamp(bucket).isoformat() if bucketed and not pd.isna(bucket) else None,

@@ -24,7 +24,13 @@ from specmon.core.segments import (
 )
 from specmon.core.settings import BUCKETS, CONFIDENCE, GAP_Z_LIMIT, GROUPINGS
 from specmon.store.database import Store
-from specmon.store.rollups import HOUR_OF_STEP, ROLLUP_EXACT, ROLLUP_POSITIONS_SELECT, ROLLUP_REQUESTS_SELECT
+from specmon.store.rollups import (
+    HOUR_OF_STEP,
+    ROLLUP_EXACT,
+    ROLLUP_POSITIONS_SELECT,
+    ROLLUP_REQUEST_POSITIONS_SELECT,
+    ROLLUP_REQUESTS_SELECT,
+)
 
 if TYPE_CHECKING:
     import duckdb
@@ -117,16 +123,48 @@ WHERE st.segment_id IN (SELECT segment_id FROM rollup_requests WHERE timed > 0)
 GROUP BY ALL
 """
 
+# Per segment and position: the positions' counts and beta's bounds (rollup_positions), and the per-request sums of
+# the position's interval (rollup_request_positions: each request a cluster, as for alpha, with its CR2 leverage
+# weight 1 / (1 - n_j / N) within the segment's position).
 _POSITIONS_SQL = """
 WITH rp AS (""" + _ROLLUP_ROWS.format(table="rollup_positions", edge=ROLLUP_POSITIONS_SELECT.format(where=_EDGE)) + """
+), rc AS (""" + _ROLLUP_ROWS.format(table="rollup_request_positions",
+                                   edge=ROLLUP_REQUEST_POSITIONS_SELECT.format(where=_EDGE)) + """
+), per_request AS (
+    -- grouped by number (segment or run id), named at the end, as in the steps' query
+    SELECT ss.{key} AS key, {bucket} AS bucket, rc.position,
+           sum(rc.checked)::DOUBLE AS checked, sum(rc.accepted)::DOUBLE AS accepted
+    FROM rc JOIN shown_segments ss USING (segment_id)
+    WHERE ? IS NULL OR ss.run = ?
+    GROUP BY ss.{key}, {bucket}, rc.position, rc.request_id
+), leverage AS (
+    SELECT *, coalesce(1 / nullif(1 - checked / sum(checked) OVER position_of, 0), 1) AS w_n
+    FROM per_request WINDOW position_of AS (PARTITION BY key, bucket, position)
+), clusters AS (
+    SELECT key, bucket, position, count(*) AS requests,
+           sum(accepted * accepted) AS saa, sum(accepted * checked) AS san, sum(checked * checked) AS snn,
+           sum(checked::HUGEINT * checked::HUGEINT * checked::HUGEINT)::DOUBLE AS sn3,
+           sum(checked::HUGEINT * checked::HUGEINT * checked::HUGEINT * checked::HUGEINT)::DOUBLE AS sn4,
+           sum((w_n * accepted * accepted)::{exact})::DOUBLE AS saa_l,
+           sum((w_n * accepted * checked)::{exact})::DOUBLE AS san_l,
+           sum((w_n * checked * checked)::{exact})::DOUBLE AS snn_l
+    FROM leverage GROUP BY ALL
+), positions AS (
+    SELECT ss.{key} AS key, {bucket} AS bucket, rp.position,
+           sum(rp.checked) AS checked, sum(rp.accepted) AS accepted,
+           (sum(rp.beta_lo_sum) / sum(rp.beta_lo_n))::DOUBLE AS beta_lo,
+           (sum(rp.beta_hi_sum) / sum(rp.beta_hi_n))::DOUBLE AS beta_hi
+    FROM rp JOIN shown_segments ss USING (segment_id)
+    WHERE ? IS NULL OR ss.run = ?
+    GROUP BY ALL
+), named AS (
+    SELECT {key} AS key, any_value(run) AS run, any_value({template}) AS template
+    FROM shown_segments ss GROUP BY {key}
 )
-SELECT ss.run, {template} AS template, {bucket} AS bucket, rp.position,
-       sum(rp.checked) AS checked, sum(rp.accepted) AS accepted,
-       (sum(rp.beta_lo_sum) / sum(rp.beta_lo_n))::DOUBLE AS beta_lo,
-       (sum(rp.beta_hi_sum) / sum(rp.beta_hi_n))::DOUBLE AS beta_hi
-FROM rp JOIN shown_segments ss USING (segment_id)
-WHERE ? IS NULL OR ss.run = ?
-GROUP BY ALL ORDER BY 1, 2, 3, 4
+SELECT n.run, n.template, p.* EXCLUDE (key), c.* EXCLUDE (key, bucket, position)
+FROM positions p JOIN named n USING (key)
+LEFT JOIN clusters c ON p.key = c.key AND p.bucket IS NOT DISTINCT FROM c.bucket AND p.position = c.position
+ORDER BY 1, 2, 3, 4
 """
 
 
@@ -212,7 +250,9 @@ def _segments(store: Store, by: str, c: float | None, run: str | None, bucket: s
                 timings[(rec["run"], rec["template"], rec["bucket"])] = (rec["draft_step_ms"], rec["target_ms"])
         positions: dict[tuple, list[dict]] = {}
         if per_position:
-            for rec in _records(cur, _POSITIONS_SQL.format(bucket=bucket_of.format("hour"), **fmt), params):
+            edge = [since] * 5  # the rollup rows and the cut hour's steps, of each rollup read
+            for rec in _records(cur, _POSITIONS_SQL.format(bucket=bucket_of.format("hour"), **fmt),
+                                [*edge, *edge, run, run, run, run]):
                 positions.setdefault((rec["run"], rec["template"], rec["bucket"]), []).append(rec)
         others = _records(cur, _OTHER_SOURCES_SQL, [])[0] if not demo else {"engines": False, "replays": False}
     declared = declared_costs(store)
@@ -323,10 +363,17 @@ def _tokens(row: dict, dof: float) -> Estimate:
     return Estimate(1.0 + accepted / steps if steps else None, lo, hi)
 
 
-def _positions(positions: list[dict], steps: int, interval: stats.Interval) -> tuple[PositionSummary, ...]:
-    """The per-position rows (_POSITIONS_SQL) of one segment, widened by its alpha interval's design effect."""
-    return tuple(position_summary(int(p["position"]), int(p["checked"]), int(p["accepted"]), steps, interval,
-                                  p["beta_lo"], p["beta_hi"]) for p in positions)
+def _position_sums(p: dict) -> stats.ClusterSums:
+    """A position row's per-request sums (_POSITIONS_SQL): accepted over checked at that position."""
+    keys = ("saa", "san", "snn", "saa_l", "san_l", "snn_l", "sn3", "sn4")
+    return stats.ClusterSums(int(p["requests"] or 0), float(p["accepted"]), float(p["checked"]),
+                             *(float(p[key] or 0.0) for key in keys))
+
+
+def _positions(positions: list[dict], steps: int) -> tuple[PositionSummary, ...]:
+    """The per-position rows (_POSITIONS_SQL) of one segment, each with its own interval, requests as clusters."""
+    return tuple(position_summary(int(p["position"]), _position_sums(p), steps, p["beta_lo"], p["beta_hi"])
+                 for p in positions)
 
 
 def segment_of(row: dict, positions: list[dict], c_given: float | None, by: str, day_output: bool,
@@ -339,7 +386,7 @@ def segment_of(row: dict, positions: list[dict], c_given: float | None, by: str,
     tokens = _tokens(row, interval.dof)
     gap_z, agreement = _gap(row)
     c, c_source = _cost(row, c_given, c_declared)
-    per_position = _positions(positions, steps, interval)
+    per_position = _positions(positions, steps)
     return SegmentSummary(
         run=row["run"],
         template=(row["template"] or None) if by != "run" else None,

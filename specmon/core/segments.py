@@ -160,17 +160,19 @@ class PositionSummary:
     beta_hi: float | None
 
 
-def position_summary(position: int, checked: float, accepted: float, steps: float, alpha: stats.Interval | None,
-                     beta_lo: float | None = None, beta_hi: float | None = None) -> PositionSummary:
-    """A position's rates: conditional = accepted / checked with a Wilson interval at the segment's effective
-    sample size (checked / design effect) and alpha's degrees of freedom, since the correlation within a cluster
-    widens every position (no interval where alpha has none); cumulative = accepted / steps (vLLM's and
-    llama.cpp's per-position rate)."""
+def position_summary(position: int, sums: stats.ClusterSums, steps: float, beta_lo: float | None = None,
+                     beta_hi: float | None = None, interval: bool = True) -> PositionSummary:
+    """A position's rates from its per-cluster counts (sums: accepted over checked at this position, a cluster a
+    request or a block of engine windows): conditional = accepted / checked with alpha's interval
+    (stats.cluster_interval) on this position's own clusters, since requests differ more at some positions than at
+    others (EAGLE-style drafts most deep in the draft), so a design effect borrowed from alpha would be too wide at
+    some positions and too narrow at others; cumulative = accepted / steps (vLLM's and llama.cpp's per-position
+    rate). interval=False: none (engine windows in a single block)."""
+    checked, accepted = sums.n, sums.a
     lo = hi = None
-    if checked and alpha is not None:
-        deff = alpha.design_effect if math.isfinite(alpha.design_effect) else 1.0
-        n_eff = checked / deff
-        lo, hi = stats.wilson_interval(accepted / checked * n_eff, n_eff, CONFIDENCE, alpha.dof)
+    if checked and interval:
+        iv = stats.cluster_interval(sums, CONFIDENCE)
+        lo, hi = iv.lo, iv.hi
     return PositionSummary(position, checked, accepted, accepted / checked if checked else None, finite(lo),
                            finite(hi), accepted / steps if steps else None, point_beta(beta_lo, beta_hi),
                            finite(beta_lo), finite(beta_hi))

@@ -1,12 +1,13 @@
 """The rollups: what every summary, page and `specmon check` reads instead of scanning steps and positions.
 
 One row per ingest, segment, hour (the base time bucket: every timeline bucket, 6 hours, a day, a 7-day week, is a
-whole number of hours on the same origin) and request; and one per ingest, segment, hour and drafted position. Rows
-are only ever appended, in the transaction that publishes the ingest they sum (refresh_rollups), so a request that
-spans hours or watched pieces has several rows, added up when read: every figure a reader needs is a sum, a count, a
-min or a max of them. Non-integer sums are fixed-point DECIMAL(38, 12) (exact and order-free, so summaries keep
-their digits from run to run). The medians of the step timings are not sums; they are read from the steps that
-carry timings (`timed` says which segments have any). docs/rollups.md describes the tables.
+whole number of hours on the same origin) and request; one per ingest, segment, hour and drafted position; and one
+per ingest, segment, hour, request and checked position. Rows are only ever appended, in the transaction that
+publishes the ingest they sum (refresh_rollups), so a request that spans hours or watched pieces has several rows,
+added up when read: every figure a reader needs is a sum, a count, a min or a max of them. Non-integer sums are
+fixed-point DECIMAL(38, 12) (exact and order-free, so summaries keep their digits from run to run). The medians of
+the step timings are not sums; they are read from the steps that carry timings (`timed` says which segments have
+any). docs/rollups.md describes the tables.
 """
 from __future__ import annotations
 
@@ -72,6 +73,19 @@ GROUP BY st.ingest_id, st.segment_id, st.hour, p.position
 
 
 ROLLUP_POSITIONS_SELECT = rollup_positions_select()
+# The per-request, per-position rollup of the steps matching {where}: checked and accepted positions, each request a
+# cluster of every per-position interval (docs/math.md, "Intervals"). Position p of a step is checked when
+# p <= checked and accepted when p <= accepted, so the steps are first counted by request and (accepted, checked),
+# then each such count is spread over its checked positions: no positions table read, and few rows to expand.
+ROLLUP_REQUEST_POSITIONS_SELECT = f"""
+SELECT ingest_id, segment_id, hour, request_id, position::SMALLINT AS position, sum(n) AS checked,
+       coalesce(sum(n) FILTER (WHERE position <= accepted), 0) AS accepted
+FROM (SELECT *, unnest(range(1, checked + 1)) AS position
+      FROM (SELECT st.ingest_id, st.segment_id, {HOUR_OF_STEP} AS hour, st.request_id, st.accepted, st.checked,
+                   count(*) AS n
+            FROM steps st WHERE {{where}} GROUP BY ALL))
+GROUP BY ingest_id, segment_id, hour, request_id, position
+"""
 # Which requests have one rollup row in their run: sole rows are already per-request totals, so a summary reads them
 # as they are and groups only the others (a request across hours or watched pieces), by far the fewer.
 # {where} picks the (run, request) pairs to recount (r is rollup_requests, sg its segment).
@@ -110,8 +124,9 @@ def refresh_rollups(cur: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
                                 [ingest_id]).fetchall()[0]
     if lo is None:  # engine windows, Prometheus samples: no steps
         return
-    cur.execute(f"INSERT INTO rollup_requests BY NAME {ROLLUP_REQUESTS_SELECT.format(where='st.ingest_id = ?')}",
-                [ingest_id])
+    for table, select in (("rollup_requests", ROLLUP_REQUESTS_SELECT),
+                          ("rollup_request_positions", ROLLUP_REQUEST_POSITIONS_SELECT)):
+        cur.execute(f"INSERT INTO {table} BY NAME {select.format(where='st.ingest_id = ?')}", [ingest_id])
     # the requests this ingest touched: one row now, or more (rows from earlier ingests of the same run)
     cur.execute(SOLE_UPDATE.format(where="SEMI JOIN (SELECT sg2.run_id, r2.request_id FROM rollup_requests r2 "
                                           "JOIN segments sg2 USING (segment_id) WHERE r2.ingest_id = ?) t "

@@ -14,6 +14,7 @@ from specmon.store.rollups import (
     CHECKED,
     HOUR_OF_STEP,
     ROLLUP_EXACT,
+    ROLLUP_REQUEST_POSITIONS_SELECT,
     SOLE_UPDATE,
     bounds_differ,
     rollup_position_sums,
@@ -445,6 +446,17 @@ MIGRATIONS.append(
         created_at      TIMESTAMP NOT NULL,
         episode_points  DOUBLE NOT NULL        -- simulated points per alarm episode at h (Infinity: none)
     );
+    """
+)
+MIGRATIONS.append(
+    # 18: checked and accepted positions per request and position, the clusters of the per-position intervals, built
+    # from the steps already stored.
+    f"""
+    CREATE TABLE rollup_request_positions (
+        ingest_id INTEGER NOT NULL, segment_id INTEGER NOT NULL, hour TIMESTAMP NOT NULL, request_id VARCHAR NOT NULL,
+        position SMALLINT NOT NULL, checked BIGINT NOT NULL, accepted BIGINT NOT NULL
+    );
+    INSERT INTO rollup_request_positions BY NAME {ROLLUP_REQUEST_POSITIONS_SELECT.format(where="true")};
     """
 )
 SCHEMA_VERSION = len(MIGRATIONS)

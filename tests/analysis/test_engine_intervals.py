@@ -24,12 +24,15 @@ def _conditional(effect: np.ndarray) -> np.ndarray:
     return 1 / (1 + np.exp(-(logit + effect[:, None] * DEPTH_SPREAD)))
 
 
-def _truth() -> tuple[float, float]:
-    """Per-token alpha and tokens per step L over the population of requests (durations independent of effects)."""
+def _truth() -> tuple[float, float, np.ndarray]:
+    """Per-token alpha, tokens per step L and the conditional rate at each position over the population of requests
+    (durations independent of effects)."""
     a = _conditional(np.random.default_rng(0).normal(size=2_000_000))
     reach = np.cumprod(a, axis=1)
     checked = 1 + reach[:, :-1].sum(axis=1)
-    return float(reach.sum(axis=1).mean() / checked.mean()), float(1 + reach.sum(axis=1).mean())
+    mean_reach = reach.mean(axis=0)
+    return (float(reach.sum(axis=1).mean() / checked.mean()), float(1 + reach.sum(axis=1).mean()),
+            mean_reach / np.concatenate([[1.0], mean_reach[:-1]]))
 
 
 def _windows(rng: np.random.Generator, hours: float = HOURS) -> pd.DataFrame:
@@ -64,16 +67,18 @@ def _windows(rng: np.random.Generator, hours: float = HOURS) -> pd.DataFrame:
 @pytest.mark.parametrize("hours, replicates, block_s", [(HOURS, 300, 600.0), (24.0, 200, 3600.0)])
 def test_intervals_on_engine_windows_cover_when_requests_span_windows(hours, replicates, block_s):
     """Over four hours the intervals take 10-minute blocks; over a day, hour blocks (the longest requests outlive
-    10 minutes)."""
-    alpha_true, tokens_true = _truth()
+    10 minutes). Every position's interval has the blocks as its clusters too."""
+    alpha_true, tokens_true, conditional_true = _truth()
     rng = np.random.default_rng(5)
-    covered = {"alpha": 0, "L": 0, "alpha, windows as clusters": 0}
+    covered = {"alpha": 0, "L": 0, "alpha, windows as clusters": 0} | {f"position {i + 1}": 0 for i in range(4)}
     for _ in range(replicates):
         w = _windows(rng, hours)
         assert block_seconds(w) == block_s
         seg = segment_of_windows({"run": "r", "template": ""}, w, c=0.4)
         covered["alpha"] += seg.alpha.lo < alpha_true < seg.alpha.hi
         covered["L"] += seg.tokens_per_step.lo < tokens_true < seg.tokens_per_step.hi
+        for i, p in enumerate(seg.per_position):
+            covered[f"position {i + 1}"] += p.conditional_lo < conditional_true[i] < p.conditional_hi
         per_pos = np.stack(w["accepted_per_position"].to_numpy())
         checked = w["drafts"].to_numpy() + per_pos[:, :-1].sum(axis=1)
         naive = stats.cluster_robust_interval(per_pos.sum(axis=1), checked)
@@ -82,6 +87,8 @@ def test_intervals_on_engine_windows_cover_when_requests_span_windows(hours, rep
     # Monte-Carlo standard error about 0.013-0.015 at 0.95
     assert 0.92 <= rate["alpha"] <= 0.985, rate
     assert 0.92 <= rate["L"] <= 0.985, rate
+    # each position on its own blocks: 0.90-0.92 over four hours (24 blocks), where alpha's is 0.92
+    assert all(0.89 <= rate[f"position {i + 1}"] <= 0.985 for i in range(4)), rate
     assert rate["alpha, windows as clusters"] < 0.90, rate  # why windows are not the clusters
 
 

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from specmon.analysis import lossless, summary
-from specmon.core import resources
+from specmon.core import resources, stats
 from specmon.core.settings import BUCKETS
 from specmon.follow.config import SourceConfig, WatchConfig
 from specmon.follow.watcher import Watcher
@@ -89,6 +89,22 @@ WHERE r.demo = ? AND (? IS NULL OR r.name = ?) AND (?::TIMESTAMP IS NULL OR st.t
 GROUP BY ALL ORDER BY 1, 2, 3, 4
 """
 
+# Each request's checked and accepted positions at each position: the clusters of the position's interval.
+ORACLE_REQUEST_POSITIONS_SQL = """
+SELECT r.name AS run, {template} AS template, {bucket} AS bucket, p.position, st.request_id,
+       count(*) FILTER (WHERE p.checked) AS checked, count(*) FILTER (WHERE p.accepted) AS accepted
+FROM positions p JOIN segments sg USING (segment_id) JOIN runs r USING (run_id) JOIN steps st USING (step_id)
+WHERE r.demo = ? AND (? IS NULL OR r.name = ?) AND (?::TIMESTAMP IS NULL OR st.ts >= ?::TIMESTAMP)
+GROUP BY ALL HAVING count(*) FILTER (WHERE p.checked) > 0
+"""
+
+
+def cluster_columns(per_request: pd.DataFrame) -> dict:
+    """The per-request sums of one position's interval, computed in numpy (stats.ClusterSums.of)."""
+    s = stats.ClusterSums.of(per_request["accepted"].to_numpy(float), per_request["checked"].to_numpy(float))
+    return {"requests": s.clusters, "saa": s.aa, "san": s.an, "snn": s.nn, "saa_l": s.aa_l, "san_l": s.an_l,
+            "snn_l": s.nn_l, "sn3": s.n3, "sn4": s.n4}
+
 
 def oracle(store: Store, by: str = "template", *, run: str | None = None, bucket: str | None = None,
            since: datetime | None = None) -> list[dict]:
@@ -100,8 +116,13 @@ def oracle(store: Store, by: str = "template", *, run: str | None = None, bucket
                bucket=f"time_bucket(INTERVAL '{BUCKETS[bucket]}', st.ts)" if bucket else "NULL::TIMESTAMP")
     params = [summary.demo_only(store), run, run, since, since]
     step_rows = store.query_df(ORACLE_STEPS_SQL.format(**fmt), params).to_dict("records")
+    per_request = store.query_df(ORACLE_REQUEST_POSITIONS_SQL.format(**fmt), params)
+    clusters = {tuple(None if pd.isna(v) else v for v in key): cluster_columns(part) for key, part in
+                per_request.groupby(["run", "template", "bucket", "position"], dropna=False)}
+    never_checked = cluster_columns(per_request.iloc[:0])
     positions: dict[tuple, list[dict]] = {}
     for rec in map(summary.clean_row, store.query_df(ORACLE_POSITIONS_SQL.format(**fmt), params).to_dict("records")):
+        rec |= clusters.get((rec["run"], rec["template"], rec["bucket"], rec["position"]), never_checked)
         positions.setdefault((rec["run"], rec["template"], rec["bucket"]), []).append(rec)
     declared = summary.declared_costs(store)
     return [summary.segment_of(row, positions.get((row["run"], row["template"], row["bucket"]), []), None, by,
@@ -199,9 +220,10 @@ def compare_everything(store: Store) -> None:
     assert runs == [r[0] for r in store.query("SELECT name FROM runs WHERE demo = ? ORDER BY name", [demo_rule])]
 
 
-def rollup_rows(store: Store) -> tuple[list, list]:
+def rollup_rows(store: Store) -> tuple[list, list, list]:
     return (store.query("SELECT * FROM rollup_requests ORDER BY ALL"),
-            store.query("SELECT * FROM rollup_positions ORDER BY ALL"))
+            store.query("SELECT * FROM rollup_positions ORDER BY ALL"),
+            store.query("SELECT * FROM rollup_request_positions ORDER BY ALL"))
 
 
 @pytest.mark.slow  # random data at several sizes against full scans
@@ -269,7 +291,7 @@ def test_the_migration_rebuilds_the_rollups_exactly_from_stored_rows(store, tmp_
     con.close()
     with Store(old) as s:  # every migration from the rollups' on
         assert rollup_rows(s) == before
-        assert before[0] and before[1]
+        assert before[0] and before[1] and before[2]
         assert_same(summary.summarize(s, by="day"), summaries)
 
 
@@ -286,4 +308,4 @@ def test_a_rejected_file_leaves_no_rollup_rows(store, tmp_path, fmt):
         df.loc[3, "position"] = -4
         df.to_parquet(path)
     assert ingest_file(store, str(path)).status == "rejected"
-    assert rollup_rows(store) == ([], [])
+    assert rollup_rows(store) == ([], [], [])
