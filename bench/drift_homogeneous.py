@@ -62,7 +62,7 @@ def drawn_spread(rng: np.random.Generator, a: np.ndarray, c: np.ndarray, req: np
     truth: none), and the NPMLE weight there."""
     _, inverse = np.unique(req, return_inverse=True)
     g = int(inverse.max()) + 1
-    mixing = calibration.Mixing(np.bincount(inverse, weights=a), np.bincount(inverse, weights=c))
+    mixing = calibration.Mixing.of_steps(a, c, inverse)
     var, below, single = [], [], 0
     for _ in range(calibration.CALIBRATION_GROUPS):
         rates = mixing.fit(np.bincount(rng.integers(0, g, g), minlength=g))

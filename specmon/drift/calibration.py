@@ -44,7 +44,7 @@ SPREAD_TEST_STEPS = 2 * REFERENCE_STEPS
 
 # Raised whenever calibrate gives another threshold for the same input, so thresholds kept in a database
 # (specmon.drift.state) are calibrated again rather than reused.
-CALIBRATION_VERSION = 9
+CALIBRATION_VERSION = 10
 
 
 def first_seen(clusters: np.ndarray) -> np.ndarray:
@@ -112,7 +112,8 @@ def calibrate_threshold(accepted: np.ndarray, checked: np.ndarray, clusters: np.
     per_a, per_n = np.bincount(inverse, weights=a), np.bincount(inverse, weights=n)
     alike = (not single and len(a) >= SPREAD_TEST_STEPS
              and request_spread_z(per_a, per_n, np.bincount(inverse)) < SPREAD_Z)
-    mixing = None if alike else Mixing(per_a, per_n)  # its EM is the costly part of the set-up: only where used
+    # its EM is the costly part of the set-up: only where used
+    mixing = None if alike else Mixing.windows(per_a, per_n) if single else Mixing.of_steps(a, n, inverse)
     points = []
     for _ in range(groups):
         pool = rng.integers(0, n_clusters, n_clusters)
@@ -304,20 +305,49 @@ def restarted_rates(s: list[np.ndarray], h: float, arl0_steps: int) -> tuple[flo
 
 class Mixing:
     """The distribution of cluster acceptance r, estimated by nonparametric maximum likelihood (Kiefer and
-    Wolfowitz) on a grid: given r, a cluster's a accepted of n checked positions have likelihood r^a (1 - r)^(n - a)
-    (exact for a step log, whose drafting stops at the first rejection, a stopping rule the likelihood ignores, and
-    for windows), and the weights on the grid maximise the likelihood of the clusters (EM). Unlike a beta fitted by
-    moments it keeps the shape the data show (a cluster of hard requests one in ten), and where clusters do not
-    differ beyond chance it comes out nearly a single point instead of a spread the chance variation leaves."""
+    Wolfowitz) on a grid of r: the weights on the grid maximise the likelihood of the clusters (EM), each cluster's
+    likelihood at each grid point given by the model the calibration simulates it with (binomial for a window, the
+    shifted per-position profile for a request: windows, of_steps). Unlike a beta fitted by moments it keeps the
+    shape the data show (a cluster of hard requests one in ten), and where clusters do not differ beyond chance it
+    comes out nearly a single point instead of a spread the chance variation leaves."""
 
-    def __init__(self, pa: np.ndarray, pn: np.ndarray):
+    def __init__(self, grid: np.ndarray, loglik: np.ndarray):
+        self.grid = grid
+        self.lik = np.exp(loglik - loglik.max(axis=1, keepdims=True))  # (clusters, grid)
+        self.start = self._em(np.ones(len(loglik)), np.full(len(grid), 1 / len(grid)), MIXING_ITERATIONS * 10)
+
+    @staticmethod
+    def _grid(pa: np.ndarray, pn: np.ndarray) -> np.ndarray:
+        """MIXING_GRID points over the clusters' own rates, widened by their chance variation."""
         rate = pa / np.maximum(pn, 1)
         slack = 4 * np.sqrt(0.25 / np.maximum(pn, 1))
-        self.grid = np.linspace(max(1e-3, float((rate - slack).min())), min(1 - 1e-3, float((rate + slack).max())),
-                                MIXING_GRID)
-        loglik = pa[:, None] * np.log(self.grid) + (pn - pa)[:, None] * np.log1p(-self.grid)
-        self.lik = np.exp(loglik - loglik.max(axis=1, keepdims=True))  # (clusters, grid)
-        self.start = self._em(np.ones(len(pa)), np.full(MIXING_GRID, 1 / MIXING_GRID), MIXING_ITERATIONS * 10)
+        return np.linspace(max(1e-3, float((rate - slack).min())), min(1 - 1e-3, float((rate + slack).max())),
+                           MIXING_GRID)
+
+    @classmethod
+    def windows(cls, pa: np.ndarray, pn: np.ndarray) -> Mixing:
+        """Engine windows: a window's pa accepted of pn checked positions, binomial given r (WindowProcess)."""
+        grid = cls._grid(pa, pn)
+        return cls(grid, pa[:, None] * np.log(grid) + (pn - pa)[:, None] * np.log1p(-grid))
+
+    @classmethod
+    def of_steps(cls, accepted: np.ndarray, checked: np.ndarray, inverse: np.ndarray) -> Mixing:
+        """Requests, from their steps (accepted and checked positions of each, inverse its request) counted by
+        position (the steps that accepted position i, the steps that reached it): given r, position i is accepted
+        with probability logistic(logit q_i + theta(r)), q_i the reference's profile (Profile), as StepProcess draws
+        the request's steps. The likelihood is exact whatever the stopping rule (drafting ends at the first
+        rejection, a rule that depends only on outcomes already seen). One binomial over a request's pooled
+        positions, which this replaced, is that model only where every position has one rate: where rates fall
+        along the draft, a request's pooled count varies less than a binomial's, so the fit took chance for more of
+        the differences between requests than it is and simulated requests too alike (a threshold too low: 0.43 x
+        the stated steps per false alarm at 20,000 on a 200,000-step reference of traffic whose requests differ
+        most deep in the draft, 0.98 x with this likelihood; docs/drift.md, "Production-like traffic the
+        calibration does not model")."""
+        passed, reached = _position_counts(accepted, checked, inverse, max(int(checked.max()), 1))
+        profile = Profile.of_counts(passed.sum(axis=0), reached.sum(axis=0))
+        grid = cls._grid(passed.sum(axis=1), reached.sum(axis=1))
+        q = profile.accept(profile.theta(grid))  # (positions, grid)
+        return cls(grid, passed @ np.log(q) + (reached - passed) @ np.log1p(-q))
 
     def fit(self, counts: np.ndarray) -> Rates:
         """The distribution for a group holding each reference cluster counts times (EM from the whole reference's
@@ -402,21 +432,69 @@ class WindowProcess:
 TILT_GRID = np.linspace(-8.0, 8.0, 161)  # shifts of the per-position log-odds of acceptance, for interpolation
 
 
+def _position_counts(accepted: np.ndarray, checked: np.ndarray, inverse: np.ndarray,
+                    k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per request (inverse: each step's) and position i = 1..k: the steps that accepted position i and the steps
+    that reached it (a row per request)."""
+    n_requests = int(inverse.max()) + 1
+    return (np.stack([np.bincount(inverse, accepted >= i, minlength=n_requests) for i in range(1, k + 1)], axis=1),
+            np.stack([np.bincount(inverse, checked >= i, minlength=n_requests) for i in range(1, k + 1)], axis=1))
+
+
+class Profile:
+    """The calibration's model of a request's steps: position i of a step is checked while all before were
+    accepted, and accepted with probability logistic(logodds_i + theta), theta the request's shift; a request of
+    per-token acceptance r has the theta whose expected accepted over checked positions is r."""
+
+    def __init__(self, logodds: np.ndarray):
+        self.logodds = logodds
+        self.tilt_rate = self._acceptance(TILT_GRID)[0]  # increasing in theta
+
+    @classmethod
+    def of_counts(cls, passed: np.ndarray, reached: np.ndarray) -> Profile:
+        """From the steps that accepted and that reached each position (1/2 added to each side)."""
+        return cls(np.log((passed + 0.5) / (reached - passed + 0.5)))
+
+    def accept(self, theta: np.ndarray) -> np.ndarray:
+        """The chance of accepting position i when all before were: a row per position, a column per theta (so the
+        products over positions run down short columns, vectorised across thetas)."""
+        return 1 / (1 + np.exp(-(self.logodds[:, None] + theta[None, :])))
+
+    def _acceptance(self, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per-token acceptance of a step at each theta, and its derivative in theta."""
+        q = self.accept(theta)
+        reach = np.cumprod(q, axis=0)  # P(a step accepts at least j positions), j = 1..k
+        # E accepted = sum_{j>=1} P(accept >= j), E checked = 1 + sum_{1<=j<k} P(accept >= j), and
+        # d/dtheta P(accept >= j) = P(accept >= j) sum_{i<=j} (1 - q_i)
+        slope = reach * np.cumsum(1 - q, axis=0)
+        acc, chk = reach.sum(axis=0), 1 + reach[:-1].sum(axis=0)
+        d_acc, d_chk = slope.sum(axis=0), slope[:-1].sum(axis=0)
+        return acc / chk, (d_acc * chk - acc * d_chk) / chk ** 2
+
+    def theta(self, rates: np.ndarray) -> np.ndarray:
+        """The theta whose per-token acceptance is each r: interpolated on TILT_GRID, then one Newton step (the rate
+        is smooth in theta, so the interpolation's error of about 1e-4 falls to about 1e-8)."""
+        theta = np.interp(rates, self.tilt_rate, TILT_GRID)
+        rate, slope = self._acceptance(theta)
+        return np.clip(theta + (rates - rate) / np.maximum(slope, 1e-12), TILT_GRID[0], TILT_GRID[-1])
+
+
 class StepProcess:
     """The in-control process of one group of requests (pool: positions among the reference's requests, inverse
     the request of each reference step), drawn as requests laid end to end.
 
     A drawn request gets a length in steps from the group's lengths, with a generalized Pareto tail past its longest
     fifth (RequestLengths), and an acceptance r from the group's distribution of request acceptance (Mixing). Its steps
-    are drawn independently from the group's per-position profile shifted to r: position i of a step is checked while
-    all before were accepted, and accepted with probability logistic(logit q_i + theta), q_i the group's own rate at
-    position i (accepted / checked there), theta the shift whose per-token acceptance is r (interpolated between the
-    points of TILT_GRID, then refined by a Newton step: a draw at the grid point at or above r, as before, made every
-    request a little easier than its r). So steps keep the shape of real steps (position 1 easier or harder than
-    position 4, as the logs have it) at the request's own acceptance; within a request whose positions share one rate
-    this is exactly the truncated geometric step. (A tilt of the group's mix of steps, which this replaced, matched r
-    but, at an r far below the mix, kept too many fully accepted steps from the easy requests in it: fewer rejections
-    per step, a CUSUM drifting up more slowly than in a poor request.)"""
+    are drawn independently from the group's per-position profile shifted to r (Profile): position i of a step is
+    checked while all before were accepted, and accepted with probability logistic(logit q_i + theta), q_i the
+    group's own rate at position i (accepted / checked there), theta the shift whose per-token acceptance is r
+    (Profile.theta; a draw at the grid point at or above r, which that replaced, made every request a little easier
+    than its r). So steps keep
+    the shape of real steps (position 1 easier or harder than position 4, as the logs have it) at the request's own
+    acceptance; within a request whose positions share one rate this is exactly the truncated geometric step. (A
+    tilt of the group's mix of steps, which this replaced, matched r but, at an r far below the mix, kept too many
+    fully accepted steps from the easy requests in it: fewer rejections per step, a CUSUM drifting up more slowly
+    than in a poor request.)"""
 
     def __init__(self, a: np.ndarray, n: np.ndarray, inverse: np.ndarray, pool: np.ndarray, rates: Rates):
         self.rates = rates
@@ -426,35 +504,13 @@ class StepProcess:
         times = np.bincount(pool, minlength=n_requests)[inverse]  # how often the group holds each reference step
         reached = np.array([times[n >= i].sum() for i in range(1, k + 1)])
         passed = np.array([times[a >= i].sum() for i in range(1, k + 1)])
-        self.profile = np.log((passed + 0.5) / (reached - passed + 0.5))  # log-odds at each position
-        self.tilt_rate = self._acceptance(TILT_GRID)[0]  # increasing in theta
+        self.profile = Profile.of_counts(passed, reached)
         self.steps = np.bincount(inverse, minlength=n_requests)[pool]
         self.lengths = RequestLengths(self.steps)
 
-    def _accept(self, theta: np.ndarray) -> np.ndarray:
-        """q_i(theta), the chance of accepting position i when all before were: a row per position, a column per
-        theta (so the products over positions run down short columns, vectorised across thetas)."""
-        return 1 / (1 + np.exp(-(self.profile[:, None] + theta[None, :])))
-
-    def _acceptance(self, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Per-token acceptance of a step at each theta, and its derivative in theta."""
-        q = self._accept(theta)
-        reach = np.cumprod(q, axis=0)  # P(a step accepts at least j positions), j = 1..k
-        # E accepted = sum_{j>=1} P(accept >= j), E checked = 1 + sum_{1<=j<k} P(accept >= j), and
-        # d/dtheta P(accept >= j) = P(accept >= j) sum_{i<=j} (1 - q_i)
-        slope = reach * np.cumsum(1 - q, axis=0)
-        acc, chk = reach.sum(axis=0), 1 + reach[:-1].sum(axis=0)
-        d_acc, d_chk = slope.sum(axis=0), slope[:-1].sum(axis=0)
-        return acc / chk, (d_acc * chk - acc * d_chk) / chk ** 2
-
     def tilt(self, rates: np.ndarray) -> np.ndarray:
-        """P(a step accepts at most j positions), j = 0..k-1 (a row each, a column per r), at the theta whose per-token
-        acceptance is each r: interpolated on TILT_GRID, then one Newton step (the rate is smooth in theta, so the
-        interpolation's error of about 1e-4 falls to about 1e-8)."""
-        theta = np.interp(rates, self.tilt_rate, TILT_GRID)
-        rate, slope = self._acceptance(theta)
-        theta = np.clip(theta + (rates - rate) / np.maximum(slope, 1e-12), TILT_GRID[0], TILT_GRID[-1])
-        return 1 - np.cumprod(self._accept(theta), axis=0)
+        """P(a step accepts at most j positions), j = 0..k-1 (a row each, a column per r), at each r's theta."""
+        return 1 - np.cumprod(self.profile.accept(self.profile.theta(rates)), axis=0)
 
     def draw(self, rng: np.random.Generator, n_streams: int, n_points: int) -> tuple[np.ndarray, np.ndarray]:
         """(accepted, checked) of n_streams streams of n_points steps, one a row."""

@@ -42,7 +42,7 @@ def test_request_acceptance_distribution_keeps_the_mean_the_spread_and_the_shape
     for shape in ("beta", "two-point"):
         a, c, req = streams.steps(rng, 50_000, streams.per_token_alpha(mean, rho, k, shape), k, rho, "geometric",
                                   shape)
-        mixing = calibration.Mixing(np.bincount(req, weights=a), np.bincount(req, weights=c))
+        mixing = calibration.Mixing.of_steps(a, c, req)
         grid, w = mixing.grid, mixing.start
         m = w @ grid
         assert abs(m - mean) < 0.015, shape
@@ -60,7 +60,7 @@ def test_calibration_streams_keep_the_reference_acceptance_and_spread():
     a, c, req = streams.steps(rng, detector.REFERENCE_STEPS, 0.8, k, 0.2, "lognormal")
     _, inverse = np.unique(req, return_inverse=True)
     pool = np.arange(inverse.max() + 1)
-    mixing = calibration.Mixing(np.bincount(inverse, weights=a), np.bincount(inverse, weights=c))
+    mixing = calibration.Mixing.of_steps(a, c, inverse)
     process = calibration.StepProcess(a.astype(float), c.astype(float), inverse, pool, mixing.fit(np.ones(len(pool))))
     accepted, checked = process.draw(np.random.default_rng(1), 4, 50_000)
     assert abs(accepted.sum() / checked.sum() - a.sum() / c.sum()) < 0.02
@@ -78,7 +78,7 @@ def test_the_kernel_on_request_acceptance_keeps_the_mean_and_adds_nothing_withou
     rng = np.random.default_rng(11)
     for rho in (0.0, 0.3):
         a, c, req = streams.steps(rng, detector.REFERENCE_STEPS, 0.8, 4, rho, "geometric")
-        rates = calibration.Mixing(np.bincount(req, weights=a), np.bincount(req, weights=c)).fit(np.ones(req.max() + 1))
+        rates = calibration.Mixing.of_steps(a, c, req).fit(np.ones(req.max() + 1))
         draws = rates.draw(rng, 200_000)
         mean = rates.weights @ rates.grid
         var = rates.weights @ (rates.grid - mean) ** 2
