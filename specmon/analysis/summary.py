@@ -42,17 +42,25 @@ _NO_BUCKET = "NULL::TIMESTAMP"
 # and order-free: the same digits every time); integer terms are summed exactly as they are.
 _EXACT = ROLLUP_EXACT
 
-# The rollup rows a summary reads, {since}-aware: whole hours at or after `since` from the rollups, and the steps of
-# the hour that `since` cuts (at or after it) summed on the spot, so `since` is exact to the microsecond.
+# The rollup rows a summary reads from `since` on: whole hours at or after it from the rollups, and the steps of the
+# hour that `since` cuts (at or after it) summed on the spot, so `since` is exact to the microsecond.
 _ROLLUP_ROWS = """
-SELECT * FROM {table} WHERE ?::TIMESTAMP IS NULL OR hour >= ?::TIMESTAMP
+SELECT * FROM {table} WHERE hour >= ?::TIMESTAMP
 UNION ALL BY NAME
 {edge}
 """
-_EDGE = "?::TIMESTAMP IS NOT NULL AND st.ts >= ?::TIMESTAMP AND " + HOUR_OF_STEP + " < ?::TIMESTAMP"
+_EDGE = "st.ts >= ?::TIMESTAMP AND " + HOUR_OF_STEP + " < ?::TIMESTAMP"
+
+
+def _rows(table: str, select: str, since: datetime | None) -> tuple[str, list]:
+    """The SQL of a rollup's rows a summary reads, and its parameters: the whole table without `since` (no scan of
+    the steps for an edge there is none of), else _ROLLUP_ROWS, select giving the edge's rollup of the steps."""
+    if since is None:
+        return f"SELECT * FROM {table}", []
+    return _ROLLUP_ROWS.format(table=table, edge=select.format(where=_EDGE)), [since, since, since]
 
 _STEPS_SQL = """
-WITH rq AS (""" + _ROLLUP_ROWS.format(table="rollup_requests", edge=ROLLUP_REQUESTS_SELECT.format(where=_EDGE)) + """
+WITH rq AS ({rq_rows}
 ), s AS NOT MATERIALIZED (
     -- grouped by number (segment or run id), named at the end: fewer bytes to hash per rollup row; read three
     -- times (sole requests, the others, the totals), each a plain scan of the rollups, rather than materialised
@@ -127,19 +135,26 @@ GROUP BY ALL
 # the position's interval (rollup_request_positions: each request a cluster, as for alpha, with its CR2 leverage
 # weight 1 / (1 - n_j / N) within the segment's position).
 _POSITIONS_SQL = """
-WITH rp AS (""" + _ROLLUP_ROWS.format(table="rollup_positions", edge=ROLLUP_POSITIONS_SELECT.format(where=_EDGE)) + """
-), rc AS (""" + _ROLLUP_ROWS.format(table="rollup_request_positions",
-                                   edge=ROLLUP_REQUEST_POSITIONS_SELECT.format(where=_EDGE)) + """
-), per_request AS (
+WITH rp AS ({rp_rows}
+), rc AS ({rc_rows}
+), s AS NOT MATERIALIZED (
     -- grouped by number (segment or run id), named at the end, as in the steps' query
-    SELECT ss.{key} AS key, {bucket} AS bucket, rc.position,
-           sum(rc.checked)::DOUBLE AS checked, sum(rc.accepted)::DOUBLE AS accepted
+    SELECT ss.{key} AS key, {bucket} AS bucket, rc.*
     FROM rc JOIN shown_segments ss USING (segment_id)
     WHERE ? IS NULL OR ss.run = ?
-    GROUP BY ss.{key}, {bucket}, rc.position, rc.request_id
+), per_request AS NOT MATERIALIZED (
+    -- a sole row is a request's total at its position already (rollup_requests.sole); the rest are added up
+    SELECT key, bucket, position, checked::DOUBLE AS checked, accepted::DOUBLE AS accepted FROM s WHERE sole
+    UNION ALL
+    SELECT key, bucket, position, sum(checked)::DOUBLE AS checked, sum(accepted)::DOUBLE AS accepted
+    FROM s WHERE sole IS NOT TRUE GROUP BY key, bucket, position, request_id
+), position_totals AS (
+    SELECT key, bucket, position, sum(checked) AS total FROM s GROUP BY ALL
 ), leverage AS (
-    SELECT *, coalesce(1 / nullif(1 - checked / sum(checked) OVER position_of, 0), 1) AS w_n
-    FROM per_request WINDOW position_of AS (PARTITION BY key, bucket, position)
+    -- each request's CR2 leverage weight within its position
+    SELECT r.*, coalesce(1 / nullif(1 - r.checked / nullif(t.total, 0), 0), 1) AS w_n
+    FROM per_request r JOIN position_totals t
+      ON r.key = t.key AND r.bucket IS NOT DISTINCT FROM t.bucket AND r.position = t.position
 ), clusters AS (
     SELECT key, bucket, position, count(*) AS requests,
            sum(accepted * accepted) AS saa, sum(accepted * checked) AS san, sum(checked * checked) AS snn,
@@ -240,9 +255,10 @@ def _segments(store: Store, by: str, c: float | None, run: str | None, bucket: s
     bucket_of = f"time_bucket(INTERVAL '{BUCKETS[bucket]}', {{}})" if bucket else _NO_BUCKET
     demo = demo_only(store)
     # rollup rows: the whole hours at or after since, then the cut hour's steps at or after since
-    params = [since, since, since, since, since, run, run]
+    rq_rows, rq_params = _rows("rollup_requests", ROLLUP_REQUESTS_SELECT, since)
     with store.cursor() as cur:
-        step_rows = _records(cur, _STEPS_SQL.format(bucket=bucket_of.format("hour"), **fmt), params)
+        step_rows = _records(cur, _STEPS_SQL.format(bucket=bucket_of.format("hour"), rq_rows=rq_rows, **fmt),
+                             [*rq_params, run, run])
         timings: dict[tuple, tuple] = {}
         if any(r["timed"] for r in step_rows):
             for rec in _records(cur, _TIMINGS_SQL.format(bucket=bucket_of.format("st.ts"), **fmt),
@@ -250,9 +266,10 @@ def _segments(store: Store, by: str, c: float | None, run: str | None, bucket: s
                 timings[(rec["run"], rec["template"], rec["bucket"])] = (rec["draft_step_ms"], rec["target_ms"])
         positions: dict[tuple, list[dict]] = {}
         if per_position:
-            edge = [since] * 5  # the rollup rows and the cut hour's steps, of each rollup read
-            for rec in _records(cur, _POSITIONS_SQL.format(bucket=bucket_of.format("hour"), **fmt),
-                                [*edge, *edge, run, run, run, run]):
+            rp_rows, rp_params = _rows("rollup_positions", ROLLUP_POSITIONS_SELECT, since)
+            rc_rows, rc_params = _rows("rollup_request_positions", ROLLUP_REQUEST_POSITIONS_SELECT, since)
+            sql = _POSITIONS_SQL.format(bucket=bucket_of.format("hour"), rp_rows=rp_rows, rc_rows=rc_rows, **fmt)
+            for rec in _records(cur, sql, [*rp_params, *rc_params, run, run, run, run]):
                 positions.setdefault((rec["run"], rec["template"], rec["bucket"]), []).append(rec)
         others = _records(cur, _OTHER_SOURCES_SQL, [])[0] if not demo else {"engines": False, "replays": False}
     declared = declared_costs(store)

@@ -96,6 +96,15 @@ FROM (SELECT sg.run_id, r.request_id, count(*) AS n FROM rollup_requests r JOIN 
 WHERE sg.segment_id = rq.segment_id AND c.run_id = sg.run_id AND c.request_id = rq.request_id
 """
 
+# A request's per-position rows are sole exactly where its rollup_requests row is (the same ingest, segment, hour and
+# request), so a summary reads them as they are too. {where} narrows the requests whose flag is copied.
+REQUEST_POSITIONS_SOLE_UPDATE = """
+UPDATE rollup_request_positions rp SET sole = rq.sole
+FROM rollup_requests rq
+WHERE rq.ingest_id = rp.ingest_id AND rq.segment_id = rp.segment_id AND rq.hour = rp.hour
+  AND rq.request_id = rp.request_id {where}
+"""
+
 
 def bounds_differ(lo: str, hi: str) -> str:
     """SQL: a position's bounds (SQL lo and hi) differ, so it has a row in position_bounds (migration 14). Compared
@@ -131,6 +140,8 @@ def refresh_rollups(cur: duckdb.DuckDBPyConnection, ingest_id: int) -> None:
     cur.execute(SOLE_UPDATE.format(where="SEMI JOIN (SELECT sg2.run_id, r2.request_id FROM rollup_requests r2 "
                                           "JOIN segments sg2 USING (segment_id) WHERE r2.ingest_id = ?) t "
                                           "ON t.run_id = sg.run_id AND t.request_id = r.request_id"), [ingest_id])
+    cur.execute(REQUEST_POSITIONS_SOLE_UPDATE.format(
+        where="AND rq.request_id IN (SELECT request_id FROM rollup_requests WHERE ingest_id = ?)"), [ingest_id])
     # The steps' id range as literals: DuckDB plans the join knowing the ids' bounds on both sides.
     select = rollup_positions_select(bool(cur.execute(
         "SELECT count(*) FROM position_bounds WHERE step_id BETWEEN ? AND ?", [lo, hi]).fetchall()[0][0]))

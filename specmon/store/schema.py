@@ -13,6 +13,7 @@ from specmon.store.rollups import (
     BETA_HI,
     CHECKED,
     HOUR_OF_STEP,
+    REQUEST_POSITIONS_SOLE_UPDATE,
     ROLLUP_EXACT,
     ROLLUP_REQUEST_POSITIONS_SELECT,
     SOLE_UPDATE,
@@ -454,9 +455,11 @@ MIGRATIONS.append(
     f"""
     CREATE TABLE rollup_request_positions (
         ingest_id INTEGER NOT NULL, segment_id INTEGER NOT NULL, hour TIMESTAMP NOT NULL, request_id VARCHAR NOT NULL,
-        position SMALLINT NOT NULL, checked BIGINT NOT NULL, accepted BIGINT NOT NULL
+        position SMALLINT NOT NULL, checked BIGINT NOT NULL, accepted BIGINT NOT NULL,
+        sole BOOLEAN NOT NULL DEFAULT false
     );
     INSERT INTO rollup_request_positions BY NAME {ROLLUP_REQUEST_POSITIONS_SELECT.format(where="true")};
+    {REQUEST_POSITIONS_SOLE_UPDATE.format(where="")};
     """
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -268,6 +268,9 @@ def test_rollups_give_the_full_scan_figures_on_random_data(store, tmp_path):
     wrong = store.query("SELECT count(*) FROM (SELECT sole, count(*) OVER (PARTITION BY sg.run_id, rq.request_id) AS n "
                         "FROM rollup_requests rq JOIN segments sg USING (segment_id)) WHERE sole <> (n = 1)")
     assert wrong == [(0,)], "a request's rows are sole exactly when it has one rollup row in its run"
+    wrong = store.query("SELECT count(*) FROM rollup_request_positions rp JOIN rollup_requests rq "
+                        "USING (ingest_id, segment_id, hour, request_id) WHERE rp.sole <> rq.sole")
+    assert wrong == [(0,)], "a request's per-position rows are sole exactly where its request row is"
     compare_everything(store)
 
 
