@@ -59,6 +59,16 @@ def _rows(table: str, select: str, since: datetime | None) -> tuple[str, list]:
         return f"SELECT * FROM {table}", []
     return _ROLLUP_ROWS.format(table=table, edge=select.format(where=_EDGE)), [since, since, since]
 
+# The per-request sums of an interval on accepted over checked positions (stats.ClusterSums; _sums reads them), w_n
+# each request's CR2 leverage weight: alpha's, over a segment's requests, and each position's, over its requests.
+_CLUSTER_SUMS = """
+           sum(accepted * accepted) AS saa, sum(accepted * checked) AS san, sum(checked * checked) AS snn,
+           sum(checked::HUGEINT * checked::HUGEINT * checked::HUGEINT)::DOUBLE AS sn3,
+           sum(checked::HUGEINT * checked::HUGEINT * checked::HUGEINT * checked::HUGEINT)::DOUBLE AS sn4,
+           sum((w_n * accepted * accepted)::{exact})::DOUBLE AS saa_l,
+           sum((w_n * accepted * checked)::{exact})::DOUBLE AS san_l,
+           sum((w_n * checked * checked)::{exact})::DOUBLE AS snn_l"""
+
 _STEPS_SQL = """
 WITH rq AS ({rq_rows}
 ), s AS NOT MATERIALIZED (
@@ -92,13 +102,7 @@ WITH rq AS ({rq_rows}
                 coalesce(1 / nullif(1 - r.steps / t.steps, 0), 1) AS w_s
     FROM per_request r JOIN by_step t ON r.key = t.key AND r.bucket IS NOT DISTINCT FROM t.bucket
 ), by_request AS (
-    SELECT key, bucket, count(*) AS requests,
-           sum(accepted * accepted) AS saa, sum(accepted * checked) AS san, sum(checked * checked) AS snn,
-           sum(checked::HUGEINT * checked::HUGEINT * checked::HUGEINT)::DOUBLE AS sn3,
-           sum(checked::HUGEINT * checked::HUGEINT * checked::HUGEINT * checked::HUGEINT)::DOUBLE AS sn4,
-           sum((w_n * accepted * accepted)::{exact})::DOUBLE AS saa_l,
-           sum((w_n * accepted * checked)::{exact})::DOUBLE AS san_l,
-           sum((w_n * checked * checked)::{exact})::DOUBLE AS snn_l,
+    SELECT key, bucket, count(*) AS requests,""" + _CLUSTER_SUMS + """,
            sum(accepted * steps) AS sas, sum(steps * steps) AS sss,
            sum(steps::HUGEINT * steps::HUGEINT * steps::HUGEINT)::DOUBLE AS ss3,
            sum(steps::HUGEINT * steps::HUGEINT * steps::HUGEINT * steps::HUGEINT)::DOUBLE AS ss4,
@@ -156,13 +160,7 @@ WITH rp AS ({rp_rows}
     FROM per_request r JOIN position_totals t
       ON r.key = t.key AND r.bucket IS NOT DISTINCT FROM t.bucket AND r.position = t.position
 ), clusters AS (
-    SELECT key, bucket, position, count(*) AS requests,
-           sum(accepted * accepted) AS saa, sum(accepted * checked) AS san, sum(checked * checked) AS snn,
-           sum(checked::HUGEINT * checked::HUGEINT * checked::HUGEINT)::DOUBLE AS sn3,
-           sum(checked::HUGEINT * checked::HUGEINT * checked::HUGEINT * checked::HUGEINT)::DOUBLE AS sn4,
-           sum((w_n * accepted * accepted)::{exact})::DOUBLE AS saa_l,
-           sum((w_n * accepted * checked)::{exact})::DOUBLE AS san_l,
-           sum((w_n * checked * checked)::{exact})::DOUBLE AS snn_l
+    SELECT key, bucket, position, count(*) AS requests,""" + _CLUSTER_SUMS + """
     FROM leverage GROUP BY ALL
 ), positions AS (
     SELECT ss.{key} AS key, {bucket} AS bucket, rp.position,
@@ -176,7 +174,8 @@ WITH rp AS ({rp_rows}
     SELECT {key} AS key, any_value(run) AS run, any_value({template}) AS template
     FROM shown_segments ss GROUP BY {key}
 )
-SELECT n.run, n.template, p.* EXCLUDE (key), c.* EXCLUDE (key, bucket, position)
+SELECT n.run, n.template, p.* EXCLUDE (key), c.* EXCLUDE (key, bucket, position, requests),
+       coalesce(c.requests, 0) AS requests  -- a position drafted and never checked has none
 FROM positions p JOIN named n USING (key)
 LEFT JOIN clusters c ON p.key = c.key AND p.bucket IS NOT DISTINCT FROM c.bucket AND p.position = c.position
 ORDER BY 1, 2, 3, 4
@@ -184,7 +183,8 @@ ORDER BY 1, 2, 3, 4
 
 
 def _sums(row: dict, tokens: bool = False) -> stats.ClusterSums:
-    """The per-request sums of a segment row: accepted over checked (alpha), or accepted over steps (L)."""
+    """The per-request sums of a segment row (_STEPS_SQL): accepted over checked (alpha), or accepted over steps (L);
+    of a position row (_POSITIONS_SQL): accepted over checked at that position."""
     if tokens:
         keys = ("accepted", "steps", "saa", "sas", "sss", "saa_ls", "sas_ls", "sss_ls", "ss3", "ss4")
     else:
@@ -380,16 +380,9 @@ def _tokens(row: dict, dof: float) -> Estimate:
     return Estimate(1.0 + accepted / steps if steps else None, lo, hi)
 
 
-def _position_sums(p: dict) -> stats.ClusterSums:
-    """A position row's per-request sums (_POSITIONS_SQL): accepted over checked at that position."""
-    keys = ("saa", "san", "snn", "saa_l", "san_l", "snn_l", "sn3", "sn4")
-    return stats.ClusterSums(int(p["requests"] or 0), float(p["accepted"]), float(p["checked"]),
-                             *(float(p[key] or 0.0) for key in keys))
-
-
 def _positions(positions: list[dict], steps: int) -> tuple[PositionSummary, ...]:
     """The per-position rows (_POSITIONS_SQL) of one segment, each with its own interval, requests as clusters."""
-    return tuple(position_summary(int(p["position"]), _position_sums(p), steps, p["beta_lo"], p["beta_hi"])
+    return tuple(position_summary(int(p["position"]), _sums(p), steps, p["beta_lo"], p["beta_hi"])
                  for p in positions)
 
 
