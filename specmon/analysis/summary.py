@@ -59,6 +59,7 @@ def _rows(table: str, select: str, since: datetime | None) -> tuple[str, list]:
         return f"SELECT * FROM {table}", []
     return _ROLLUP_ROWS.format(table=table, edge=select.format(where=_EDGE)), [since, since, since]
 
+
 # The per-request sums of an interval on accepted over checked positions (stats.ClusterSums; _sums reads them), w_n
 # each request's CR2 leverage weight: alpha's, over a segment's requests, and each position's, over its requests.
 _CLUSTER_SUMS = """
