@@ -109,8 +109,9 @@ def render() -> None:
 
     st.subheader("Per draft position")
     st.altair_chart(_position_chart(positions_frame(seg)), width="stretch")
-    st.caption("Observed conditional: of the drafts that reached position i, the share accepted (95% Wilson "
-               "interval at the segment's effective sample size). Predicted beta: the mean acceptance probability "
+    st.caption("Observed conditional: of the drafts that reached position i, the share accepted (95% interval "
+               "with requests, or blocks of engine windows, as clusters, from this position's own counts). "
+               "Predicted beta: the mean acceptance probability "
                "the logged distributions imply. Cumulative: accepted at position i / all steps — the number vLLM "
                "and llama.cpp print as 'per-position acceptance rate'; 1 + their sum = L.")
     if seg["per_position"]:
