@@ -257,19 +257,29 @@ ONE_BLOCK_NOTE = (f"no interval yet: the windows span one {WINDOW_BLOCK_SECONDS 
                   "outlive a window, so windows are not independent observations; an interval needs two blocks")
 
 
+def engine_of(labels: pd.Series) -> pd.Series:
+    """The engine instance each window comes from: its labels' `engine` entry (a data-parallel rank in a log, the
+    `engine` label of a Prometheus series), "" where there is none. Never the whole label set: a log window's labels
+    also hold the line's own figures (vLLM's throughputs), which would make every window an engine of its own. Two
+    instances that share the entry fall into one block, which only makes the blocks coarser."""
+    texts = labels.fillna("").astype(str)
+    found = {t: str(json.loads(t).get("engine", "")) if t.startswith("{") else "" for t in texts.unique()}
+    return texts.map(found)
+
+
 def window_blocks(part: pd.DataFrame, seconds: float = WINDOW_BLOCK_SECONDS) -> pd.Series:
-    """Each window's block, the cluster of every interval on engine windows: its engine (label set) and the bucket
+    """Each window's block, the cluster of every interval on engine windows: its engine (engine_of) and the bucket
     of `seconds` (block_seconds) it ends in. A request spans neighbouring windows, so windows as clusters
     under-cover (0.80-0.87 for 10-second windows in tests/analysis/test_engine_intervals.py); blocks far longer
     than a request are all but independent."""
     bucket = part["end_ts"].dt.floor(pd.Timedelta(seconds=seconds)).astype(str)
-    return part["labels"].fillna("").astype(str) + "@" + bucket
+    return engine_of(part["labels"]) + "@" + bucket
 
 
 def block_seconds(part: pd.DataFrame) -> float:
     """The block length of the segment's intervals: the longest of LONGER_WINDOW_BLOCKS_SECONDS whose blocks the
     windows fill at least MIN_WINDOW_BLOCKS of, else WINDOW_BLOCK_SECONDS."""
-    engine = pd.factorize(part["labels"].fillna("").astype(str))[0]
+    engine = pd.factorize(engine_of(part["labels"]))[0]
     for seconds in sorted(LONGER_WINDOW_BLOCKS_SECONDS, reverse=True):
         bucket = part["end_ts"].dt.floor(pd.Timedelta(seconds=seconds)).to_numpy()
         if len(pd.DataFrame({"engine": engine, "bucket": bucket}).drop_duplicates()) >= MIN_WINDOW_BLOCKS:

@@ -11,8 +11,19 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specmon.analysis.engine_segments import WINDOW_COLUMNS, block_seconds, segment_of_windows
+from engine_streams import vllm_window_lines
+
+from specmon.analysis import summary
+from specmon.analysis.engine_segments import (
+    WINDOW_COLUMNS,
+    block_seconds,
+    checked_windows,
+    engine_of,
+    segment_of_windows,
+    window_blocks,
+)
 from specmon.core import stats
+from specmon.ingest.pipeline import ingest_file
 
 BASE = np.array([0.85, 0.70, 0.55, 0.45])  # conditional acceptance by position
 DEPTH_SPREAD = np.array([0.3, 0.6, 0.9, 1.2])  # the request effect's scale on the log-odds, growing with depth
@@ -97,3 +108,29 @@ def test_a_log_of_one_block_has_no_interval_and_says_why():
     seg = segment_of_windows({"run": "r", "template": ""}, w, c=0.4)
     assert seg.alpha.value is not None and seg.alpha.lo is None and seg.tokens_per_step.lo is None
     assert seg.status == "unknown" and "one 10-minute block" in seg.note
+
+
+def test_a_logged_run_is_clustered_by_the_clock_not_by_each_line(store, tmp_path):
+    # vLLM's own lines carry figures that change every line (its throughputs), which the windows keep among their
+    # labels: those must not make each line an engine, and so each window a cluster of its own
+    w = _windows(np.random.default_rng(2))
+    end_us = ((w["end_ts"] - w["end_ts"].iloc[0]).dt.total_seconds() * 1e6).astype(np.int64)
+    path = tmp_path / "vllm.log"
+    path.write_text(vllm_window_lines(datetime(2026, 12, 1), end_us, w["drafts"],
+                                      np.stack(w["accepted_per_position"].to_numpy()), WINDOW_S))
+    assert ingest_file(store, str(path), run="r").status == "stored"
+    logged = checked_windows(store, "r")
+    assert logged["labels"].str.contains("throughput").all()
+    assert window_blocks(logged).nunique() == HOURS * 6  # one engine, 10-minute blocks
+    seg = segment_of_windows({"run": "r", "template": ""}, w, c=0.4)
+    row = summary.summarize(store, by="run", c=0.4, run="r")[0]
+    # the same blocks as the frame's, so the same interval but for the lines' rounding of per-position rates
+    assert row["alpha_lo"] == pytest.approx(seg.alpha.lo, abs=2e-3) and row["alpha_hi"] == pytest.approx(
+        seg.alpha.hi, abs=2e-3)
+
+
+def test_the_engine_of_a_window_is_its_engine_entry_alone():
+    labels = pd.Series(['{"accepted throughput": "16.40 tokens/s", "engine": "1"}',
+                        '{"accepted throughput": "44.00 tokens/s", "engine": "1"}',
+                        '{"engine": "0", "model_name": "m"}', None, "{}"])
+    assert engine_of(labels).tolist() == ["1", "1", "0", "", ""]
