@@ -158,12 +158,13 @@ def _sweep_points(spec: pd.DataFrame, base: pd.DataFrame) -> list[LoadPoint]:
 
 _BIN = "CASE WHEN {n} <= 1 THEN 1 ELSE (2 ** ceil(log2({n})))::INTEGER END"
 # The windows that carry their load (requests running above 0 and a generation throughput) are summed into blocks:
-# one engine (label set), one run, one concurrency bin, one WINDOW_BLOCK_SECONDS bucket of time; what a block gives
+# one engine (its labels' `engine` entry, engine_segments.engine_of: a log line's labels also hold its own figures),
+# one run, one concurrency bin, one WINDOW_BLOCK_SECONDS bucket of time; what a block gives
 # is one observation. Each block's speculation period (specmon annotate --speculation) is found afterwards
 # (_with_periods).
 _WINDOW_BLOCKS_SQL = f"""
 WITH w AS (
-    SELECT rs.run_id, w.k, w.labels::VARCHAR AS engine_key, w.end_ts, w.running_requests,
+    SELECT rs.run_id, w.k, coalesce(w.labels->>'engine', '') AS engine_key, w.end_ts, w.running_requests,
            w.generation_throughput, w.accepted_tokens, w.draft_tokens, w.drafts, w.accepted_per_position,
            (w.draft_tokens IS NOT NULL OR w.mean_acceptance_length IS NOT NULL) AS speculating
     FROM engine_windows w JOIN shown_segments rs USING (segment_id)

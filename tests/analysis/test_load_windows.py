@@ -41,7 +41,9 @@ def simulate_day(store: Store, rng: np.random.Generator, persistence_s: float = 
             "drafts": np.where(speculating, 40.0 * running, np.nan),
             "draft_tokens": np.where(speculating, 80.0 * running, np.nan),
             "accepted_tokens": np.where(speculating, 60.0 * running, np.nan), "k": np.where(speculating, 2, None),
-            "labels": '{"engine": "0"}', "running_requests": running.astype(float),
+            # as vLLM's lines give them: the engine, and the line's own throughputs, which change every line
+            "labels": [f'{{"accepted throughput": "{t:.2f} tokens/s", "engine": "0"}}' for t in throughput],
+            "running_requests": running.astype(float),
             "generation_throughput": throughput})
         cur.register("frame", frame)
         cur.execute("INSERT INTO engine_windows BY NAME SELECT * FROM frame")
@@ -67,6 +69,14 @@ def test_intervals_from_blocks_of_windows_cover_the_true_speedup(tmp_path):
             total += 1
             hits += p.speedup.lo <= TRUTH[round(p.concurrency)] <= p.speedup.hi
     assert total == 120 and 0.9 <= hits / total <= 0.99, hits / total
+
+
+def test_a_block_is_ten_minutes_of_one_engine_whatever_else_its_lines_carry(tmp_path):
+    # a day: each concurrency holds 20 minutes in every hour, half of them with speculation on
+    with Store(str(tmp_path / "day.duckdb")) as store:
+        simulate_day(store, np.random.default_rng(0))
+        [curve] = load.curves(store)
+    assert [(p.observations, p.baseline_observations) for p in curve.points] == [(24, 24)] * 3
 
 
 def test_the_current_load_and_its_verdict_come_from_the_last_windows(tmp_path):
