@@ -36,7 +36,9 @@ def steps(rng: np.random.Generator, cell: str, n: int) -> tuple[np.ndarray, np.n
 
 def pooled_binomial(accepted: np.ndarray, checked: np.ndarray, inverse: np.ndarray) -> calibration.Mixing:
     """The likelihood replaced: one binomial in each request's pooled accepted and checked positions."""
-    return calibration.Mixing.windows(np.bincount(inverse, weights=accepted), np.bincount(inverse, weights=checked))
+    pa, pn = np.bincount(inverse, weights=accepted), np.bincount(inverse, weights=checked)
+    grid = calibration.Mixing.grid_for(pa, pn)
+    return calibration.Mixing(grid, pa[:, None] * np.log(grid) + (pn - pa)[:, None] * np.log1p(-grid))
 
 
 def cell_figures(cell: str, arl0: int, reference: int, watched: int, seed: int) -> dict:

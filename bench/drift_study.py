@@ -52,7 +52,9 @@ DELAY_PARTS = {"delays_0.05": ((0.05,), (0.0, 0.05), LENGTHS, 2027),
                "delays_0.2_geometric": ((0.2,), (0.2, 0.3), ("geometric",), 2030),
                "delays_0.2_lognormal": ((0.2,), (0.2, 0.3), ("lognormal",), 2031)}
 SECTIONS = ("intervals", "false_alarms_2000", "false_alarms_20000", "false_alarms_two_point", *DELAY_PARTS, "river",
-            "mixing_tail", "production")
+            "mixing_tail", "production", "production_status")
+# production_status repeats the production part's step-log interval cells at 1,000 replicates (minutes): on demand
+DEFAULT_SECTIONS = SECTIONS[:-1]
 TAIL_LEVELS = (0.01, 0.05, 0.10)  # true quantiles of request acceptance at which mixing_tail compares shares
 RIVER_BEFORE = 300  # watched in-control steps before the drop in the comparison with river (after the reference)
 
@@ -273,9 +275,9 @@ def main() -> None:  # noqa: C901 (one branch per option and part: a flat list r
     ap.add_argument("--full", action="store_true", help="every cell at full size (about an hour on 2 cores)")
     ap.add_argument("--out", help="write the results as JSON here")
     ap.add_argument("--reps", type=int, help="replicates per interval cell (default 300; --full 2,000)")
-    ap.add_argument("--sections", default=",".join(SECTIONS),
-                    help=f"comma-separated parts to run, each with its own seed (default all: {','.join(SECTIONS)}), "
-                         "so they can run as separate processes and be joined with --merge")
+    ap.add_argument("--sections", default=",".join(DEFAULT_SECTIONS),
+                    help=f"comma-separated parts to run, each with its own seed (default {','.join(DEFAULT_SECTIONS)}; "
+                         "also production_status), so they can run as separate processes and be joined with --merge")
     ap.add_argument("--windows", type=int, help="reference windows per false-alarm cell at a stated 2,000 "
                     "(default 40, --full 100); half as many at 20,000 unless --full")
     ap.add_argument("--rhos", help="comma-separated request correlations of the false-alarm cells (default all), to "
@@ -359,6 +361,10 @@ def main() -> None:  # noqa: C901 (one branch per option and part: a flat list r
         results["production"] = production_study.run(np.random.default_rng(2040), args.reps or 200,
                                                       [t for t in args.traffic.split(",") if t])
         print(f"production done in {time.perf_counter() - t0:.0f} s", flush=True)
+    if "production_status" in sections:
+        results["production_status"] = production_study.status_part(np.random.default_rng(2041), args.reps or 1000,
+                                                                     [t for t in args.traffic.split(",") if t])
+        print(f"production_status done in {time.perf_counter() - t0:.0f} s", flush=True)
     if "mixing_tail" in sections:
         rng = np.random.default_rng(2032)
         results["mixing_tail"] = []
@@ -381,10 +387,10 @@ def tables(r: dict) -> str:  # noqa: C901 (one branch per table of the docs)
     the docs is typed in)."""
     out = []
     iv = r["intervals"]
-    out.append("| correlation | lengths | requests | alpha coverage, min over k | L coverage, min over k | "
-               "per-position "
-               "coverage, min over k and positions | P(losing \\| at break-even), max over k | P(healthy \\| at "
-               "break-even), max over k |\n|---|---|---|---|---|---|---|---|")
+    if iv:
+        out.append("| correlation | lengths | requests | alpha coverage, min over k | L coverage, min over k | "
+                   "per-position coverage, min over k and positions | P(losing \\| at break-even), max over k | "
+                   "P(healthy \\| at break-even), max over k |\n|---|---|---|---|---|---|---|---|")
     for rho in RHOS:
         for lengths in LENGTHS:
             for g in REQUESTS:
@@ -408,9 +414,10 @@ def tables(r: dict) -> str:  # noqa: C901 (one branch per table of the docs)
                    f"{sum(c['coverage_alpha'] < 0.94 for c in iv)}\n")
     fa = r["false_alarms"]
     paired = any("plain" in c for c in fa)  # the plain detector watched the same streams
-    out.append("| correlation | lengths | k | stated | measured steps per false alarm [95% CI] | ratio | steps per "
-               "episode | median h |" + (" plain detector, same streams: ratio [95% CI] |" if paired else "")
-               + "\n|---|---|---|---|---|---|---|---|" + ("---|" if paired else ""))
+    if fa:
+        out.append("| correlation | lengths | k | stated | measured steps per false alarm [95% CI] | ratio | steps "
+                   "per episode | median h |" + (" plain detector, same streams: ratio [95% CI] |" if paired else "")
+                   + "\n|---|---|---|---|---|---|---|---|" + ("---|" if paired else ""))
     for c in fa:
         shape = " (two-point)" if c.get("shape") == "two-point" else ""
         plain = (f" {c['plain']['ratio_to_stated']:.2f} [{c['plain']['ci95'][0] / c['stated']:.2f}, "
@@ -474,8 +481,9 @@ def tables(r: dict) -> str:  # noqa: C901 (one branch per table of the docs)
                            f"{c['acceptance_below'][j]:.2f}) | {c['drawn_over_true'][j]:.2f} "
                            f"({c['drawn_over_true_se'][j]:.2f}) | {c['npmle_over_true'][j]:.2f} "
                            f"({c['npmle_over_true_se'][j]:.2f}) |")
-    if "production" in r:
-        out.append(production_study.tables(r["production"]))
+    for part in ("production", "production_status"):
+        if part in r:
+            out.append(production_study.tables(r[part]))
     return "\n".join(out)
 
 
@@ -494,7 +502,8 @@ def merge(paths: list[str], out: str | None) -> None:
         results["wall_s_per_part"][name] = p["wall_s"]
     for key in ("intervals", "false_alarms", "delays", "mixing_tail"):
         results[key] = [c for p in parts for c in p.get(key, [])]
-    results.update(next(({"production": p["production"]} for p in parts if "production" in p), {}))
+    for part in ("production", "production_status"):
+        results.update(next(({part: p[part]} for p in parts if part in p), {}))
     for p in parts:
         if "river" in p:
             results["river"] = p["river"]

@@ -4,7 +4,8 @@ rollout and speculation-period annotations.
 A run is one stream in time order, across its templates: a template change is what usually moves acceptance, so
 the reference window (the run's first points) stays the baseline across it. The stream is the run's verification
 steps (clusters: requests) where it has a step log, else its engine windows, from engine logs or Prometheus
-counter differences (each window a batch of checked/accepted positions and its own cluster). Template changes are
+counter differences (each window a batch of checked/accepted positions; clusters: blocks of an engine's consecutive
+windows, which requests rarely outlast). Template changes are
 where a new template first appears in the data, and where an annotation (`specmon annotate`) says a rollout began.
 """
 from __future__ import annotations
@@ -168,9 +169,6 @@ class Stream:
     template: np.ndarray  # the data's template at each point (object array)
     k: int
     unit: str
-    # an engine window's WINDOW_BLOCK_SECONDS block (engine_segments.window_blocks), its cluster in template
-    # comparisons: never the longer blocks of long segments' intervals, which would fill whole hours, the strata
-    block: np.ndarray | None = None
 
 
 def annotate(store: Store, run: str, template: str, at: datetime, note: str | None = None) -> int:
@@ -211,15 +209,16 @@ def run_annotations(store: Store, run: str) -> list[Event]:
 
 
 def _window_stream(store: Store, run: str) -> Stream | None:
-    """Engine windows with per-position counts, as points: (accepted, checked) positions per window."""
+    """Engine windows with per-position counts, as points: (accepted, checked) positions per window, each in its
+    block (engine_segments.window_blocks), numbered in order of first appearance."""
     df = engine_segments.checked_windows(store, run)
     if df.empty:
         return None
     a, n = df["accepted"].to_numpy(dtype=float), df["checked"].to_numpy(dtype=float)
     ts = df["end_ts"].to_numpy(dtype="datetime64[us]").astype(np.int64)
-    return Stream(a, n, ts, np.arange(len(a)), df["template"].to_numpy(dtype=object),
-                   int(df["k"].max()) if df["k"].notna().any() else 1, "windows",
-                   engine_segments.window_blocks(df).to_numpy(dtype=object))
+    blocks = pd.factorize(engine_segments.window_blocks(df))[0].astype(np.int64)
+    return Stream(a, n, ts, blocks, df["template"].to_numpy(dtype=object),
+                  int(df["k"].max()) if df["k"].notna().any() else 1, "windows")
 
 
 def _events(stream: Stream, notes: list[Event]) -> list[Event]:
@@ -237,11 +236,11 @@ def _when(ts_us: int) -> datetime:
 
 
 def _cells(stream: Stream, mask: np.ndarray) -> detector.Cells:
-    """The points in mask as cells of a comparison: engine windows clustered by their blocks (as their intervals
-    are), steps by request."""
-    clusters = stream.cluster if stream.block is None else stream.block
+    """The points in mask as cells of a comparison, in their clusters: steps by request, engine windows by their
+    WINDOW_BLOCK_SECONDS blocks (never the longer blocks of long segments' intervals, which would fill whole hours,
+    the strata)."""
     ts = stream.ts_us[mask]
-    return detector.Cells(clusters[mask], ts - ts % detector.HOUR_US, stream.accepted[mask], stream.checked[mask],
+    return detector.Cells(stream.cluster[mask], ts - ts % detector.HOUR_US, stream.accepted[mask], stream.checked[mask],
                           ts, ts)
 
 
@@ -266,7 +265,7 @@ def _changes(run: str, stream: Stream, events: list[Event], break_even: float | 
         if not before.any() or not after.any():
             continue
         # blocks of engine windows share long requests: the hours, not the blocks, are the observations
-        comparison = detector.compare(_cells(stream, before), _cells(stream, after), stream.block is not None)
+        comparison = detector.compare(_cells(stream, before), _cells(stream, after), stream.unit != "steps")
         out.append(TemplateChange(run, event.template, previous, event.ts, comparison, break_even, event.source,
                                   event.note))
     return out
@@ -367,10 +366,9 @@ def whole_stream_drift(store: Store, run: str, stream: Stream, c: float | None, 
     if design is None:
         return RunDrift(run, None, [], changes, empty, stream.unit, "the reference window has no checked positions",
                         notes)
-    # a step log's reference grows at the checkpoints; engine windows keep their first 30 (docs/drift.md)
+    # the reference grows at the checkpoints (docs/drift.md)
     grow = calibration.redesigner(lambda c: (stream.accepted, stream.checked, stream.cluster, stream.ts_us), stream.k,
-                                  break_even,
-                            arl0_steps, stream.unit, threshold) if stream.unit == "steps" else None
+                                  break_even, arl0_steps, stream.unit, threshold)
     w, raw, designs = detector.detect(stream.accepted, stream.checked, design, reference, grow)
     found = []
     for a in raw:
@@ -621,7 +619,7 @@ def analyse(store: Store, c: float | None = None, arl0_steps: int = DEFAULT_ARL0
     in_place: set[str] = set()
     pending = names
     while pending:
-        wanted: dict[str, tuple] = {}
+        wanted: dict[str, dict] = {}
         waiting: list[str] = []
         i = 0
         while i < len(pending):
@@ -638,13 +636,14 @@ def analyse(store: Store, c: float | None = None, arl0_steps: int = DEFAULT_ARL0
                         done[run] = (analyse_unsaved(store, run, c, arl0_steps, kept), kept)
                         unsaved.update(kept.calibrations)
                     except drift_state.Uncalibrated as need:
-                        wanted.setdefault(need.key, need.args)
+                        wanted.setdefault(need.key, need.kwargs)
                         waiting.append(run)
                         # a run asks again only for a checkpoint's longer reference after a whole first one; any
                         # other request means its reference changed under the analysis (steps still arriving in
                         # it), and it is calibrated in place next time rather than chased again and again
-                        size, before = len(need.args[0]), asked.get(run)
-                        if before is not None and not (before >= detector.REFERENCE_STEPS and size > before):
+                        size, before = len(need.kwargs["accepted"]), asked.get(run)
+                        first = detector.REFERENCE_STEPS if need.kwargs["hours"] is None else detector.REFERENCE_WINDOWS
+                        if before is not None and not (before >= first and size > before):
                             in_place.add(run)
                         asked[run] = size
         if wanted:
@@ -666,7 +665,7 @@ def analyse(store: Store, c: float | None = None, arl0_steps: int = DEFAULT_ARL0
     return [done[run][0] for run in names]
 
 
-def _calibrate_all(wanted: dict[str, tuple], runs: int,
+def _calibrate_all(wanted: dict[str, dict], runs: int,
                    progress: Callable[[str], None] | None) -> dict[str, calibration.Threshold]:
     """calibration.calibrate_threshold of each key's arguments (the references of that many runs), in processes of
     their own, in parallel where there are several; progress(words) is told first. Even one runs apart: its
@@ -678,7 +677,7 @@ def _calibrate_all(wanted: dict[str, tuple], runs: int,
     workers = _workers(len(wanted))
     # spawned, not forked: the caller may be a threaded server, and a forked child inherits its locks held
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {key: pool.submit(calibration.calibrate_threshold, *args) for key, args in wanted.items()}
+        futures = {key: pool.submit(calibration.calibrate_threshold, **kwargs) for key, kwargs in wanted.items()}
         return {key: f.result() for key, f in futures.items()}
 
 

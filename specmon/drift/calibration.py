@@ -3,9 +3,10 @@
 Acceptance is correlated within a request, so a threshold computed for independent tokens would alarm far too
 often; h is instead calibrated on simulated in-control streams built from the reference window (calibrate): its
 clusters resampled for their sizes, a cluster acceptance drawn from the distribution of cluster acceptance the
-reference implies (nonparametric maximum likelihood, smoothed), and points drawn to match it (steps from the
-reference's per-position profile shifted to that acceptance; windows binomial), until the simulated number of points
-per false alarm of the restarted CUSUM (every re-alarm counted) is the one asked for. Pure numpy; no I/O.
+reference implies (nonparametric maximum likelihood, smoothed), and steps drawn from the reference's per-position
+profile shifted to that acceptance; engine windows as whole blocks of the reference's windows, by hour of day. h is
+where the simulated number of points per false alarm of the restarted CUSUM (every re-alarm counted) is the one asked
+for. Pure numpy; no I/O.
 """
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ CALIBRATION_GROUPS = 40  # x 5 streams
 TAIL_SHARE = 0.2  # the longest fifth of a group's requests fit the tail of request lengths (RequestLengths)
 
 TAIL_MIN = 10  # with fewer requests above the threshold, an exponential tail (xi = 0) is fitted
+
+MIN_BLOCKS = 12  # engine windows: the fewest blocks a reference is replayed in as blocks (BlockProcess)
 
 MIXING_GRID = 100  # points of the grid of cluster acceptance (Mixing)
 
@@ -72,27 +75,30 @@ def target_p1(p0: float, break_even: float | None, delta: float = DEFAULT_DELTA)
 
 def calibrate(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p0: float, p1: float,
               arl0_steps: int = DEFAULT_ARL0_STEPS, groups: int = CALIBRATION_GROUPS,
-              streams_per_group: int = 5, seed: int = 0) -> float:
+              streams_per_group: int = 5, seed: int = 0, hours: np.ndarray | None = None) -> float:
     """The threshold h of calibrate_threshold (its arguments), alone."""
-    return calibrate_threshold(accepted, checked, clusters, p0, p1, arl0_steps, groups, streams_per_group, seed).h
+    return calibrate_threshold(accepted, checked, clusters, p0, p1, arl0_steps, groups, streams_per_group, seed,
+                               hours).h
 
 
 def calibrate_threshold(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p0: float, p1: float,
                         arl0_steps: int = DEFAULT_ARL0_STEPS, groups: int = CALIBRATION_GROUPS,
-                        streams_per_group: int = 5, seed: int = 0) -> Threshold:
+                        streams_per_group: int = 5, seed: int = 0, hours: np.ndarray | None = None) -> Threshold:
     """The threshold h at which the CUSUM from p0 to p1, restarted after every alarm, alarms once per arl0_steps
-    in-control points, averaged over the in-control processes the reference window leaves plausible (for engine
-    windows each window is its own cluster).
+    in-control points, averaged over the in-control processes the reference window leaves plausible.
 
-    The in-control process is known only through the reference's G clusters, and the false-alarm rate depends steeply on
+    Engine windows (hours given: each window's hour since the epoch, UTC; clusters: its block of consecutive
+    windows of one engine) are simulated by BlockProcess, a bootstrap of whole blocks by hour of day. What follows
+    is a step log's (clusters: requests).
+
+    The in-control process is known only through the reference's G requests, and the false-alarm rate depends steeply on
     its acceptance and on how much that varies over a stretch of points. So each group is one plausible process: G
-    clusters drawn with replacement from the reference (the bootstrap's picture of the sampling error). Its
-    streams_per_group streams of 5 x arl0_steps points are clusters drawn from the group, each given an acceptance r
-    from the group's distribution of cluster acceptance (its nonparametric maximum-likelihood estimate, Mixing) and
-    points to match: an engine window keeps its checked count and gets accepted ~ Binomial(checked, r) (WindowProcess);
-    a request gets a length from the group's lengths, its tail past the longest fifth generalized Pareto with the shape
-    those show (RequestLengths), and steps drawn from the group's per-position profile shifted to r (StepProcess).
-    Resampling the reference's clusters as they are, a hundred of them, would let the rare poor request (or window) that
+    requests drawn with replacement from the reference (the bootstrap's picture of the sampling error). Its
+    streams_per_group streams of 5 x arl0_steps points are requests drawn from the group, each given an acceptance r
+    from the group's distribution of request acceptance (its nonparametric maximum-likelihood estimate, Mixing): a
+    length from the group's lengths, its tail past the longest fifth generalized Pareto with the shape those show
+    (RequestLengths), and steps drawn from the group's per-position profile shifted to r (StepProcess).
+    Resampling the reference's requests as they are, a hundred of them, would let the rare poor request that
     sets off a false alarm once in thousands of points be missing or over-represented by chance, and the threshold
     follow that luck; drawing r from the estimated distribution instead gives every group the tail its clusters imply.
     The streams are watched with the reference's own p0 and p1, and h is solved for where the groups' mean rate of the
@@ -107,20 +113,22 @@ def calibrate_threshold(accepted: np.ndarray, checked: np.ndarray, clusters: np.
     a = np.asarray(accepted, dtype=float)
     n = np.asarray(checked, dtype=float)
     inverse = first_seen(np.asarray(clusters))
+    if hours is not None:
+        blocks = BlockProcess(a, n, inverse, np.asarray(hours))
+        return solve_threshold([cumulative_increments(*blocks.draw(rng, blocks.group(rng), streams_per_group,
+                                                                   5 * arl0_steps), p0, p1)
+                                for _ in range(groups)], arl0_steps)
     n_clusters = int(inverse.max()) + 1
-    single = n_clusters == len(a)  # engine windows: every point its own cluster
     per_a, per_n = np.bincount(inverse, weights=a), np.bincount(inverse, weights=n)
-    alike = (not single and len(a) >= SPREAD_TEST_STEPS
-             and request_spread_z(per_a, per_n, np.bincount(inverse)) < SPREAD_Z)
+    alike = len(a) >= SPREAD_TEST_STEPS and request_spread_z(per_a, per_n, np.bincount(inverse)) < SPREAD_Z
     # its EM is the costly part of the set-up: only where used
-    mixing = None if alike else Mixing.windows(per_a, per_n) if single else Mixing.of_steps(a, n, inverse)
+    mixing = None if alike else Mixing.of_steps(a, n, inverse)
     points = []
     for _ in range(groups):
         pool = rng.integers(0, n_clusters, n_clusters)
         counts = np.bincount(pool, minlength=n_clusters)
         rates = Rates.single(float(counts @ per_a) / float(counts @ per_n)) if mixing is None else mixing.fit(counts)
-        process = WindowProcess(a, n, pool, rates) if single else StepProcess(a, n, inverse, pool, rates)
-        points.append(process.draw(rng, streams_per_group, 5 * arl0_steps))
+        points.append(StepProcess(a, n, inverse, pool, rates).draw(rng, streams_per_group, 5 * arl0_steps))
     return solve_threshold([cumulative_increments(pa, pn, p0, p1) for pa, pn in points], arl0_steps)
 
 
@@ -306,8 +314,8 @@ def restarted_rates(s: list[np.ndarray], h: float, arl0_steps: int) -> tuple[flo
 class Mixing:
     """The distribution of cluster acceptance r, estimated by nonparametric maximum likelihood (Kiefer and
     Wolfowitz) on a grid of r: the weights on the grid maximise the likelihood of the clusters (EM), each cluster's
-    likelihood at each grid point given by the model the calibration simulates it with (binomial for a window, the
-    shifted per-position profile for a request: windows, of_steps). Unlike a beta fitted by moments it keeps the
+    likelihood at each grid point given by the model the calibration simulates it with (the shifted per-position
+    profile of a request: of_steps). Unlike a beta fitted by moments it keeps the
     shape the data show (a cluster of hard requests one in ten), and where clusters do not differ beyond chance it
     comes out nearly a single point instead of a spread the chance variation leaves."""
 
@@ -317,18 +325,13 @@ class Mixing:
         self.start = self._em(np.ones(len(loglik)), np.full(len(grid), 1 / len(grid)), MIXING_ITERATIONS * 10)
 
     @staticmethod
-    def _grid(pa: np.ndarray, pn: np.ndarray) -> np.ndarray:
-        """MIXING_GRID points over the clusters' own rates, widened by their chance variation."""
+    def grid_for(pa: np.ndarray, pn: np.ndarray) -> np.ndarray:
+        """MIXING_GRID points over the clusters' own rates (pa accepted of pn checked positions), widened by their
+        chance variation."""
         rate = pa / np.maximum(pn, 1)
         slack = 4 * np.sqrt(0.25 / np.maximum(pn, 1))
         return np.linspace(max(1e-3, float((rate - slack).min())), min(1 - 1e-3, float((rate + slack).max())),
                            MIXING_GRID)
-
-    @classmethod
-    def windows(cls, pa: np.ndarray, pn: np.ndarray) -> Mixing:
-        """Engine windows: a window's pa accepted of pn checked positions, binomial given r (WindowProcess)."""
-        grid = cls._grid(pa, pn)
-        return cls(grid, pa[:, None] * np.log(grid) + (pn - pa)[:, None] * np.log1p(-grid))
 
     @classmethod
     def of_steps(cls, accepted: np.ndarray, checked: np.ndarray, inverse: np.ndarray) -> Mixing:
@@ -345,7 +348,7 @@ class Mixing:
         calibration does not model")."""
         passed, reached = _position_counts(accepted, checked, inverse, max(int(checked.max()), 1))
         profile = Profile.of_counts(passed.sum(axis=0), reached.sum(axis=0))
-        grid = cls._grid(passed.sum(axis=1), reached.sum(axis=1))
+        grid = cls.grid_for(passed.sum(axis=1), reached.sum(axis=1))
         q = profile.accept(profile.theta(grid))  # (positions, grid)
         return cls(grid, passed @ np.log(q) + (reached - passed) @ np.log1p(-q))
 
@@ -416,18 +419,98 @@ class Rates:
         return 1 / (1 + np.exp(-(self.center + self.scale * (logit - self.center + self.b * z) + self.shift)))
 
 
-class WindowProcess:
-    """The in-control process of one group of engine windows: a drawn window keeps its checked count n and gets
-    accepted ~ Binomial(n, r), r drawn from the group's distribution of window acceptance (Mixing)."""
+class BlockProcess:
+    """The in-control process of engine windows, drawn as whole blocks of consecutive windows (a block: one engine's
+    windows over WINDOW_BLOCK_SECONDS, clusters) by hour of day: a smoothed block bootstrap that walks the clock.
 
-    def __init__(self, a: np.ndarray, n: np.ndarray, pool: np.ndarray, rates: Rates):
-        self.pool, self.n, self.rates = pool, n, rates
+    Requests outlast a window, so neighbouring windows share them and are not independent; a block far longer than a
+    request keeps that dependence inside it. Traffic whose mix follows the clock moves acceptance with the hour, so
+    where the reference covers every hour of the day a simulated stream walks the clock from a random hour, each hour
+    of day getting the reference's blocks per clock hour there, drawn from the group's blocks of that hour of day
+    (elsewhere one stratum). A group (group) is each stratum's blocks drawn with replacement: the bootstrap's picture
+    of the reference's sampling error, over which calibrate_threshold averages the false-alarm rate. Each drawn block
+    is moved as a whole on the log-odds scale by a kernel (kernel: Silverman's bandwidth from the blocks' spread about
+    their hour's mean, shrunk to keep that spread), its windows with it: replayed as they were, the blocks would
+    leave out a rare poor block the reference happened to miss, and a short reference whose every window lies above
+    the level the CUSUM watches for would give a threshold that alarms at the first window below it. In a reference
+    of fewer than MIN_BLOCKS blocks (its first hour or two) each window is a block of its own, independent of its
+    neighbours: too few blocks to smooth, and windows alike in a few blocks would show next to no variation. That
+    understates how alike neighbouring windows are, which is one reason no rate is stated on fewer than a day's blocks
+    (detector.WINDOW_REFERENCE_BLOCKS)."""
 
-    def draw(self, rng: np.random.Generator, n_streams: int, n_points: int) -> tuple[np.ndarray, np.ndarray]:
-        """(accepted, checked) of n_streams streams of n_points windows, one a row."""
-        checked = self.n[rng.choice(self.pool, (n_streams, n_points))]
-        accepted = rng.binomial(checked.astype(np.int64), self.rates.draw(rng, checked.shape))
-        return accepted.astype(np.int32), checked.astype(np.int32)
+    def __init__(self, a: np.ndarray, n: np.ndarray, blocks: np.ndarray, hours: np.ndarray):
+        if int(blocks.max()) + 1 < MIN_BLOCKS:  # a short reference: each window a block of its own
+            blocks = np.arange(len(a))
+        order = np.argsort(blocks, kind="stable")  # each block's windows together, in time order
+        self.a, self.n = a[order], n[order]  # counts, fractional where an engine's drafts were inferred
+        self.size = np.bincount(blocks)
+        self.first = np.cumsum(self.size) - self.size
+        hour = hours[order][self.first]  # a block's hour since the epoch: its first window's
+        whole_day = len(np.unique(hour % 24)) == 24
+        strata = 24 if whole_day else 1
+        stratum = hour % strata
+        spans = np.bincount(np.unique(hour) % strata, minlength=strata)  # clock hours of each hour of day
+        self.per_hour = np.maximum(np.rint(np.bincount(stratum, minlength=strata) / spans), 1).astype(np.int64)
+        self.members = [np.flatnonzero(stratum == s) for s in range(strata)]
+        block_a, block_n = np.add.reduceat(self.a, self.first), np.add.reduceat(self.n, self.first)
+        self.level = np.log((block_a + 0.5) / (block_n - block_a + 0.5))  # a block's acceptance, log-odds
+        self.rate = self.a / np.maximum(self.n, 1)
+
+    def kernel(self, pools: list[np.ndarray]) -> tuple[np.ndarray, float, float]:
+        """The smoothing of a group's blocks: each stratum's mean block level (log-odds), Silverman's bandwidth b
+        from the blocks' spread about their stratum's mean, and the shrink 1 / sqrt(1 + b^2 / s^2) that keeps that
+        spread (as Rates does for requests)."""
+        centers = np.array([self.level[p].mean() for p in pools])
+        resid = np.concatenate([self.level[p] - c for p, c in zip(pools, centers, strict=True)])
+        var = float(resid.var())
+        if var <= 0 or len(resid) < 2:
+            return centers, 0.0, 1.0
+        q75, q25 = np.percentile(resid, [75, 25])
+        spread = min(math.sqrt(var), (q75 - q25) / 1.34) if q75 > q25 else math.sqrt(var)
+        b = 0.9 * spread * len(resid) ** -0.2
+        return centers, b, 1 / math.sqrt(1 + b * b / var)
+
+    def group(self, rng: np.random.Generator) -> list[np.ndarray]:
+        """One plausible process: each stratum's blocks drawn with replacement."""
+        return [m[rng.integers(0, len(m), len(m))] for m in self.members]
+
+    def draw(self, rng: np.random.Generator, pools: list[np.ndarray], n_streams: int,
+             n_points: int) -> tuple[np.ndarray, np.ndarray]:
+        """(accepted, checked) of n_streams streams of n_points windows, one a row, from a group's pools."""
+        strata = len(pools)
+        per_day = sum(self.per_hour[s] * self.size[pools[s]].mean() for s in range(strata))
+        hours = int(1.25 * strata * n_points / per_day) + strata
+        accepted = np.empty((n_streams, n_points), dtype=np.float32)
+        checked = np.empty((n_streams, n_points), dtype=np.float32)
+        centers, width, scale = self.kernel(pools)
+        for i in range(n_streams):
+            start = int(rng.integers(strata))
+            while True:  # the clock's hours from a random one, each with its blocks; more hours where they fall short
+                clock = (start + np.arange(hours)) % strata
+                slot = np.repeat(clock, self.per_hour[clock])
+                b = np.empty(len(slot), dtype=np.int64)
+                for s in range(strata):
+                    mine = slot == s
+                    b[mine] = pools[s][rng.integers(0, len(pools[s]), int(mine.sum()))]
+                ends = np.cumsum(self.size[b])
+                if ends[-1] >= n_points:
+                    break
+                hours *= 2
+            used = int(np.searchsorted(ends, n_points)) + 1
+            b, ends, slot = b[:used], ends[:used], slot[:used]
+            at = (np.repeat(self.first[b] - (ends - self.size[b]), self.size[b]) + np.arange(ends[-1]))[:n_points]
+            if width > 0:
+                # each drawn block moved on the log-odds scale, its windows with it (exactly: r -> r e^s / (1 - r
+                # + r e^s) keeps 0 and 1), the kernel filling in the blocks the reference did not happen to hold
+                shift = (scale - 1) * (self.level[b] - centers[slot]) + scale * width * rng.standard_normal(used)
+                e = np.exp(np.repeat(shift, self.size[b])[:n_points])
+                r = self.rate[at]
+                accepted[i] = self.n[at] * (r * e / (1 - r + r * e))
+            else:
+                accepted[i] = self.a[at]
+            checked[i] = self.n[at]
+        return accepted, checked
+
 
 TILT_GRID = np.linspace(-8.0, 8.0, 161)  # shifts of the per-position log-odds of acceptance, for interpolation
 
@@ -598,11 +681,12 @@ _CALIBRATIONS: OrderedDict[bytes, Threshold] = OrderedDict()  # the watcher re-a
 
 
 def calibrate_cached(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p0: float, p1: float,
-                      arl0_steps: int) -> Threshold:
-    key = hashlib.sha256(b"".join(np.ascontiguousarray(v).tobytes() for v in (accepted, checked, clusters))
+                      arl0_steps: int, hours: np.ndarray | None = None) -> Threshold:
+    key = hashlib.sha256(b"".join(np.ascontiguousarray(v).tobytes()
+                                  for v in (accepted, checked, clusters, () if hours is None else hours))
                          + repr((p0, p1, arl0_steps)).encode()).digest()
     if key not in _CALIBRATIONS:
-        _CALIBRATIONS[key] = calibrate_threshold(accepted, checked, clusters, p0, p1, arl0_steps)
+        _CALIBRATIONS[key] = calibrate_threshold(accepted, checked, clusters, p0, p1, arl0_steps, hours=hours)
         if len(_CALIBRATIONS) > 64:
             _CALIBRATIONS.popitem(last=False)
     return _CALIBRATIONS[key]
@@ -614,11 +698,12 @@ def design_for(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, 
                unit: str = "steps", threshold: Callable[..., Threshold | float] | None = None,
                ts_us: np.ndarray | None = None) -> Design | None:
     """Calibrate a detector on the first reference_steps points of a stream (clusters: the cluster of each of
-    those points, or of every point). None if the reference has no checks. threshold(accepted, checked, clusters,
-    p0, p1, arl0_steps) gives the Threshold for the reference (default: calibrate_threshold, remembered in this
-    process; a caller that keeps thresholds elsewhere passes its own; one that gives h alone leaves the points per
-    alarm episode unknown). ts_us (each point's time, microseconds) gives the hours the reference covers, on which
-    stating a false-alarm rate depends (Design.states_a_rate).
+    those points, or of every point: a request, or for engine windows a block). None if the reference has no checks.
+    threshold(accepted, checked, clusters, p0, p1, arl0_steps, hours=...) gives the Threshold for the reference
+    (default: calibrate_threshold, remembered in this process; a caller that keeps thresholds elsewhere passes its
+    own; one that gives h alone leaves the points per alarm episode unknown); hours, each point's hour since the
+    epoch, is given for engine windows alone (BlockProcess). ts_us (each point's time, microseconds) gives the hours
+    the reference covers, on which stating a false-alarm rate depends (Design.states_a_rate); engine windows need it.
 
     p0 is the reference's per-token acceptance; p1 is break-even alpha* when it lies below p0 by more than 0.02,
     else p0 - delta.
@@ -631,7 +716,11 @@ def design_for(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, 
     p0 = float(np.clip(a.sum() / n.sum(), 0.01, 0.99))
     p1 = target_p1(p0, break_even, delta)
     ref_clusters = np.asarray(clusters)[ref]
-    found = (threshold or calibrate_cached)(a, n, ref_clusters, p0, p1, arl0_steps)
+    clock = None  # each window's hour since the epoch: engine windows are drawn by hour of day
+    if unit != "steps":
+        assert ts_us is not None, "engine windows are calibrated by hour of day"
+        clock = np.asarray(ts_us)[ref] // 3_600_000_000
+    found = (threshold or calibrate_cached)(a, n, ref_clusters, p0, p1, arl0_steps, hours=clock)
     h, episodes = (found.h, found.episode_points) if isinstance(found, Threshold) else (float(found), None)
     per_a, per_n = cluster_sums(a, n, ref_clusters)
     iv = stats.cluster_robust_interval(per_a, per_n)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specmon.core import stats
+from specmon.core.settings import WINDOW_BLOCK_SECONDS
 
 # The first points of a stream set p0 and are resampled for the threshold. The false-alarm rate depends steeply on
 # how well they picture the in-control process, so more is better, at the price of watching later; docs/drift.md
@@ -32,8 +33,23 @@ REFERENCE_STEPS = 2_000
 CHECKPOINT_GROWTH = 16
 
 # An engine window (a log interval or a scrape) already batches many drafts: 30 of them (five minutes of vLLM's
-# 10-second log lines) make the reference of a run of engine windows, so a rollout soon after a start is watched.
+# 10-second log lines) make the first reference of a run of engine windows, so a rollout soon after a start is watched.
 REFERENCE_WINDOWS = 30
+
+# Engine windows' reference grows further, to 8,192 x its first (245,760 windows: four weeks of 10-second log lines),
+# since a false-alarm rate is stated only once it holds a full day of blocks and WINDOW_REFERENCE_MULTIPLE x the
+# stated windows per false alarm.
+WINDOW_CHECKPOINT_GROWTH = 8_192
+
+# A window reference must hold at least this many blocks (calibration.BlockProcess) to state a false-alarm rate: a
+# day of 10-minute blocks of one engine. Fewer cannot show how low a block's acceptance goes while nothing changes.
+WINDOW_REFERENCE_BLOCKS = 144
+
+# ... and at least this many times the stated windows per false alarm. A window pools many drafts, so a false alarm
+# is a rare run of a few poor windows, and replayed blocks picture runs only as rare as their reference shows: on a
+# reference of 3 x the stated 20,000 the measured windows per false alarm were 0.6 x the stated figure (a threshold
+# too low), on one of 8-30 x the stated 2,000 0.77-1.16 x (docs/drift.md, "Engine windows").
+WINDOW_REFERENCE_MULTIPLE = 8
 
 # A step log's traffic mix swings with the clock (chat by day, batch jobs by night), and a reference that does not
 # hold a whole day pictures only its own hours: no false-alarm rate is stated on a shorter one (Design.states_a_rate).
@@ -83,18 +99,26 @@ class Design:
 
     @property
     def states_a_rate(self) -> bool:
-        """Whether the reference can support a stated false-alarm rate. A step log's can (docs/drift.md, "The
-        study"); engine windows' 30 cannot: a few minutes of windows do not show how low window acceptance goes
-        while nothing changes, and where requests span windows the measured rate was many times the one asked for."""
+        """Whether the reference can support a stated false-alarm rate (docs/drift.md, "The study", "Engine
+        windows")."""
         return self.no_rate_reason() is None
 
     def no_rate_reason(self) -> str | None:
-        """Why no false-alarm rate is stated (None where one is): engine windows' 30 cannot support one, nor a
-        reference shorter than a day, which cannot show the daily swing of the traffic mix (the measured rate under
-        such a swing was 0.59 x the stated one, and most alarms fell in the busiest hours), nor one whose requests'
-        steps come in runs (RUNS_Z)."""
-        if self.unit != "steps":
-            return (f"{self.reference:,} {self.unit} cannot show how low acceptance goes while nothing changes")
+        """Why no false-alarm rate is stated (None where one is): not on fewer engine windows than
+        WINDOW_REFERENCE_MULTIPLE x the stated figure, nor in fewer than WINDOW_REFERENCE_BLOCKS blocks (a few hours
+        of windows do not show how low a block's acceptance goes while nothing changes), nor on a reference shorter
+        than a day, which cannot show the daily swing of the traffic
+        mix (the measured rate under such a swing was 0.59 x the stated one, and most alarms fell in the busiest
+        hours), nor on one whose requests' steps come in runs (RUNS_Z)."""
+        if self.unit != "steps" and self.reference < WINDOW_REFERENCE_MULTIPLE * self.arl0_steps:
+            return (f"the reference's {self.reference:,} {self.unit} are fewer than {WINDOW_REFERENCE_MULTIPLE} x the "
+                    f"stated {self.arl0_steps:,}, too few to show how often a run of poor windows comes")
+        if self.unit != "steps" and self.clusters < WINDOW_REFERENCE_BLOCKS:
+            blocks = "block" if self.clusters == 1 else "blocks"
+            return (f"the reference's {self.reference:,} {self.unit} fill {self.clusters:,} {blocks} of "
+                    f"{WINDOW_BLOCK_SECONDS / 60:g} minutes, "
+                    f"fewer than the {WINDOW_REFERENCE_BLOCKS} (a day of one engine's) that show how low acceptance "
+                    "goes while nothing changes")
         if self.runs_z is not None and self.runs_z < -RUNS_Z:
             return (f"within requests, consecutive steps of the reference are more alike than their request's "
                     f"acceptance explains (runs of easy and hard steps; test z = {self.runs_z:.1f}), which the "
@@ -177,9 +201,11 @@ def cusum_increments(x: np.ndarray, h: float, w0: float = 0.0) -> tuple[np.ndarr
     return w, alarms
 
 
-def checkpoints(reference_steps: int) -> list[int]:
-    """The reference sizes at which the threshold is calibrated again: 2, 4, ... CHECKPOINT_GROWTH x the first."""
-    return [reference_steps * 2 ** j for j in range(1, CHECKPOINT_GROWTH.bit_length())]
+def checkpoints(first: int, unit: str = "steps") -> list[int]:
+    """The reference sizes at which the threshold is calibrated again: 2, 4, ... CHECKPOINT_GROWTH x the first
+    (WINDOW_CHECKPOINT_GROWTH x for engine windows)."""
+    growth = CHECKPOINT_GROWTH if unit == "steps" else WINDOW_CHECKPOINT_GROWTH
+    return [first * 2 ** j for j in range(1, growth.bit_length())]
 
 
 @dataclass(frozen=True)
@@ -197,7 +223,7 @@ class CusumState:
     @staticmethod
     def start(design: Design, self_starting: bool = True) -> CusumState:
         """The watch right after the reference: the first checkpoint ahead where the reference grows."""
-        ahead = checkpoints(design.reference) if self_starting else []
+        ahead = checkpoints(design.reference, design.unit) if self_starting else []
         return CusumState(design, checkpoint=ahead[0] if ahead else None, first=design.reference)
 
 
@@ -235,11 +261,11 @@ def run_cusum(accepted: np.ndarray, checked: np.ndarray, base: int, state: Cusum
             continue  # an alarm may have moved the checkpoint on
         if target is None or pos < target:
             break
-        grown = [c for c in checkpoints(state.first) if c <= base + pos]
+        grown = [c for c in checkpoints(state.first, design.unit) if c <= base + pos]
         design = redesign(grown[-1])
         taken.append((int(base + pos), design))
         carry = 0.0
-        later = [c for c in checkpoints(state.first) if c > base + pos]
+        later = [c for c in checkpoints(state.first, design.unit) if c > base + pos]
         ahead = later[0] if later else None
     return w, alarms, CusumState(design, carry, last, ahead, state.first), taken
 

@@ -450,8 +450,9 @@ def save_many(store: Store, states: dict[str, State], calibrations: dict[str, ca
 
 
 def calibration_key(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p0: float, p1: float,
-                    arl0_steps: int) -> str:
-    return hashlib.sha256(b"".join(np.ascontiguousarray(v).tobytes() for v in (accepted, checked, clusters))
+                    arl0_steps: int, hours: np.ndarray | None = None) -> str:
+    return hashlib.sha256(b"".join(np.ascontiguousarray(v).tobytes()
+                                   for v in (accepted, checked, clusters, () if hours is None else hours))
                           + repr((p0, p1, arl0_steps, calibration.CALIBRATION_VERSION)).encode()).hexdigest()
 
 
@@ -465,25 +466,25 @@ def stored_threshold(cur: duckdb.DuckDBPyConnection,
     """A threshold function for calibration.design_for: a stored calibration, else calibrate (and note it in `found`, to
     be saved)."""
     def threshold(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p0: float, p1: float,
-                  arl0_steps: int) -> calibration.Threshold:
-        key = calibration_key(accepted, checked, clusters, p0, p1, arl0_steps)
+                  arl0_steps: int, hours: np.ndarray | None = None) -> calibration.Threshold:
+        key = calibration_key(accepted, checked, clusters, p0, p1, arl0_steps, hours)
         row = cur.execute("SELECT h, episode_points FROM drift_calibrations WHERE calibration_key = ?",
                           [key]).fetchall()
         if row:
             return calibration.Threshold(float(row[0][0]), float(row[0][1]))
         # through drift's in-process memory: a process that opens several databases calibrates a reference once
-        found[key] = calibration.calibrate_cached(accepted, checked, clusters, p0, p1, arl0_steps)
+        found[key] = calibration.calibrate_cached(accepted, checked, clusters, p0, p1, arl0_steps, hours)
         return found[key]
     return threshold
 
 
 class Uncalibrated(Exception):
-    """A threshold neither stored nor calibrated yet (known_threshold): its key and calibration.calibrate's
-    arguments, for the caller to calibrate outside its reading block."""
+    """A threshold neither stored nor calibrated yet (known_threshold): its key and calibration.calibrate_threshold's
+    arguments by name, for the caller to calibrate outside its reading block."""
 
-    def __init__(self, key: str, args: tuple):
+    def __init__(self, key: str, kwargs: dict):
         super().__init__(key)
-        self.key, self.args = key, args
+        self.key, self.kwargs = key, kwargs
 
 
 def known_threshold(cur: duckdb.DuckDBPyConnection,
@@ -491,13 +492,15 @@ def known_threshold(cur: duckdb.DuckDBPyConnection,
     """A threshold function for calibration.design_for: one in `known` (thresholds the caller holds) or stored,
     else Uncalibrated (no simulation runs while the database is held)."""
     def threshold(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p0: float, p1: float,
-                  arl0_steps: int) -> calibration.Threshold:
-        key = calibration_key(accepted, checked, clusters, p0, p1, arl0_steps)
+                  arl0_steps: int, hours: np.ndarray | None = None) -> calibration.Threshold:
+        key = calibration_key(accepted, checked, clusters, p0, p1, arl0_steps, hours)
         if key in known:
             return known[key]
         row = cur.execute("SELECT h, episode_points FROM drift_calibrations WHERE calibration_key = ?",
                           [key]).fetchall()
         if row:
             return calibration.Threshold(float(row[0][0]), float(row[0][1]))
-        raise Uncalibrated(key, (np.array(accepted), np.array(checked), np.array(clusters), p0, p1, arl0_steps))
+        raise Uncalibrated(key, {"accepted": np.array(accepted), "checked": np.array(checked),
+                                 "clusters": np.array(clusters), "p0": p0, "p1": p1, "arl0_steps": arl0_steps,
+                                 "hours": None if hours is None else np.array(hours)})
     return threshold

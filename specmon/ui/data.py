@@ -25,7 +25,8 @@ from specmon.ui.widgets import md_text
 
 # What the Drift page's first visit of a run waits for: the detector's threshold is calibrated by simulation.
 DRIFT_SPINNER = (f"Calibrating the drift detector on the run's first {REFERENCE_STEPS:,} steps (or "
-                 f"{REFERENCE_WINDOWS} engine windows) and running it over the run ...")
+                 f"{REFERENCE_WINDOWS} engine windows), and again as its reference grows, and running it over the "
+                 "run ...")
 
 
 @st.cache_resource(show_spinner="Opening the database (and loading the demo data into an empty one) ...")

@@ -10,7 +10,6 @@ from datetime import datetime, timezone
 import numpy as np
 import pandas as pd
 import pytest
-
 from engine_streams import vllm_window_lines
 
 from specmon.analysis import summary

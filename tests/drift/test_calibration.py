@@ -13,6 +13,7 @@ from specmon.drift import calibration, detector
 sys.path.insert(0, str(BENCH))
 import streams  # noqa: E402  (the study's request models, which are not the detector's own)
 import traffic_models  # noqa: E402  (production-like traffic outside the calibration's model)
+from drift_likelihood import pooled_binomial  # noqa: E402  (the likelihood of_steps replaced)
 
 
 def _bursty_groups(seed: int, groups: int = 6, rows: int = 3, n: int = 20_000) -> list[np.ndarray]:
@@ -212,12 +213,12 @@ def test_runs_of_easy_and_hard_steps_within_requests_withhold_the_stated_rate():
     assert max(long) < -detector.RUNS_Z
     a, c, req = traffic_models.steps(rng, "state_switching", 8000)
     design = calibration.design_for(a, c, req, 4, 0.45, 2000, 8000,
-                                    threshold=lambda *_: calibration.Threshold(50.0, 4000.0))
+                                    threshold=lambda *_, **__: calibration.Threshold(50.0, 4000.0))
     assert design.runs_z is not None and design.runs_z < -detector.RUNS_Z
     assert not design.states_a_rate and "runs of easy and hard steps" in design.threshold_words()
     a, c, req = streams.steps(rng, 8000, 0.8, 4, 0.2, "lognormal")
     design = calibration.design_for(a, c, req, 4, 0.45, 2000, 8000,
-                                    threshold=lambda *_: calibration.Threshold(50.0, 4000.0))
+                                    threshold=lambda *_, **__: calibration.Threshold(50.0, 4000.0))
     assert design.states_a_rate, design.runs_z
 
 
@@ -294,5 +295,53 @@ def test_request_acceptance_keeps_its_spread_where_acceptance_falls_along_the_dr
     def spread(mixing: calibration.Mixing) -> float:
         return float(np.sqrt(mixing.start @ (mixing.grid - mixing.start @ mixing.grid) ** 2))
 
-    pooled = calibration.Mixing.windows(np.bincount(inverse, weights=a), np.bincount(inverse, weights=c))
+    pooled = pooled_binomial(a, c, inverse)
     assert spread(calibration.Mixing.of_steps(a, c, inverse)) > 0.92 * truth > 1.05 * spread(pooled)
+
+
+def _hour_coded_windows(days: int = 2, per_hour: int = 6, windows: int = 60) -> tuple[np.ndarray, ...]:
+    """Windows whose accepted count names their hour of day (every block of an hour alike), 10-minute blocks."""
+    n_blocks = days * 24 * per_hour
+    block = np.repeat(np.arange(n_blocks), windows)
+    hour = block // per_hour  # hours since the first
+    accepted = (100 + hour % 24).astype(float)
+    return accepted, np.full(len(block), 200.0), block, hour
+
+
+def test_engine_windows_are_drawn_as_whole_blocks_walking_the_clock():
+    # a block keeps its windows together (requests span neighbouring windows), and the simulated stream goes
+    # through the hours of the day in order, each with the reference's blocks per hour from that hour of day
+    a, c, block, hour = _hour_coded_windows()
+    process = calibration.BlockProcess(a, c, calibration.first_seen(block), hour)
+    rng = np.random.default_rng(0)
+    accepted, checked = process.draw(rng, process.group(rng), 3, 5_000)
+    assert (checked == 200).all()
+    for row in accepted:
+        hours = row.astype(int) - 100  # alike blocks within an hour: no kernel shift to move them
+        changes = np.flatnonzero(np.diff(hours)) + 1
+        runs = np.diff(np.concatenate([[0], changes, [len(row)]]))
+        assert (runs[1:-1] == 6 * 60).all()  # an hour: six blocks of sixty windows
+        assert ((hours[changes] - hours[changes - 1]) % 24 == 1).all()  # the next hour of the day
+
+
+def test_a_short_window_reference_draws_windows_and_a_day_of_blocks_states_a_rate():
+    # under MIN_BLOCKS blocks each window is a block of its own; the rate is stated once the reference holds a day
+    # of blocks, 24 hours and 8 x the stated windows per false alarm
+    rng = np.random.default_rng(1)
+    a, c, block, hour = _hour_coded_windows()
+    a = rng.binomial(200, 0.8, len(a)).astype(float)
+    short = calibration.BlockProcess(a[:300], c[:300], calibration.first_seen(block[:300]), hour[:300])
+    assert len(short.size) == 300 and (short.size == 1).all()
+    ts_us = (np.arange(len(a)) * 10_000_000).astype(np.int64)
+    kept = lambda *_, **__: calibration.Threshold(30.0, 4_000.0)  # noqa: E731
+    def words(size: int, arl0: int) -> str:
+        design = calibration.design_for(a, c, block, 4, 0.55, arl0, size, unit="windows", threshold=kept,
+                                        ts_us=ts_us)
+        assert design is not None
+        return design.threshold_words()
+
+    # two days of windows: 17,280, at least 8 x a stated 2,000 but not 8 x 20,000
+    assert "one false alarm per 2,000 windows" in words(len(a), 2_000)
+    assert "the reference's 17,280 windows are fewer than 8 x the stated 20,000" in words(len(a), 20_000)
+    assert "the reference's 300 windows are fewer than 8 x the stated 100" in words(300, 100)
+    assert "the reference's 300 windows fill 5 blocks of 10 minutes, fewer than the 144" in words(300, 2)

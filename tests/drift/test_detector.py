@@ -76,7 +76,7 @@ def test_the_design_states_its_rate_per_alarm_episode_from_its_own_calibration()
     assert f"one false alarm per {ARL0:,} steps" in words
     assert f"one alarm episode, alarms within {detector.EPISODE_GAP:,} steps of each other, per " \
            f"{round(design.episode_points, -2):,.0f} steps" in words
-    kept_h_only = calibration.design_for(a, c, req, K, BREAK_EVEN, ARL0, FIRST, threshold=lambda *_: design.h)
+    kept_h_only = calibration.design_for(a, c, req, K, BREAK_EVEN, ARL0, FIRST, threshold=lambda *_, **__: design.h)
     assert kept_h_only is not None and "per alarm episode: unknown" in kept_h_only.threshold_words()
 
 

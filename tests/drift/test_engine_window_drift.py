@@ -22,13 +22,16 @@ def engine_store(store, tmp_path):
 def test_engine_windows_get_a_calibrated_detector_and_a_dated_alarm(engine_store):
     result = alarms.analyse_run(engine_store, "vllm-prod", c=0.3)
     assert result.unit == "windows" and result.design is not None and result.design.unit == "windows"
-    assert 0.75 < result.design.p0 < 0.85 and result.design.clusters == detector.REFERENCE_WINDOWS
+    # the reference grew at the checkpoints before the drop (100 minutes of 5-second lines: 4 blocks by 40 minutes)
+    assert 0.75 < result.design.p0 < 0.85 and result.design.reference == 16 * detector.REFERENCE_WINDOWS
+    assert result.design.clusters == 4 and not result.design.states_a_rate
     assert len(result.alarms) == 1, [a.describe() for a in result.alarms]
     alarm = result.alarms[0]
     drop = START + timedelta(seconds=5 * DROP_AT)
     assert drop <= alarm.alarm_ts <= drop + timedelta(minutes=2)
     assert alarm.change_lo_ts <= drop + timedelta(seconds=5) and alarm.change_hi_ts >= drop - timedelta(seconds=5)
-    assert "no false-alarm rate is stated: 30 windows" in alarm.describe() and alarm.open
+    assert ("no false-alarm rate is stated: the reference's 480 windows are fewer than 8 x the stated 20,000"
+            in alarm.describe()) and alarm.open
 
 
 def test_annotation_splits_an_engine_run_and_is_named_near_the_change(engine_store):
@@ -111,3 +114,22 @@ def test_prometheus_counter_samples_are_watched_as_windows(store):
     after = [a for a in result.alarms if a.last_alarm_ts >= drop]
     assert len(after) == 1 and len(result.alarms) == 1
     assert drop <= after[0].alarm_ts <= drop + timedelta(minutes=5) and after[0].open
+
+
+@pytest.mark.slow  # many draws: run by CI with the slow checks
+def test_a_day_of_engine_windows_over_overlapping_requests_keeps_the_stated_rate():
+    # 10-second windows over requests lasting tens of seconds to minutes, so neighbouring windows share requests
+    # (not the calibration's own model); once a checkpoint's reference holds a day of blocks the rate is stated, and
+    # the windows per false alarm after it are near the stated figure. Windows drawn as independent clusters, as
+    # before blocks, alarmed many times too often here; bench/drift_windows.py measures it over more streams.
+    import sys
+
+    from paths import BENCH
+    sys.path.insert(0, str(BENCH))
+    import drift_windows
+
+    rng = np.random.default_rng(11)
+    runs = [drift_windows.stream_figures(rng, "constant", 2_000) for _ in range(6)]
+    assert all(r["stated_at"] is not None and r["last_reference_hours"] >= 24 for r in runs)
+    ratio = sum(r["watched"] for r in runs) / max(sum(r["alarms"] for r in runs), 1) / 2_000
+    assert 0.5 < ratio < 2.0, [(r["watched"], r["alarms"]) for r in runs]

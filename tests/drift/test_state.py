@@ -199,8 +199,10 @@ def test_engine_windows_beside_a_step_log(store, tmp_path, lines):
     compare(store, "steps")
     windows = alarms.analyse_run(store, "vllm", c=0.3)
     assert windows.unit == "windows" and len(windows.alarms) == 1 and kept_points(store, "vllm") == []
-    # engine windows are analysed whole (few), but their threshold is kept beside the step log's
-    assert store.query("SELECT count(*) FROM drift_calibrations")[0][0] == 2
+    # engine windows are analysed whole (few), but their thresholds (the first 30 windows' and the checkpoints' at
+    # 60 ... 480 windows, before the drop) are kept beside the step log's first reference's
+    assert windows.design.reference == 480
+    assert store.query("SELECT count(*) FROM drift_calibrations")[0][0] == 1 + 5
 
 
 FRESH_PROCESS = """

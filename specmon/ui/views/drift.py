@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from specmon.core.settings import BUCKETS
-from specmon.drift import detector
+from specmon.drift import calibration, detector
 from specmon.ui import data
 from specmon.ui.widgets import EMPTY, STATUS_BADGE, STATUS_COLOURS, demo_banner, guarded, md_text, table
 from specmon.verdicts import findings
@@ -93,19 +93,23 @@ def render() -> None:
                 "still applies.")
     else:
         d = result.design
+        first = detector.REFERENCE_STEPS if d.unit == "steps" else detector.REFERENCE_WINDOWS
+        sizes = detector.checkpoints(first, d.unit)
         grown = (f" The reference grows with the run: p0, p1 and h are calibrated again on the first "
-                 f"{', '.join(f'{c:,}' for c in detector.checkpoints(detector.REFERENCE_STEPS))} steps as the run "
-                 "reaches "
-                 f"them (each once no alarm has come for {detector.EPISODE_GAP:,} steps; the CUSUM restarts there, and "
-                 "the stretches before the last one were watched against their own h)."
-                 if d.unit == "steps" else "")
+                 f"{sizes[0]:,}, {sizes[1]:,}, ... {sizes[-1]:,} {d.unit} as the run reaches them (each once no alarm "
+                 f"has come for {detector.EPISODE_GAP:,} {d.unit}; the CUSUM restarts there, and the stretches before "
+                 "the last one were watched against their own h).")
+        resampled = (f"{d.clusters:,} requests" if d.unit == "steps" else
+                     f"{d.clusters:,} 10-minute blocks of windows by hour of day, each moved as a whole by a kernel"
+                     if d.clusters >= calibration.MIN_BLOCKS else
+                     f"{d.reference:,} windows one by one (they fill fewer than {calibration.MIN_BLOCKS} blocks)")
         promise = (f"calibrated to {d.rate_words()}" if d.states_a_rate else
                    f"calibrated, but with no false-alarm rate stated: {d.no_rate_reason()}, so read an alarm as a "
                    "lead to check, not a measured risk,")
         st.caption(f"One-sided Bernoulli CUSUM over {d.unit} from the reference acceptance p0 = {d.p0:.3f} (the "
                    f"run's first {d.reference:,} {d.unit}) towards p1 = {d.p1:.3f}; threshold h = {d.h:.2f} (the "
                    f"dashed line below), {promise} by resampling the "
-                   f"reference's {d.clusters:,} {'requests' if d.unit == 'steps' else 'windows'} (design effect "
+                   f"reference's {resampled} (design effect "
                    f"{d.design_effect:.2f}).{grown} A drop "
                    "is dated by maximum likelihood; the shaded band is its likely range, blue dotted lines are "
                    "annotated rollouts (`specmon annotate`), black dashed lines templates first seen in the data.")

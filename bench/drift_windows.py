@@ -1,0 +1,183 @@
+"""Windows per false alarm of the drift detector on engine windows over overlapping requests (bench/traffic_daily.py:
+10-second windows, requests lasting a lognormal time of median 40 s, so a request spans several windows), against the
+stated figure, counted only while the design in force states one; at a constant mix of request types and under a
+daily mix (the chat share following the clock). Each stream is a fresh run: the detector calibrated on its first
+REFERENCE_WINDOWS windows, its reference growing at the checkpoints as in use (BlockProcess calibrates every design),
+the run long enough for a checkpoint's reference to hold a day and then 10 x the stated figure of windows. Prints
+JSON; the 95% interval resamples the streams.
+
+    cd bench && nice python drift_windows.py --streams 20 --arl0 2000 --out A.json
+    nice python drift_windows.py --references 7680 15360 30720 --streams 8 --arl0 2000 --out B.json
+    python drift_windows.py --merge A.json B.json --out drift_windows.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+
+import numpy as np
+import production_study as ps
+import traffic_daily as td
+from _common import machine
+
+from specmon.core.settings import WINDOW_BLOCK_SECONDS
+from specmon.drift import calibration, detector
+
+K = 4
+BREAK_EVEN = 0.55  # p1: the issue's example deployment, break-even well below the hours' acceptance
+ARRIVALS_PER_S = 0.2
+MIXES = {"constant": ps._flat, "daily": td.chat_share}
+
+
+def stated_from(windows_per_hour: float, arl0: int) -> int:
+    """The first checkpoint whose reference holds a day of windows and WINDOW_REFERENCE_MULTIPLE x the stated figure
+    (and so states a rate)."""
+    least = max(24 * windows_per_hour + 1, detector.WINDOW_REFERENCE_MULTIPLE * arl0)
+    return next(c for c in detector.checkpoints(detector.REFERENCE_WINDOWS, "windows") if c >= least)
+
+
+def stream_figures(rng: np.random.Generator, mix: str, arl0: int) -> dict:
+    """One run: windows watched and alarms counted while a rate is stated, and the designs' figures."""
+    per_hour = 3600 / td.WINDOW_S
+    span_h = (stated_from(per_hour, arl0) + 10 * arl0) / per_hour + 1
+    w = td.engine_windows(rng, ARRIVALS_PER_S, span_h, K, share=MIXES[mix])
+    a, c, ts = w.accepted.astype(float), w.checked.astype(float), w.end_us.astype(np.int64)
+    blocks = (ts // int(WINDOW_BLOCK_SECONDS * td.US)).astype(np.int64)
+    first = detector.REFERENCE_WINDOWS
+    design = calibration.design_for(a, c, blocks, K, BREAK_EVEN, arl0, first, unit="windows", ts_us=ts)
+    grow = calibration.redesigner(lambda _: (a, c, blocks, ts), K, BREAK_EVEN, arl0, "windows")
+    _, raw, _, taken = detector.run_cusum(a[first:], c[first:], first, detector.CusumState.start(design), grow)
+    spans = [(first, design), *taken]
+    stated_at = next((t for t, d in spans if d.states_a_rate), None)
+    watched = len(a) - stated_at if stated_at is not None else 0
+    alarms = [t for t in raw if stated_at is not None and t >= stated_at]
+    hours = (ts[alarms] // td.HOUR_US % 24).tolist()
+    return {"watched": watched, "alarms": len(alarms),
+            "episodes": sum(1 for i, t in enumerate(alarms) if i == 0 or t - alarms[i - 1] > detector.EPISODE_GAP),
+            "alarm_hours": hours, "h": [d.h for _, d in spans], "stated_at": stated_at,
+            "last_reference_hours": spans[-1][1].reference_hours}
+
+
+def fixed_reference(reference: int, streams: int, arl0: int, seed: int, watched: int,
+                    in_sample: bool = False) -> dict:
+    """Windows per false alarm of one threshold, calibrated on the first `reference` windows and kept (no
+    checkpoints), over the `watched` windows after them (in_sample: over the reference itself), at a constant mix:
+    how long a reference must be before the threshold it gives keeps the stated figure."""
+    rng = np.random.default_rng(seed)
+    alarms, hs = 0, []
+    per_hour = 3600 / td.WINDOW_S
+    for _ in range(streams):
+        span = reference if in_sample else reference + watched
+        w = td.engine_windows(rng, ARRIVALS_PER_S, span / per_hour + 1, K, share=MIXES["constant"])
+        a, c, ts = w.accepted.astype(float), w.checked.astype(float), w.end_us.astype(np.int64)
+        blocks = (ts // int(WINDOW_BLOCK_SECONDS * td.US)).astype(np.int64)
+        design = calibration.design_for(a, c, blocks, K, BREAK_EVEN, arl0, reference, unit="windows", ts_us=ts)
+        watch = slice(0, reference) if in_sample else slice(reference, reference + watched)
+        alarms += len(detector.cusum(a[watch], c[watch], design)[1])
+        hs.append(design.h)
+    seen = streams * (reference if in_sample else watched)
+    return {"reference": reference, "stated": arl0, "streams": streams, "in_sample": in_sample,
+            "watched_windows": seen, "alarms": alarms, "ratio_to_stated": seen / max(alarms, 1) / arl0,
+            "h_min": float(min(hs)), "h_max": float(max(hs))}
+
+
+def mix_figures(mix: str, streams: int, arl0: int, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    runs = [stream_figures(rng, mix, arl0) for _ in range(streams)]
+    n = np.array([r["alarms"] for r in runs])
+    watched = np.array([r["watched"] for r in runs])
+    total = int(watched.sum())
+    if n.sum():
+        pick = rng.integers(0, streams, (2000, streams))
+        boot_n, boot_w = n[pick].sum(axis=1), watched[pick].sum(axis=1)
+        ratios = np.where(boot_n > 0, boot_w / np.maximum(boot_n, 1) / arl0, np.inf)
+        lo, hi = np.quantile(ratios, [0.025, 0.975])
+        ratio, ci = total / n.sum() / arl0, [float(lo), float(hi)]
+    else:
+        ratio, ci = None, [total / 3 / arl0, math.inf]
+    hours = [h for r in runs for h in r["alarm_hours"]]
+    episodes = sum(r["episodes"] for r in runs)
+    return {"mix": mix, "stated": arl0, "streams": streams, "watched_windows": total, "alarms": int(n.sum()),
+            "ratio_to_stated": ratio, "ci95": ci, "windows_per_episode": total / episodes if episodes else None,
+            "alarms_in_chat_heavy_third": (sum(1 for h in hours if 11 <= h < 19) / len(hours)) if hours else None,
+            "median_h": float(np.median([r["h"][-1] for r in runs]))}
+
+
+def table(result: dict) -> str:
+    """The docs' tables: the runs' cells, then the fixed references (a JSON may hold either or both)."""
+    out = [_cells_table(result["cells"])] if "cells" in result else []
+    if "references" in result:
+        out.append(_references_table(result["references"]))
+    return "\n\n".join(out)
+
+
+def _references_table(references: list[dict]) -> str:
+    rows = ["| reference (windows) | over the stated figure | watched | streams | alarms | windows per false alarm "
+            "over the stated figure | h, least-most |", "|---|---|---|---|---|---|---|"]
+    rows += [f"| {c['reference']:,} | {c['reference'] / c['stated']:.1f} x | "
+             f"{'the reference itself' if c['in_sample'] else 'the windows after it'} | {c['streams']} | "
+             f"{c['alarms']} | {c['ratio_to_stated']:.2f} x | {c['h_min']:.1f}-{c['h_max']:.1f} |"
+             for c in references]
+    return "\n".join(rows)
+
+
+def _cells_table(cells: list[dict]) -> str:
+    rows = ["| mix | stated | streams | windows watched | alarms | windows per false alarm over the stated figure "
+            "[95% CI] | per episode | alarms in the chat-heavy third (11-19 UTC) |",
+            "|---|---|---|---|---|---|---|---|"]
+    for c in cells:
+        lo, hi = c["ci95"]
+        ratio = (f"{c['ratio_to_stated']:.2f} x [{lo:.2f}, {hi:.2f}]" if c["ratio_to_stated"]
+                 else f"no alarm (at least {lo:.2f} x)")
+        episode = f"{c['windows_per_episode'] / c['stated']:.2f} x" if c["windows_per_episode"] else "-"
+        third = f"{c['alarms_in_chat_heavy_third']:.2f}" if c["alarms_in_chat_heavy_third"] is not None else "-"
+        rows.append(f"| {c['mix']} | {c['stated']:,} | {c['streams']} | {c['watched_windows']:,} | {c['alarms']} | "
+                    f"{ratio} | {episode} | {third} |")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--streams", type=int, default=20)
+    ap.add_argument("--arl0", type=int, nargs="+", default=[2000])
+    ap.add_argument("--mixes", nargs="+", default=list(MIXES), choices=list(MIXES))
+    ap.add_argument("--seed", type=int, default=5)
+    ap.add_argument("--out")
+    ap.add_argument("--references", type=int, nargs="+", metavar="WINDOWS",
+                    help="instead: one threshold per stream, calibrated on this many first windows and kept, at the "
+                    "first --arl0 (fixed_reference)")
+    ap.add_argument("--watched", type=int, default=100_000, help="with --references: windows watched per stream")
+    ap.add_argument("--in-sample", action="store_true", help="with --references: watch the reference itself")
+    ap.add_argument("--table", metavar="JSON", help="print the table of a result")
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="join results (their cells and references) into --out")
+    args = ap.parse_args()
+    if args.table:
+        print(table(json.load(open(args.table))))
+        return
+    if args.merge:
+        parts = [json.load(open(p)) for p in args.merge]
+        merged = {"machine": parts[0]["machine"], "cells": [c for p in parts for c in p.get("cells", [])],
+                  "references": [c for p in parts for c in p.get("references", [])],
+                  "wall_s": round(sum(p["wall_s"] for p in parts), 1)}
+        open(args.out, "w").write(json.dumps(merged, indent=1) + "\n")
+        print(table(merged))
+        return
+    t0 = time.perf_counter()
+    result: dict = {"machine": machine(), "seed": args.seed}
+    if args.references:
+        result["references"] = [fixed_reference(r, args.streams, args.arl0[0], args.seed + i, args.watched,
+                                                args.in_sample) for i, r in enumerate(args.references)]
+    else:
+        result["cells"] = [mix_figures(mix, args.streams, arl0, args.seed + 10 * i + j)
+                           for i, arl0 in enumerate(args.arl0) for j, mix in enumerate(args.mixes)]
+    result["wall_s"] = round(time.perf_counter() - t0, 1)
+    text = json.dumps(result, indent=1)
+    if args.out:
+        open(args.out, "w").write(text + "\n")
+    print(table(result))
+
+
+if __name__ == "__main__":
+    main()
