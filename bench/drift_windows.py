@@ -3,8 +3,9 @@
 stated figure, counted only while the design in force states one; at a constant mix of request types and under a
 daily mix (the chat share following the clock). Each stream is a fresh run: the detector calibrated on its first
 REFERENCE_WINDOWS windows, its reference growing at the checkpoints as in use (BlockProcess calibrates every design),
-the run long enough for a checkpoint's reference to hold a day and then 10 x the stated figure of windows. Prints
-JSON; the 95% interval resamples the streams.
+the run long enough for a checkpoint's reference to state a rate (a day of blocks and WINDOW_REFERENCE_MULTIPLE x the
+stated figure) and then to watch 10 x the stated figure of windows. Prints tables (--out keeps the JSON); the 95%
+interval resamples the streams. --references measures one threshold kept, by the length of its reference.
 
     cd bench && nice python drift_windows.py --streams 20 --arl0 2000 --out A.json
     nice python drift_windows.py --references 7680 15360 30720 --streams 8 --arl0 2000 --out B.json
@@ -26,7 +27,7 @@ from specmon.core.settings import WINDOW_BLOCK_SECONDS
 from specmon.drift import calibration, detector
 
 K = 4
-BREAK_EVEN = 0.55  # p1: the issue's example deployment, break-even well below the hours' acceptance
+BREAK_EVEN = 0.55  # p1: a deployment whose break-even lies well below every hour's acceptance
 ARRIVALS_PER_S = 0.2
 MIXES = {"constant": ps._flat, "daily": td.chat_share}
 

@@ -168,7 +168,13 @@ def run(rng: np.random.Generator, reps: int, traffic: list[str]) -> dict:
                  "intervals_engine_windows": interval_windows(rng, max(reps // 2, 20))}
     out["template_changes"] = [template_changes(rng, reps, kind, drop) for kind in ("steps", "windows")
                                for drop in (0.0, 0.03)]
-    for name in traffic:  # other modules' step-log models, by name, last: the parts above keep their figures
+    return out | named_models(rng, reps, traffic)  # last: the parts above keep their figures
+
+
+def named_models(rng: np.random.Generator, reps: int, traffic: list[str]) -> dict:
+    """The interval cells of other modules' step-log models, by name (module:function)."""
+    out = {}
+    for name in traffic:
         module, function = name.split(":")
         out[f"intervals_{name}"] = interval_steps(rng, reps, getattr(importlib.import_module(module), function))
     return out
@@ -177,11 +183,7 @@ def run(rng: np.random.Generator, reps: int, traffic: list[str]) -> dict:
 def status_part(rng: np.random.Generator, reps: int, traffic: list[str]) -> dict:
     """The step-log interval cells alone (the daily mix and the named models), at more replicates: the headline
     status's error at break-even is a rate near 0.03, which 200 replicates cannot tell from 0.04."""
-    out: dict = {"intervals_daily_steps": interval_steps(rng, reps)}
-    for name in traffic:
-        module, function = name.split(":")
-        out[f"intervals_{name}"] = interval_steps(rng, reps, getattr(importlib.import_module(module), function))
-    return out
+    return {"intervals_daily_steps": interval_steps(rng, reps)} | named_models(rng, reps, traffic)
 
 
 def tables(r: dict) -> str:

@@ -46,9 +46,9 @@ WINDOW_CHECKPOINT_GROWTH = 8_192
 WINDOW_REFERENCE_BLOCKS = 144
 
 # ... and at least this many times the stated windows per false alarm. A window pools many drafts, so a false alarm
-# is a rare run of a few poor windows, and replayed blocks picture runs only as rare as their reference shows: on a
-# reference of 3 x the stated 20,000 the measured windows per false alarm were 0.6 x the stated figure (a threshold
-# too low), on one of 8-30 x the stated 2,000 0.77-1.16 x (docs/drift.md, "Engine windows").
+# is a rare run of a few poor windows, and replayed blocks picture runs only as rare as their reference shows: one
+# threshold kept, calibrated on 3 x the stated 20,000, gave 0.55 x the stated windows per false alarm (too low), on
+# 7.7-15 x the stated 2,000 0.97-1.00 x (docs/drift.md, "Engine windows").
 WINDOW_REFERENCE_MULTIPLE = 8
 
 # A step log's traffic mix swings with the clock (chat by day, batch jobs by night), and a reference that does not
@@ -107,9 +107,9 @@ class Design:
         """Why no false-alarm rate is stated (None where one is): not on fewer engine windows than
         WINDOW_REFERENCE_MULTIPLE x the stated figure, nor in fewer than WINDOW_REFERENCE_BLOCKS blocks (a few hours
         of windows do not show how low a block's acceptance goes while nothing changes), nor on a reference shorter
-        than a day, which cannot show the daily swing of the traffic
-        mix (the measured rate under such a swing was 0.59 x the stated one, and most alarms fell in the busiest
-        hours), nor on one whose requests' steps come in runs (RUNS_Z)."""
+        than a day, which cannot show the daily swing of the traffic mix (the measured rate under such a swing was
+        0.59 x the stated one, and most alarms fell in the busiest hours), nor on one whose requests' steps come in
+        runs (RUNS_Z)."""
         if self.unit != "steps" and self.reference < WINDOW_REFERENCE_MULTIPLE * self.arl0_steps:
             return (f"the reference's {self.reference:,} {self.unit} are fewer than {WINDOW_REFERENCE_MULTIPLE} x the "
                     f"stated {self.arl0_steps:,}, too few to show how often a run of poor windows comes")

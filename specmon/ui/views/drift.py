@@ -100,7 +100,8 @@ def render() -> None:
                  f"has come for {detector.EPISODE_GAP:,} {d.unit}; the CUSUM restarts there, and the stretches before "
                  "the last one were watched against their own h).")
         resampled = (f"{d.clusters:,} requests" if d.unit == "steps" else
-                     f"{d.clusters:,} 10-minute blocks of windows by hour of day, each moved as a whole by a kernel"
+                     f"{d.clusters:,} 10-minute blocks of windows (by hour of day once it covers every hour), each "
+                     "moved as a whole by a kernel"
                      if d.clusters >= calibration.MIN_BLOCKS else
                      f"{d.reference:,} windows one by one (they fill fewer than {calibration.MIN_BLOCKS} blocks)")
         promise = (f"calibrated to {d.rate_words()}" if d.states_a_rate else
