@@ -39,13 +39,17 @@ def stated_from(windows_per_hour: float, arl0: int) -> int:
     return next(c for c in detector.checkpoints(detector.REFERENCE_WINDOWS, "windows") if c >= least)
 
 
+def points(w: td.Windows) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A run's windows as the detector takes them: accepted, checked, 10-minute block and end time (us)."""
+    ts = w.end_us.astype(np.int64)
+    return (w.accepted.astype(float), w.checked.astype(float), ts // int(WINDOW_BLOCK_SECONDS * td.US), ts)
+
+
 def stream_figures(rng: np.random.Generator, mix: str, arl0: int) -> dict:
     """One run: windows watched and alarms counted while a rate is stated, and the designs' figures."""
     per_hour = 3600 / td.WINDOW_S
     span_h = (stated_from(per_hour, arl0) + 10 * arl0) / per_hour + 1
-    w = td.engine_windows(rng, ARRIVALS_PER_S, span_h, K, share=MIXES[mix])
-    a, c, ts = w.accepted.astype(float), w.checked.astype(float), w.end_us.astype(np.int64)
-    blocks = (ts // int(WINDOW_BLOCK_SECONDS * td.US)).astype(np.int64)
+    a, c, blocks, ts = points(td.engine_windows(rng, ARRIVALS_PER_S, span_h, K, share=MIXES[mix]))
     first = detector.REFERENCE_WINDOWS
     design = calibration.design_for(a, c, blocks, K, BREAK_EVEN, arl0, first, unit="windows", ts_us=ts)
     grow = calibration.redesigner(lambda _: (a, c, blocks, ts), K, BREAK_EVEN, arl0, "windows")
@@ -71,9 +75,8 @@ def fixed_reference(reference: int, streams: int, arl0: int, seed: int, watched:
     per_hour = 3600 / td.WINDOW_S
     for _ in range(streams):
         span = reference if in_sample else reference + watched
-        w = td.engine_windows(rng, ARRIVALS_PER_S, span / per_hour + 1, K, share=MIXES["constant"])
-        a, c, ts = w.accepted.astype(float), w.checked.astype(float), w.end_us.astype(np.int64)
-        blocks = (ts // int(WINDOW_BLOCK_SECONDS * td.US)).astype(np.int64)
+        a, c, blocks, ts = points(td.engine_windows(rng, ARRIVALS_PER_S, span / per_hour + 1, K,
+                                                    share=MIXES["constant"]))
         design = calibration.design_for(a, c, blocks, K, BREAK_EVEN, arl0, reference, unit="windows", ts_us=ts)
         watch = slice(0, reference) if in_sample else slice(reference, reference + watched)
         alarms += len(detector.cusum(a[watch], c[watch], design)[1])

@@ -360,7 +360,7 @@ def whole_stream_drift(store: Store, run: str, stream: Stream, c: float | None, 
     break_even = break_even_alpha(store, run, c, stream.k)
     events = _events(stream, notes)
     changes = _changes(run, stream, events, break_even)
-    reference = detector.REFERENCE_STEPS if stream.unit == "steps" else detector.REFERENCE_WINDOWS
+    reference = detector.first_reference(stream.unit)
     design = calibration.design_for(stream.accepted, stream.checked, stream.cluster, stream.k, break_even, arl0_steps,
                               reference, unit=stream.unit, threshold=threshold, ts_us=stream.ts_us)
     if design is None:
@@ -642,7 +642,7 @@ def analyse(store: Store, c: float | None = None, arl0_steps: int = DEFAULT_ARL0
                         # other request means its reference changed under the analysis (steps still arriving in
                         # it), and it is calibrated in place next time rather than chased again and again
                         size, before = len(need.kwargs["accepted"]), asked.get(run)
-                        first = detector.REFERENCE_STEPS if need.kwargs["hours"] is None else detector.REFERENCE_WINDOWS
+                        first = detector.first_reference("steps" if need.kwargs["hours"] is None else "windows")
                         if before is not None and not (before >= first and size > before):
                             in_place.add(run)
                         asked[run] = size

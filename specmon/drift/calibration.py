@@ -677,14 +677,21 @@ def first_alarm_steps(w: np.ndarray, h: float) -> np.ndarray:
     hit = w >= h
     return np.where(hit.any(axis=1), hit.argmax(axis=1) + 1, w.shape[1])
 
-_CALIBRATIONS: OrderedDict[bytes, Threshold] = OrderedDict()  # the watcher re-analyses a run after every batch
+_CALIBRATIONS: OrderedDict[str, Threshold] = OrderedDict()  # the watcher re-analyses a run after every batch
+
+
+def reference_key(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p0: float, p1: float,
+                  arl0_steps: int, hours: np.ndarray | None = None) -> str:
+    """What names a calibration (calibrate_threshold's input and CALIBRATION_VERSION), in this process's memory and
+    in a database's drift_calibrations alike: sha256 of the reference's points, p0, p1 and the stated figure."""
+    return hashlib.sha256(b"".join(np.ascontiguousarray(v).tobytes()
+                                   for v in (accepted, checked, clusters, () if hours is None else hours))
+                          + repr((p0, p1, arl0_steps, CALIBRATION_VERSION)).encode()).hexdigest()
 
 
 def calibrate_cached(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p0: float, p1: float,
                       arl0_steps: int, hours: np.ndarray | None = None) -> Threshold:
-    key = hashlib.sha256(b"".join(np.ascontiguousarray(v).tobytes()
-                                  for v in (accepted, checked, clusters, () if hours is None else hours))
-                         + repr((p0, p1, arl0_steps)).encode()).digest()
+    key = reference_key(accepted, checked, clusters, p0, p1, arl0_steps, hours)
     if key not in _CALIBRATIONS:
         _CALIBRATIONS[key] = calibrate_threshold(accepted, checked, clusters, p0, p1, arl0_steps, hours=hours)
         if len(_CALIBRATIONS) > 64:

@@ -201,6 +201,11 @@ def cusum_increments(x: np.ndarray, h: float, w0: float = 0.0) -> tuple[np.ndarr
     return w, alarms
 
 
+def first_reference(unit: str) -> int:
+    """The points of a stream's first reference: REFERENCE_STEPS steps, or REFERENCE_WINDOWS engine windows."""
+    return REFERENCE_STEPS if unit == "steps" else REFERENCE_WINDOWS
+
+
 def checkpoints(first: int, unit: str = "steps") -> list[int]:
     """The reference sizes at which the threshold is calibrated again: 2, 4, ... CHECKPOINT_GROWTH x the first
     (WINDOW_CHECKPOINT_GROWTH x for engine windows)."""

@@ -449,13 +449,6 @@ def save_many(store: Store, states: dict[str, State], calibrations: dict[str, ca
         return False
 
 
-def calibration_key(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p0: float, p1: float,
-                    arl0_steps: int, hours: np.ndarray | None = None) -> str:
-    return hashlib.sha256(b"".join(np.ascontiguousarray(v).tobytes()
-                                   for v in (accepted, checked, clusters, () if hours is None else hours))
-                          + repr((p0, p1, arl0_steps, calibration.CALIBRATION_VERSION)).encode()).hexdigest()
-
-
 def reference_hash(points: Points) -> str:
     return hashlib.sha256(b"".join(np.ascontiguousarray(v).tobytes() for v in
                                    (points.accepted, points.checked, points.cluster, points.ts_us))).hexdigest()
@@ -467,7 +460,7 @@ def stored_threshold(cur: duckdb.DuckDBPyConnection,
     be saved)."""
     def threshold(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p0: float, p1: float,
                   arl0_steps: int, hours: np.ndarray | None = None) -> calibration.Threshold:
-        key = calibration_key(accepted, checked, clusters, p0, p1, arl0_steps, hours)
+        key = calibration.reference_key(accepted, checked, clusters, p0, p1, arl0_steps, hours)
         row = cur.execute("SELECT h, episode_points FROM drift_calibrations WHERE calibration_key = ?",
                           [key]).fetchall()
         if row:
@@ -493,7 +486,7 @@ def known_threshold(cur: duckdb.DuckDBPyConnection,
     else Uncalibrated (no simulation runs while the database is held)."""
     def threshold(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p0: float, p1: float,
                   arl0_steps: int, hours: np.ndarray | None = None) -> calibration.Threshold:
-        key = calibration_key(accepted, checked, clusters, p0, p1, arl0_steps, hours)
+        key = calibration.reference_key(accepted, checked, clusters, p0, p1, arl0_steps, hours)
         if key in known:
             return known[key]
         row = cur.execute("SELECT h, episode_points FROM drift_calibrations WHERE calibration_key = ?",

@@ -93,8 +93,7 @@ def render() -> None:
                 "still applies.")
     else:
         d = result.design
-        first = detector.REFERENCE_STEPS if d.unit == "steps" else detector.REFERENCE_WINDOWS
-        sizes = detector.checkpoints(first, d.unit)
+        sizes = detector.checkpoints(detector.first_reference(d.unit), d.unit)
         grown = (f" The reference grows with the run: p0, p1 and h are calibrated again on the first "
                  f"{sizes[0]:,}, {sizes[1]:,}, ... {sizes[-1]:,} {d.unit} as the run reaches them (each once no alarm "
                  f"has come for {detector.EPISODE_GAP:,} {d.unit}; the CUSUM restarts there, and the stretches before "
