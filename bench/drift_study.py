@@ -52,9 +52,10 @@ DELAY_PARTS = {"delays_0.05": ((0.05,), (0.0, 0.05), LENGTHS, 2027),
                "delays_0.2_geometric": ((0.2,), (0.2, 0.3), ("geometric",), 2030),
                "delays_0.2_lognormal": ((0.2,), (0.2, 0.3), ("lognormal",), 2031)}
 SECTIONS = ("intervals", "false_alarms_2000", "false_alarms_20000", "false_alarms_two_point", *DELAY_PARTS, "river",
-            "mixing_tail", "production", "production_status")
-# production_status repeats the production part's step-log interval cells at 1,000 replicates (minutes): on demand
-DEFAULT_SECTIONS = SECTIONS[:-1]
+            "mixing_tail", "production", "production_status", "production_windows")
+# production_status and production_windows repeat the production part's step-log and engine-window interval cells at
+# 1,000 replicates (minutes): on demand
+DEFAULT_SECTIONS = SECTIONS[:-2]
 TAIL_LEVELS = (0.01, 0.05, 0.10)  # true quantiles of request acceptance at which mixing_tail compares shares
 RIVER_BEFORE = 300  # watched in-control steps before the drop in the comparison with river (after the reference)
 
@@ -277,7 +278,8 @@ def main() -> None:  # noqa: C901 (one branch per option and part: a flat list r
     ap.add_argument("--reps", type=int, help="replicates per interval cell (default 300; --full 2,000)")
     ap.add_argument("--sections", default=",".join(DEFAULT_SECTIONS),
                     help=f"comma-separated parts to run, each with its own seed (default {','.join(DEFAULT_SECTIONS)}; "
-                         "also production_status), so they can run as separate processes and be joined with --merge")
+                         "also production_status and production_windows), so they can run as separate processes "
+                         "and be joined with --merge")
     ap.add_argument("--windows", type=int, help="reference windows per false-alarm cell at a stated 2,000 "
                     "(default 40, --full 100); half as many at 20,000 unless --full")
     ap.add_argument("--rhos", help="comma-separated request correlations of the false-alarm cells (default all), to "
@@ -365,6 +367,10 @@ def main() -> None:  # noqa: C901 (one branch per option and part: a flat list r
         results["production_status"] = production_study.status_part(np.random.default_rng(2041), args.reps or 1000,
                                                                      [t for t in args.traffic.split(",") if t])
         print(f"production_status done in {time.perf_counter() - t0:.0f} s", flush=True)
+    if "production_windows" in sections:
+        results["production_windows"] = {"intervals_engine_windows": production_study.interval_windows(
+            np.random.default_rng(2042), args.reps or 1000)}
+        print(f"production_windows done in {time.perf_counter() - t0:.0f} s", flush=True)
     if "mixing_tail" in sections:
         rng = np.random.default_rng(2032)
         results["mixing_tail"] = []
@@ -481,7 +487,7 @@ def tables(r: dict) -> str:  # noqa: C901 (one branch per table of the docs)
                            f"{c['acceptance_below'][j]:.2f}) | {c['drawn_over_true'][j]:.2f} "
                            f"({c['drawn_over_true_se'][j]:.2f}) | {c['npmle_over_true'][j]:.2f} "
                            f"({c['npmle_over_true_se'][j]:.2f}) |")
-    for part in ("production", "production_status"):
+    for part in ("production", "production_status", "production_windows"):
         if part in r:
             out.append(production_study.tables(r[part]))
     return "\n".join(out)
@@ -502,7 +508,7 @@ def merge(paths: list[str], out: str | None) -> None:
         results["wall_s_per_part"][name] = p["wall_s"]
     for key in ("intervals", "false_alarms", "delays", "mixing_tail"):
         results[key] = [c for p in parts for c in p.get(key, [])]
-    for part in ("production", "production_status"):
+    for part in ("production", "production_status", "production_windows"):
         results.update(next(({part: p[part]} for p in parts if part in p), {}))
     for p in parts:
         if "river" in p:

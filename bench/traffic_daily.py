@@ -81,9 +81,10 @@ class StepLog:
 
 
 def daily_steps(rng: np.random.Generator, n_requests: int, span_h: float, k: int = 4,
-                rollout_h: float | None = None, drop: float = 0.0) -> StepLog:
-    """A step log of n_requests under the daily mix (geometric lengths, mean MEAN_STEPS)."""
-    req = requests(rng, n_requests, span_h, rollout_h, drop)
+                rollout_h: float | None = None, drop: float = 0.0,
+                share: Callable[[np.ndarray], np.ndarray] = chat_share) -> StepLog:
+    """A step log of n_requests under the daily mix (geometric lengths, mean MEAN_STEPS), by request."""
+    req = requests(rng, n_requests, span_h, rollout_h, drop, share)
     sizes = rng.geometric(1 / MEAN_STEPS, n_requests)
     request, accepted = _steps_of(rng, req.rate, sizes, k)
     offset = np.arange(len(request)) - np.repeat(np.cumsum(sizes) - sizes, sizes)

@@ -642,7 +642,7 @@ def analyse(store: Store, c: float | None = None, arl0_steps: int = DEFAULT_ARL0
                         # other request means its reference changed under the analysis (steps still arriving in
                         # it), and it is calibrated in place next time rather than chased again and again
                         size, before = len(need.kwargs["accepted"]), asked.get(run)
-                        first = detector.first_reference("steps" if need.kwargs["hours"] is None else "windows")
+                        first = detector.first_reference(need.kwargs["unit"])
                         if before is not None and not (before >= first and size > before):
                             in_place.add(run)
                         asked[run] = size

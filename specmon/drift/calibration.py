@@ -10,6 +10,7 @@ for. Pure numpy; no I/O.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 from collections import OrderedDict
@@ -20,7 +21,7 @@ import numpy as np
 
 from specmon.core import stats
 from specmon.core.settings import DEFAULT_ARL0_STEPS
-from specmon.drift.detector import EPISODE_GAP, REFERENCE_STEPS, Design, llr_weights
+from specmon.drift.detector import EPISODE_GAP, REFERENCE_STEPS, Design, covers_a_day, llr_weights
 
 DEFAULT_DELTA = 0.10  # the drop to watch for when break-even is unknown or already above the reference
 
@@ -47,7 +48,7 @@ SPREAD_TEST_STEPS = 2 * REFERENCE_STEPS
 
 # Raised whenever calibrate gives another threshold for the same input, so thresholds kept in a database
 # (specmon.drift.state) are calibrated again rather than reused.
-CALIBRATION_VERSION = 10
+CALIBRATION_VERSION = 11
 
 
 def first_seen(clusters: np.ndarray) -> np.ndarray:
@@ -75,21 +76,23 @@ def target_p1(p0: float, break_even: float | None, delta: float = DEFAULT_DELTA)
 
 def calibrate(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p0: float, p1: float,
               arl0_steps: int = DEFAULT_ARL0_STEPS, groups: int = CALIBRATION_GROUPS,
-              streams_per_group: int = 5, seed: int = 0, hours: np.ndarray | None = None) -> float:
+              streams_per_group: int = 5, seed: int = 0, hours: np.ndarray | None = None,
+              unit: str = "steps") -> float:
     """The threshold h of calibrate_threshold (its arguments), alone."""
     return calibrate_threshold(accepted, checked, clusters, p0, p1, arl0_steps, groups, streams_per_group, seed,
-                               hours).h
+                               hours, unit).h
 
 
 def calibrate_threshold(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p0: float, p1: float,
                         arl0_steps: int = DEFAULT_ARL0_STEPS, groups: int = CALIBRATION_GROUPS,
-                        streams_per_group: int = 5, seed: int = 0, hours: np.ndarray | None = None) -> Threshold:
+                        streams_per_group: int = 5, seed: int = 0, hours: np.ndarray | None = None,
+                        unit: str = "steps") -> Threshold:
     """The threshold h at which the CUSUM from p0 to p1, restarted after every alarm, alarms once per arl0_steps
     in-control points, averaged over the in-control processes the reference window leaves plausible.
 
-    Engine windows (hours given: each window's hour since the epoch, UTC; clusters: its block of consecutive
-    windows of one engine) are simulated by BlockProcess, a bootstrap of whole blocks by hour of day. What follows
-    is a step log's (clusters: requests).
+    hours, where given, is each point's hour since the epoch (UTC). Engine windows (unit "windows"; clusters: a
+    window's block of consecutive windows of one engine) are simulated by BlockProcess, a bootstrap of whole blocks
+    by hour of day. What follows is a step log's (clusters: requests).
 
     The in-control process is known only through the reference's G requests, and the false-alarm rate depends steeply on
     its acceptance and on how much that varies over a stretch of points. So each group is one plausible process: G
@@ -107,13 +110,16 @@ def calibrate_threshold(accepted: np.ndarray, checked: np.ndarray, clusters: np.
     (spread_z) is below SPREAD_Z has its requests simulated alike instead, each group's at the group's pooled
     acceptance: the fitted distribution never comes out a single point, and the spread it keeps where requests do not
     differ made h too high. The points per alarm episode are counted on the same streams at that h (Threshold).
-    Clusters are drawn by their order of first appearance (first_seen), so renaming them leaves h as it is.
+    Clusters are drawn by their order of first appearance (first_seen), so renaming them leaves h as it is. Where
+    the reference spans every hour of the day (hours given), the groups and streams are drawn by hour of day instead
+    (StepDay): a daily swing of the request mix is then part of the in-control process the threshold is set for.
     """
     rng = np.random.default_rng(seed)
     a = np.asarray(accepted, dtype=float)
     n = np.asarray(checked, dtype=float)
     inverse = first_seen(np.asarray(clusters))
-    if hours is not None:
+    if unit != "steps":
+        assert hours is not None, "engine windows are calibrated by hour of day"
         blocks = BlockProcess(a, n, inverse, np.asarray(hours))
         return solve_threshold([cumulative_increments(*blocks.draw(rng, blocks.group(rng), streams_per_group,
                                                                    5 * arl0_steps), p0, p1)
@@ -123,6 +129,12 @@ def calibrate_threshold(accepted: np.ndarray, checked: np.ndarray, clusters: np.
     alike = len(a) >= SPREAD_TEST_STEPS and request_spread_z(per_a, per_n, np.bincount(inverse)) < SPREAD_Z
     # its EM is the costly part of the set-up: only where used
     mixing = None if alike else Mixing.of_steps(a, n, inverse)
+    day = (StepDay.of(inverse, np.asarray(hours), per_a / np.maximum(per_n, 1) if mixing is None
+                      else mixing.posterior_means(), max(int(n.max()), 1)) if hours is not None else None)
+    if day is not None:
+        return solve_threshold([cumulative_increments(*day.draw(rng, day.group(rng, a, n, inverse, mixing),
+                                                                streams_per_group, 5 * arl0_steps), p0, p1)
+                                for _ in range(groups)], arl0_steps)
     points = []
     for _ in range(groups):
         pool = rng.integers(0, n_clusters, n_clusters)
@@ -355,7 +367,29 @@ class Mixing:
     def fit(self, counts: np.ndarray) -> Rates:
         """The distribution for a group holding each reference cluster counts times (EM from the whole reference's
         fit), smoothed (Rates)."""
-        w = self._em(counts.astype(float), self.start, MIXING_ITERATIONS)
+        return self.smoothed(self.weights(counts), float(counts.sum()))
+
+    def weights(self, counts: np.ndarray) -> np.ndarray:
+        """The grid's weights for a group holding each reference cluster counts times (EM from the whole
+        reference's fit)."""
+        return self._em(counts.astype(float), self.start, MIXING_ITERATIONS)
+
+    def within(self, w: np.ndarray, counts: np.ndarray, share: float, clusters: float) -> Rates:
+        """The distribution of a part of a group's clusters (counts: how often the part holds each) under the
+        group's weights w, fitted on that many clusters: the part's posteriors over the grid averaged (one EM step
+        from w), mixed with w itself in the proportions share : 1 - share, smoothed with the group's bandwidth (the
+        weights lie on the group's fit; a part's own, from its fewer clusters, made a constant mix's hours 1.48 x
+        the stated steps per false alarm at 20,000, docs/math.md, "Drift").
+        At share 1, summed over parts in proportion to their clusters, this gives back the group's fit."""
+        return self.smoothed(share * self._em(counts.astype(float), w, 1) + (1 - share) * w, clusters)
+
+    def posterior_means(self) -> np.ndarray:
+        """Each cluster's expected acceptance under the whole reference's fit."""
+        post = self.lik * self.start
+        return (post @ self.grid) / post.sum(axis=1)
+
+    def smoothed(self, w: np.ndarray, clusters: float) -> Rates:
+        """Draws from the grid's weights w, fitted on that many clusters, smoothed by a kernel (Rates)."""
         logit = np.log(self.grid / (1 - self.grid))
         mean = float(w @ logit)
         cdf = np.cumsum(w)
@@ -363,7 +397,7 @@ class Mixing:
         var = max(float(w @ (logit - mean) ** 2), 0.0)
         sd = math.sqrt(var)
         spread = min(sd, iqr / 1.34) if iqr > 0 else sd
-        b = 0.9 * spread * len(counts) ** -0.2
+        b = 0.9 * spread * clusters ** -0.2
         if b <= 0:
             return Rates(self.grid, w, 0.0, mean, 1.0, 0.0)
         # shrink towards the weights' mean so that the kernel keeps their variance on the log-odds scale (Silverman
@@ -382,9 +416,10 @@ class Mixing:
         return Rates(self.grid, w, b, mean, scale, shift)
 
     def _em(self, counts: np.ndarray, w: np.ndarray, iterations: int) -> np.ndarray:
+        held = counts > 0  # only the clusters held count (a group's hour holds a few)
+        lik, counts = self.lik[held], counts[held]
         for _ in range(iterations):
-            # (a cluster the group does not hold may have no weight left near it: 0 / 0 must count as 0)
-            w = w * (self.lik.T @ (counts / np.maximum(self.lik @ w, 1e-300))) / counts.sum()
+            w = w * (lik.T @ (counts / np.maximum(lik @ w, 1e-300))) / counts.sum()
         return w / w.sum()
 
 
@@ -583,7 +618,7 @@ class StepProcess:
         self.rates = rates
         n_requests = int(inverse.max()) + 1
         k = max(int(n.max()), 1)
-        self.kinds = np.array([(j, min(j + 1, k)) for j in range(k + 1)], dtype=np.int8)  # (accepted, checked)
+        self.kinds = self.kinds_up_to(k)
         times = np.bincount(pool, minlength=n_requests)[inverse]  # how often the group holds each reference step
         reached = np.array([times[n >= i].sum() for i in range(1, k + 1)])
         passed = np.array([times[a >= i].sum() for i in range(1, k + 1)])
@@ -591,29 +626,155 @@ class StepProcess:
         self.steps = np.bincount(inverse, minlength=n_requests)[pool]
         self.lengths = RequestLengths(self.steps)
 
+    @staticmethod
+    def kinds_up_to(k: int) -> np.ndarray:
+        """The steps a draft of k positions can take, a row each: (accepted, checked)."""
+        return np.array([(j, min(j + 1, k)) for j in range(k + 1)], dtype=np.int8)
+
+    def at(self, rates: Rates) -> StepProcess:
+        """The same group's lengths and profile, its requests' acceptance drawn from rates."""
+        other = copy.copy(self)
+        other.rates = rates
+        return other
+
     def tilt(self, rates: np.ndarray) -> np.ndarray:
         """P(a step accepts at most j positions), j = 0..k-1 (a row each, a column per r), at each r's theta."""
         return 1 - np.cumprod(self.profile.accept(self.profile.theta(rates)), axis=0)
 
     def draw(self, rng: np.random.Generator, n_streams: int, n_points: int) -> tuple[np.ndarray, np.ndarray]:
         """(accepted, checked) of n_streams streams of n_points steps, one a row."""
-        draws = int(n_points / self.steps.mean() * 1.5) + 16
-        picked = np.empty((n_streams, n_points), dtype=np.int8)
-        for i in range(n_streams):
-            filled = 0
-            while filled < n_points:
-                lengths = self.lengths.draw(rng, draws, n_points - filled)
-                rates = self.rates.draw(rng, draws)
-                used = min(int(np.searchsorted(np.cumsum(lengths), n_points - filled)) + 1, draws)  # those that fit
-                cdf = self.tilt(rates[:used])
-                row = np.repeat(np.arange(used), lengths[:used])[:n_points - filled]
-                u = rng.random(len(row))
-                kind = np.zeros(len(row), dtype=np.int8)
-                for column in cdf:
-                    kind += u > column[row]
-                picked[i, filled:filled + len(row)] = kind
-                filled += len(row)
+        picked = np.stack([self.requests(rng, n_points, n_points)[0][:n_points] for _ in range(n_streams)])
         return self.kinds[picked, 0], self.kinds[picked, 1]
+
+    def requests(self, rng: np.random.Generator, n_steps: int, cap: int) -> tuple[np.ndarray, np.ndarray]:
+        """Whole requests laid end to end, at least n_steps steps in all, none longer than cap: each step's kind
+        (its row of kinds: accepted, checked) and each request's length."""
+        draws = int(n_steps / self.steps.mean() * 1.5) + 16
+        kinds, sizes, filled = [], [], 0
+        while filled < n_steps:
+            lengths = self.lengths.draw(rng, draws, cap)
+            rates = self.rates.draw(rng, draws)
+            used = min(int(np.searchsorted(np.cumsum(lengths), n_steps - filled)) + 1, draws)  # enough to fill
+            cdf = self.tilt(rates[:used])
+            row = np.repeat(np.arange(used), lengths[:used])
+            u = rng.random(len(row))
+            kind = np.zeros(len(row), dtype=np.int8)
+            for column in cdf:
+                kind += u > column[row]
+            kinds.append(kind)
+            sizes.append(lengths[:used])
+            filled += len(row)
+        return np.concatenate(kinds), np.concatenate(sizes)
+
+
+class StepDay:
+    """A step log's reference by hour of day, where it spans every hour of the day: a request belongs to the hour of
+    day (UTC) of its first step, and each hour of day takes its reference steps per clock hour there (quota).
+
+    Traffic whose mix follows the clock (chat by day, batch jobs by night) moves acceptance with the hour while
+    nothing is wrong, and the CUSUM alarms more often in a poor hour than a day's average of requests pictures. So a
+    group is each hour's requests drawn with replacement (a stratified bootstrap); its distribution of request
+    acceptance is fitted on all of them (Mixing), and each hour's is the hour's requests' posteriors under that fit
+    (Mixing.within) shrunk towards the group's by how much the reference's hours really differ (share). Lengths and
+    the per-position profile are the group's. A simulated stream walks the clock from a random hour, each clock hour
+    taking the requests that start within its quota of steps, whole (a long request runs on into the next hours, as
+    it would).
+
+    Why shrunk: an hour of day holds a 24th of the requests, so its estimated acceptance is off by chance, and the
+    simulation repeats that hour's error every simulated day, where the traffic's own hours only vary by chance
+    from day to day. Unshrunk (and with each hour's own lengths and profile), that read a constant mix as a swing:
+    1.22 x the stated steps per false alarm at a stated 2,000 and 2.91 x at 20,000, against 0.99 x and 1.16 x
+    pooled (docs/math.md, "Drift"). share_s = sqrt(tau^2 / (tau^2 + v_s)), v_s the chance variance of hour s's mean
+    request acceptance (their variance over its n_s requests, / n_s) and tau^2 the variance of the hours' means
+    beyond it (method of moments, at least 0): 0 where the hours differ no more than chance, near 1 where the mix
+    swings far more. The square root keeps the shrunk hours' means as spread as tau^2 says (a constrained Bayes
+    estimate, Louis 1984): the posterior mean's tau^2 / (tau^2 + v_s) spreads them less than the hours differ, and
+    gave 0.78 x the stated steps per false alarm at 20,000 under the daily mix, against 0.85 x with it."""
+
+    def __init__(self, request_hour: np.ndarray, steps: np.ndarray, clock_hours: np.ndarray, level: np.ndarray,
+                 k: int):
+        self.k = k
+        stratum = request_hour % 24
+        self.members = [np.flatnonzero(stratum == s) for s in range(24)]
+        self.quota = np.rint(np.bincount(stratum, weights=steps, minlength=24) / clock_hours).astype(np.int64)
+        kept = [m for m in self.members if len(m) >= 2]
+        means = np.array([level[m].mean() for m in kept])
+        noise = np.array([level[m].var(ddof=1) / len(m) for m in kept])
+        tau2 = max(float(means.var(ddof=1)) - float(noise.mean()), 0.0) if len(kept) >= 2 else 0.0
+        self.share = np.zeros(24)
+        for m, v in zip(kept, noise, strict=True):
+            self.share[stratum[m[0]]] = math.sqrt(tau2 / (tau2 + v)) if tau2 + v > 0 else 0.0
+
+    @classmethod
+    def of(cls, inverse: np.ndarray, hours: np.ndarray, level: np.ndarray, k: int) -> StepDay | None:
+        """The reference's hours of day (inverse: each step's request, by first appearance; hours: each step's hour
+        since the epoch; level: each request's estimated acceptance; k the most positions a step checks), or None
+        where it spans fewer than 24 clock hours."""
+        lo, hi = int(hours.min()), int(hours.max())
+        if hi - lo + 1 < 24:
+            return None
+        first = np.unique(inverse, return_index=True)[1]
+        return cls(hours[first], np.bincount(inverse), np.bincount(np.arange(lo, hi + 1) % 24, minlength=24), level,
+                   k)
+
+    def group(self, rng: np.random.Generator, a: np.ndarray, n: np.ndarray, inverse: np.ndarray,
+              mixing: Mixing | None) -> list[StepProcess | None]:
+        """One plausible process: each hour's requests drawn with replacement, and each hour's StepProcess (None
+        for an hour without requests). mixing None: requests alike, each hour's at its pooled acceptance (shrunk
+        as the distributions are)."""
+        n_clusters = int(inverse.max()) + 1
+        pools = [m[rng.integers(0, len(m), len(m))] for m in self.members]
+        counts = [np.bincount(p, minlength=n_clusters) for p in pools]
+        whole = np.sum(counts, axis=0)
+        if mixing is None:
+            per_a, per_n = np.bincount(inverse, weights=a), np.bincount(inverse, weights=n)
+            overall = float(whole @ per_a) / float(whole @ per_n)
+            base = StepProcess(a, n, inverse, np.concatenate(pools), Rates.single(overall))
+            hourly = [Rates.single(share * float(held @ per_a) / max(float(held @ per_n), 1.0)
+                                   + (1 - share) * overall) for held, share in zip(counts, self.share, strict=True)]
+        else:
+            w = mixing.weights(whole)
+            base = StepProcess(a, n, inverse, np.concatenate(pools), mixing.smoothed(w, float(whole.sum())))
+            hourly = [mixing.within(w, held, share, float(whole.sum())) if held.any() else base.rates
+                      for held, share in zip(counts, self.share, strict=True)]
+        return [base.at(r) if len(pool) else None for pool, r in zip(pools, hourly, strict=True)]
+
+    def draw(self, rng: np.random.Generator, processes: list[StepProcess | None], n_streams: int,
+             n_points: int) -> tuple[np.ndarray, np.ndarray]:
+        """(accepted, checked) of n_streams streams of n_points steps, one a row, from a group's hours."""
+        live = [s for s in range(24) if processes[s] is not None and self.quota[s] > 0]
+        hours = int(1.25 * 24 * n_points / self.quota[live].sum()) + 24
+        while True:  # the clock's hours from a random one per stream; more hours where they fall short
+            clocks = (rng.integers(0, 24, n_streams)[:, None] + np.arange(hours)) % 24
+            chunks: dict[int, list[np.ndarray]] = {}
+            for s in live:
+                process = processes[s]
+                assert process is not None
+                visits = int((clocks == s).sum())
+                kinds, sizes = process.requests(rng, visits * int(self.quota[s]), n_points)
+                starts = np.append(np.cumsum(sizes) - sizes, len(kinds))
+                # the j-th visit takes the requests starting in [j quota, (j + 1) quota) of the hour's steps
+                cut = starts[np.searchsorted(starts[:-1], np.arange(visits + 1) * self.quota[s])]
+                chunks[s] = [kinds[cut[j]:cut[j + 1]] for j in range(visits)]
+            taken = dict.fromkeys(live, 0)
+            rows = []
+            for clock in clocks:
+                parts, filled = [], 0
+                for s in clock:
+                    if filled >= n_points:
+                        break
+                    if s in chunks:
+                        parts.append(chunks[s][taken[s]])
+                        taken[s] += 1
+                        filled += len(parts[-1])
+                if filled < n_points:
+                    break
+                rows.append(np.concatenate(parts)[:n_points])
+            if len(rows) == n_streams:
+                picked = np.stack(rows)
+                kinds = StepProcess.kinds_up_to(self.k)
+                return kinds[picked, 0], kinds[picked, 1]
+            hours *= 2
 
 
 class RequestLengths:
@@ -681,19 +842,20 @@ _CALIBRATIONS: OrderedDict[str, Threshold] = OrderedDict()  # the watcher re-ana
 
 
 def reference_key(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p0: float, p1: float,
-                  arl0_steps: int, hours: np.ndarray | None = None) -> str:
+                  arl0_steps: int, hours: np.ndarray | None = None, unit: str = "steps") -> str:
     """What names a calibration (calibrate_threshold's input and CALIBRATION_VERSION), in this process's memory and
     in a database's drift_calibrations alike: sha256 of the reference's points, p0, p1 and the stated figure."""
     return hashlib.sha256(b"".join(np.ascontiguousarray(v).tobytes()
                                    for v in (accepted, checked, clusters, () if hours is None else hours))
-                          + repr((p0, p1, arl0_steps, CALIBRATION_VERSION)).encode()).hexdigest()
+                          + repr((p0, p1, arl0_steps, unit, CALIBRATION_VERSION)).encode()).hexdigest()
 
 
 def calibrate_cached(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p0: float, p1: float,
-                      arl0_steps: int, hours: np.ndarray | None = None) -> Threshold:
-    key = reference_key(accepted, checked, clusters, p0, p1, arl0_steps, hours)
+                      arl0_steps: int, hours: np.ndarray | None = None, unit: str = "steps") -> Threshold:
+    key = reference_key(accepted, checked, clusters, p0, p1, arl0_steps, hours, unit)
     if key not in _CALIBRATIONS:
-        _CALIBRATIONS[key] = calibrate_threshold(accepted, checked, clusters, p0, p1, arl0_steps, hours=hours)
+        _CALIBRATIONS[key] = calibrate_threshold(accepted, checked, clusters, p0, p1, arl0_steps, hours=hours,
+                                                 unit=unit)
         if len(_CALIBRATIONS) > 64:
             _CALIBRATIONS.popitem(last=False)
     return _CALIBRATIONS[key]
@@ -706,11 +868,11 @@ def design_for(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, 
                ts_us: np.ndarray | None = None) -> Design | None:
     """Calibrate a detector on the first reference_steps points of a stream (clusters: the cluster of each of
     those points, or of every point: a request, or for engine windows a block). None if the reference has no checks.
-    threshold(accepted, checked, clusters, p0, p1, arl0_steps, hours=...) gives the Threshold for the reference
-    (default: calibrate_threshold, remembered in this process; a caller that keeps thresholds elsewhere passes its
-    own; one that gives h alone leaves the points per alarm episode unknown); hours, each point's hour since the
-    epoch, is given for engine windows alone (BlockProcess). ts_us (each point's time, microseconds) gives the hours
-    the reference covers, on which stating a false-alarm rate depends (Design.states_a_rate); engine windows need it.
+    threshold(accepted, checked, clusters, p0, p1, arl0_steps, hours=..., unit=...) gives the Threshold for the
+    reference (default: calibrate_threshold, remembered in this process; a caller that keeps thresholds elsewhere
+    passes its own; one that gives h alone leaves the points per alarm episode unknown); hours is each point's hour
+    since the epoch, from ts_us (each point's time, microseconds), which also gives the hours the reference covers,
+    on which stating a false-alarm rate depends (Design.states_a_rate); engine windows need it.
 
     p0 is the reference's per-token acceptance; p1 is break-even alpha* when it lies below p0 by more than 0.02,
     else p0 - delta.
@@ -723,15 +885,16 @@ def design_for(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, 
     p0 = float(np.clip(a.sum() / n.sum(), 0.01, 0.99))
     p1 = target_p1(p0, break_even, delta)
     ref_clusters = np.asarray(clusters)[ref]
-    clock = None  # each window's hour since the epoch: engine windows are drawn by hour of day
-    if unit != "steps":
-        assert ts_us is not None, "engine windows are calibrated by hour of day"
-        clock = np.asarray(ts_us)[ref] // 3_600_000_000
-    found = (threshold or calibrate_cached)(a, n, ref_clusters, p0, p1, arl0_steps, hours=clock)
+    assert unit == "steps" or ts_us is not None, "engine windows are calibrated by hour of day"
+    hours = None if ts_us is None else float(np.ptp(np.asarray(ts_us)[ref])) / 3.6e9
+    # each point's hour since the epoch: engine windows are drawn by hour of day, a step log's requests once the
+    # reference covers a day (a rate is stated from then on)
+    clock = (np.asarray(ts_us)[ref] // 3_600_000_000
+             if ts_us is not None and (unit != "steps" or covers_a_day(hours)) else None)
+    found = (threshold or calibrate_cached)(a, n, ref_clusters, p0, p1, arl0_steps, hours=clock, unit=unit)
     h, episodes = (found.h, found.episode_points) if isinstance(found, Threshold) else (float(found), None)
     per_a, per_n = cluster_sums(a, n, ref_clusters)
     iv = stats.cluster_robust_interval(per_a, per_n)
-    hours = None if ts_us is None else float(np.ptp(np.asarray(ts_us)[ref])) / 3.6e9
     return Design(p0, p1, float(h), arl0_steps, float(iv.design_effect), int(k), len(per_n), unit, len(a),
                   None if episodes is None or not math.isfinite(episodes) else float(episodes), hours,
                   runs_z(a, ref_clusters) if unit == "steps" else None)

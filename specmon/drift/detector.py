@@ -52,7 +52,8 @@ WINDOW_REFERENCE_BLOCKS = 144
 WINDOW_REFERENCE_MULTIPLE = 8
 
 # A step log's traffic mix swings with the clock (chat by day, batch jobs by night), and a reference that does not
-# hold a whole day pictures only its own hours: no false-alarm rate is stated on a shorter one (Design.states_a_rate).
+# hold a whole day pictures only its own hours: no false-alarm rate is stated on a shorter one (Design.states_a_rate),
+# and one that does is calibrated by hour of day (calibration.StepDay).
 FULL_CYCLE_HOURS = 24.0
 
 EPISODE_GAP = 1_000  # alarms within this many points of the previous one continue its episode
@@ -199,6 +200,12 @@ def cusum_increments(x: np.ndarray, h: float, w0: float = 0.0) -> tuple[np.ndarr
         start += end
         block = 4096
     return w, alarms
+
+
+def covers_a_day(reference_hours: float | None) -> bool:
+    """Whether a reference spanning that many hours from its first point to its last (None: its times unknown)
+    holds a whole daily cycle."""
+    return reference_hours is not None and reference_hours >= FULL_CYCLE_HOURS
 
 
 def first_reference(unit: str) -> int:

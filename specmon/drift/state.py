@@ -459,14 +459,14 @@ def stored_threshold(cur: duckdb.DuckDBPyConnection,
     """A threshold function for calibration.design_for: a stored calibration, else calibrate (and note it in `found`, to
     be saved)."""
     def threshold(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p0: float, p1: float,
-                  arl0_steps: int, hours: np.ndarray | None = None) -> calibration.Threshold:
-        key = calibration.reference_key(accepted, checked, clusters, p0, p1, arl0_steps, hours)
+                  arl0_steps: int, hours: np.ndarray | None = None, unit: str = "steps") -> calibration.Threshold:
+        key = calibration.reference_key(accepted, checked, clusters, p0, p1, arl0_steps, hours, unit)
         row = cur.execute("SELECT h, episode_points FROM drift_calibrations WHERE calibration_key = ?",
                           [key]).fetchall()
         if row:
             return calibration.Threshold(float(row[0][0]), float(row[0][1]))
         # through drift's in-process memory: a process that opens several databases calibrates a reference once
-        found[key] = calibration.calibrate_cached(accepted, checked, clusters, p0, p1, arl0_steps, hours)
+        found[key] = calibration.calibrate_cached(accepted, checked, clusters, p0, p1, arl0_steps, hours, unit)
         return found[key]
     return threshold
 
@@ -485,8 +485,8 @@ def known_threshold(cur: duckdb.DuckDBPyConnection,
     """A threshold function for calibration.design_for: one in `known` (thresholds the caller holds) or stored,
     else Uncalibrated (no simulation runs while the database is held)."""
     def threshold(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, p0: float, p1: float,
-                  arl0_steps: int, hours: np.ndarray | None = None) -> calibration.Threshold:
-        key = calibration.reference_key(accepted, checked, clusters, p0, p1, arl0_steps, hours)
+                  arl0_steps: int, hours: np.ndarray | None = None, unit: str = "steps") -> calibration.Threshold:
+        key = calibration.reference_key(accepted, checked, clusters, p0, p1, arl0_steps, hours, unit)
         if key in known:
             return known[key]
         row = cur.execute("SELECT h, episode_points FROM drift_calibrations WHERE calibration_key = ?",
@@ -495,5 +495,5 @@ def known_threshold(cur: duckdb.DuckDBPyConnection,
             return calibration.Threshold(float(row[0][0]), float(row[0][1]))
         raise Uncalibrated(key, {"accepted": np.array(accepted), "checked": np.array(checked),
                                  "clusters": np.array(clusters), "p0": p0, "p1": p1, "arl0_steps": arl0_steps,
-                                 "hours": None if hours is None else np.array(hours)})
+                                 "hours": None if hours is None else np.array(hours), "unit": unit})
     return threshold
