@@ -33,6 +33,8 @@ TAIL_MIN = 10  # with fewer requests above the threshold, an exponential tail (x
 
 MIN_BLOCKS = 12  # engine windows: the fewest blocks a reference is replayed in as blocks (BlockProcess)
 
+MIN_HOUR_REQUESTS = 10  # step logs: the fewest requests each hour of day must hold to be drawn by hour (StepDay)
+
 MIXING_GRID = 100  # points of the grid of cluster acceptance (Mixing)
 
 MIXING_ITERATIONS = 40  # EM iterations per group, from the whole reference's fit (10 x as many)
@@ -48,7 +50,7 @@ SPREAD_TEST_STEPS = 2 * REFERENCE_STEPS
 
 # Raised whenever calibrate gives another threshold for the same input, so thresholds kept in a database
 # (specmon.drift.state) are calibrated again rather than reused.
-CALIBRATION_VERSION = 11
+CALIBRATION_VERSION = 12
 
 
 def first_seen(clusters: np.ndarray) -> np.ndarray:
@@ -696,7 +698,8 @@ class StepDay:
         self.k = k
         stratum = request_hour % 24
         self.members = [np.flatnonzero(stratum == s) for s in range(24)]
-        self.quota = np.rint(np.bincount(stratum, weights=steps, minlength=24) / clock_hours).astype(np.int64)
+        # not rounded: a sparse log's hours hold less than a step each
+        self.quota = np.bincount(stratum, weights=steps, minlength=24) / clock_hours
         kept = [m for m in self.members if len(m) >= 2]
         means = np.array([level[m].mean() for m in kept])
         noise = np.array([level[m].var(ddof=1) / len(m) for m in kept])
@@ -709,11 +712,14 @@ class StepDay:
     def of(cls, inverse: np.ndarray, hours: np.ndarray, level: np.ndarray, k: int) -> StepDay | None:
         """The reference's hours of day (inverse: each step's request, by first appearance; hours: each step's hour
         since the epoch; level: each request's estimated acceptance; k the most positions a step checks), or None
-        where it spans fewer than 24 clock hours."""
+        where it spans fewer than 24 clock hours or an hour of day holds fewer than MIN_HOUR_REQUESTS requests (too
+        few to tell that hour from the rest of the day)."""
         lo, hi = int(hours.min()), int(hours.max())
         if hi - lo + 1 < 24:
             return None
         first = np.unique(inverse, return_index=True)[1]
+        if np.bincount(hours[first] % 24, minlength=24).min() < MIN_HOUR_REQUESTS:
+            return None
         return cls(hours[first], np.bincount(inverse), np.bincount(np.arange(lo, hi + 1) % 24, minlength=24), level,
                    k)
 
@@ -741,40 +747,40 @@ class StepDay:
 
     def draw(self, rng: np.random.Generator, processes: list[StepProcess | None], n_streams: int,
              n_points: int) -> tuple[np.ndarray, np.ndarray]:
-        """(accepted, checked) of n_streams streams of n_points steps, one a row, from a group's hours."""
+        """(accepted, checked) of n_streams streams of n_points steps, one a row, from a group's hours: each stream
+        the clock's hours from a random one, an hour's visit j to hour of day s taking the requests that start in
+        [j quota_s, (j + 1) quota_s) of the steps drawn for s (vectorised: a sparse log's hours are many and hold
+        less than a step each)."""
         live = [s for s in range(24) if processes[s] is not None and self.quota[s] > 0]
         hours = int(1.25 * 24 * n_points / self.quota[live].sum()) + 24
-        while True:  # the clock's hours from a random one per stream; more hours where they fall short
-            clocks = (rng.integers(0, 24, n_streams)[:, None] + np.arange(hours)) % 24
-            chunks: dict[int, list[np.ndarray]] = {}
+        while True:  # more hours where they fall short
+            clock = ((rng.integers(0, 24, n_streams)[:, None] + np.arange(hours)) % 24).ravel()
+            hour_first = np.zeros(len(clock), dtype=np.int64)  # each hour's first step in `drawn`, and its steps
+            hour_size = np.zeros(len(clock), dtype=np.int64)
+            drawn, offset = [], 0
             for s in live:
                 process = processes[s]
                 assert process is not None
-                visits = int((clocks == s).sum())
-                kinds, sizes = process.requests(rng, visits * int(self.quota[s]), n_points)
+                visits = np.flatnonzero(clock == s)  # in stream order, then the clock's
+                kinds, sizes = process.requests(rng, math.ceil(len(visits) * self.quota[s]), n_points)
                 starts = np.append(np.cumsum(sizes) - sizes, len(kinds))
-                # the j-th visit takes the requests starting in [j quota, (j + 1) quota) of the hour's steps
-                cut = starts[np.searchsorted(starts[:-1], np.arange(visits + 1) * self.quota[s])]
-                chunks[s] = [kinds[cut[j]:cut[j + 1]] for j in range(visits)]
-            taken = dict.fromkeys(live, 0)
-            rows = []
-            for clock in clocks:
-                parts, filled = [], 0
-                for s in clock:
-                    if filled >= n_points:
-                        break
-                    if s in chunks:
-                        parts.append(chunks[s][taken[s]])
-                        taken[s] += 1
-                        filled += len(parts[-1])
-                if filled < n_points:
-                    break
-                rows.append(np.concatenate(parts)[:n_points])
-            if len(rows) == n_streams:
-                picked = np.stack(rows)
-                kinds = StepProcess.kinds_up_to(self.k)
-                return kinds[picked, 0], kinds[picked, 1]
+                cut = starts[np.searchsorted(starts[:-1], np.arange(len(visits) + 1) * self.quota[s])]
+                hour_first[visits], hour_size[visits] = offset + cut[:-1], np.diff(cut)
+                drawn.append(kinds)
+                offset += len(kinds)
+            first, size = hour_first.reshape(n_streams, hours), hour_size.reshape(n_streams, hours)
+            if (size.sum(axis=1) >= n_points).all():
+                break
             hours *= 2
+        steps = np.concatenate(drawn)
+        picked = np.empty((n_streams, n_points), dtype=np.int8)
+        for i in range(n_streams):
+            ends = np.cumsum(size[i])
+            used = int(np.searchsorted(ends, n_points)) + 1
+            at = np.repeat(first[i, :used] - (ends[:used] - size[i, :used]), size[i, :used]) + np.arange(ends[used - 1])
+            picked[i] = steps[at[:n_points]]
+        kinds = StepProcess.kinds_up_to(self.k)
+        return kinds[picked, 0], kinds[picked, 1]
 
 
 class RequestLengths:

@@ -415,3 +415,21 @@ def test_a_step_log_under_a_daily_mix_keeps_the_stated_rate_once_the_reference_s
     by_hour, pooled = found["by hour of day"]["ratio_to_stated"], found["pooled"]["ratio_to_stated"]
     assert found["reference_hours_least"] >= 24
     assert 0.7 < by_hour < 1.5 and pooled < by_hour, (by_hour, pooled)
+
+
+def test_a_sparse_step_log_over_weeks_is_drawn_by_hour_only_where_each_hour_holds_requests():
+    # 288 requests of 5 steps over 60 days: each hour of day holds 12 requests but a clock hour a twentieth of a
+    # step, so a simulated stream walks thousands of nearly empty hours; 64 requests over 300 days leave hours of
+    # day with fewer than MIN_HOUR_REQUESTS, and the reference is drawn as one pool
+    rng = np.random.default_rng(3)
+    request = np.repeat(np.arange(288), 5)
+    hour = np.repeat((np.arange(288) % 24) + 24 * rng.integers(0, 60, 288), 5)
+    order = np.argsort(hour, kind="stable")
+    accepted = rng.integers(0, 5, len(request)).astype(float)[order]
+    checked = np.minimum(accepted + 1, 4)
+    request, hour = request[order], hour[order]
+    assert calibration.StepDay.of(calibration.first_seen(request), hour, np.zeros(288), 4) is not None
+    h = calibration.calibrate(accepted, checked, request, 0.6, 0.45, 2_000, groups=4, hours=hour)
+    assert math.isfinite(h) and h > 0
+    few = request < 64
+    assert calibration.StepDay.of(calibration.first_seen(request[few]), hour[few] * 5, np.zeros(64), 4) is None
