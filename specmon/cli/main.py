@@ -790,9 +790,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "1: a problem (one line each). 2: error, or c unknown for a segment (pass --c). "
                                    "Drift: a one-sided Bernoulli CUSUM per run (step logs, engine logs, Prometheus), "
                                    "calibrated on the run's own first requests to one false alarm per "
-                                   "--false-alarm-steps points (steps, or engine windows: these in 10-minute "
-                                   "blocks, and a rate stated once the reference holds a day and 8 x the figure; "
-                                   "each alarm says why where none is); template changes and annotations are judged "
+                                   "--false-alarm-steps points (steps, or engine windows in 10-minute blocks); a "
+                                   "rate is stated once the reference covers a day, its requests or blocks then "
+                                   "drawn by hour of day (engine windows: once it also holds 8 x the figure), and "
+                                   "each alarm says why where none is; template changes and annotations are judged "
                                    "before/after on the hours both sides cover (where they cover different hours "
                                    "the data cannot tell, and only a new side below break-even is a problem).")
     p.add_argument("--since", help="only steps, alarms and template changes since then: 6h, 2d, 30m, 1w or ISO time")
