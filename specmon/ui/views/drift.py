@@ -98,8 +98,9 @@ def render() -> None:
                  f"{sizes[0]:,}, {sizes[1]:,}, ... {sizes[-1]:,} {d.unit} as the run reaches them (each once no alarm "
                  f"has come for {detector.EPISODE_GAP:,} {d.unit}; the CUSUM restarts there, and the stretches before "
                  "the last one were watched against their own h).")
-        resampled = (f"{d.clusters:,} requests" + (" by hour of day (it covers a day)"
-                                                   if detector.covers_a_day(d.reference_hours) else "")
+        resampled = (f"{d.clusters:,} requests" + (
+            f" by hour of day (it covers a day; pooled where an hour of day holds fewer than "
+            f"{calibration.MIN_HOUR_REQUESTS} of them)" if detector.covers_a_day(d.reference_hours) else "")
                      if d.unit == "steps" else
                      f"{d.clusters:,} 10-minute blocks of windows (by hour of day once it covers every hour), each "
                      "moved as a whole by a kernel"
