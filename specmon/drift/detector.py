@@ -124,7 +124,7 @@ class Design:
             return (f"within requests, consecutive steps of the reference are more alike than their request's "
                     f"acceptance explains (runs of easy and hard steps; test z = {self.runs_z:.1f}), which the "
                     "calibration does not picture")
-        if self.reference_hours is not None and self.reference_hours < FULL_CYCLE_HOURS:
+        if self.reference_hours is not None and not covers_a_day(self.reference_hours):
             return (f"the reference covers {self.reference_hours:.1f} hours, less than a full day, so it cannot show "
                     "how the traffic mix swings with the hour (a rate is stated once a checkpoint's reference holds "
                     f"{FULL_CYCLE_HOURS:.0f} hours)")
