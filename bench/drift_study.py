@@ -369,7 +369,7 @@ def main() -> None:  # noqa: C901 (one branch per option and part: a flat list r
         print(f"production_status done in {time.perf_counter() - t0:.0f} s", flush=True)
     if "production_windows" in sections:
         results["production_windows"] = {"intervals_engine_windows": production_study.interval_windows(
-            np.random.default_rng(2042), args.reps or 1000)}
+            np.random.default_rng(2042), args.reps or 1000, (0.5, 1.0, 6.0, 24.0))}
         print(f"production_windows done in {time.perf_counter() - t0:.0f} s", flush=True)
     if "mixing_tail" in sections:
         rng = np.random.default_rng(2032)

@@ -13,51 +13,64 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-import pandas as pd
 import traffic_daily as td
 
-from specmon.analysis.engine_segments import block_seconds
+from specmon.analysis.engine_segments import window_bin_seconds
 from specmon.core import stats
 from specmon.core.segments import position_summary, segment_status
+from specmon.core.settings import WINDOW_BANDWIDTH_BINS
 from specmon.drift import detector
 
 K = 4
 BLOCK_US = 600 * td.US  # engine windows' clusters in template comparisons (specmon's WINDOW_BLOCK_SECONDS)
 
 
-def interval_block_us(end_us: np.ndarray) -> int:
-    """The block length specmon's intervals take for windows ending at end_us (one engine)."""
-    ends = pd.Series(pd.to_datetime(end_us, unit="us", utc=True))
-    return int(block_seconds(pd.DataFrame({"labels": "", "end_ts": ends})) * td.US)
+def serial_sums(a: np.ndarray, n: np.ndarray) -> stats.SerialSums:
+    """specmon's sums for engine windows (stats.SerialSums), from the counts of one engine's bins (bin_counts)."""
+    return stats.SerialSums.of(a, n, WINDOW_BANDWIDTH_BINS)
+
+
+def bin_counts(w: td.Windows) -> tuple[np.ndarray, np.ndarray]:
+    """Per bin of one engine, as specmon bins engine windows (window_bin_seconds): positions accepted (k, bins),
+    drafts."""
+    minute = w.end_us // (60 * td.US)
+    bin_us = window_bin_seconds(float(minute.max() - minute.min() + 1)) * td.US
+    index = (w.end_us // bin_us).astype(np.int64)
+    index -= index.min()
+    acc_pos = np.stack([np.bincount(index, w.accepted_per_position[:, i]) for i in range(w.k)])
+    return acc_pos, np.bincount(index, w.drafts)
 
 
 def _se(p: float, n: int) -> float:
     return math.sqrt(max(p * (1 - p), 1e-12) / n)
 
 
-def _judge(acc_pos: np.ndarray, steps: np.ndarray, truth: dict) -> dict:
+def _judge(acc_pos: np.ndarray, steps: np.ndarray, truth: dict, sums: Callable = stats.ClusterSums.of) -> dict:
     """Coverage and status at break-even from per-cluster counts: acc_pos (k, clusters) positions accepted,
-    steps (clusters) steps or drafts; break-even put exactly at the truth (1 + k c = the true L)."""
+    steps (clusters) steps or drafts, sums the intervals' variance (clusters, or serial_sums for engine windows'
+    bins); break-even put exactly at the truth (1 + k c = the true L)."""
     accepted = acc_pos.sum(axis=0)
     checked = steps + acc_pos[:-1].sum(axis=0)
-    iv = stats.cluster_robust_interval(accepted, checked)
-    tokens = stats.ratio_interval(stats.ClusterSums.of(accepted, steps.astype(float)), iv.dof)
+    iv = stats.cluster_interval(sums(accepted, checked))
+    tokens = stats.ratio_interval(sums(accepted, steps.astype(float)), iv.dof)
     out = {"alpha": iv.lo <= truth["alpha"] <= iv.hi}
     if tokens is None:
         return out | {"L": False, "status": "unknown", "positions": [False] * K}
     out["L"] = tokens[0] <= truth["L_minus_1"] <= tokens[1]
     out["status"] = segment_status(tokens[0], tokens[1], truth["L_minus_1"])  # L - 1 against k c
-    return out | {"positions": position_hits(acc_pos, steps, truth["conditional"]).tolist()}
+    return out | {"positions": position_hits(acc_pos, steps, truth["conditional"], sums).tolist()}
 
 
-def position_hits(acc_pos: np.ndarray, steps: np.ndarray, conditional: list[float]) -> np.ndarray:
-    """Whether each position's interval, as specmon computes it (its own clusters), holds the true conditional rate:
-    acc_pos (k, clusters) positions accepted, steps (clusters) steps or drafts."""
+def position_hits(acc_pos: np.ndarray, steps: np.ndarray, conditional: list[float],
+                  sums: Callable = stats.ClusterSums.of) -> np.ndarray:
+    """Whether each position's interval, as specmon computes it (its own clusters, or bins for engine windows),
+    holds the true conditional rate: acc_pos (k, clusters) positions accepted, steps (clusters) steps or drafts."""
     reached = np.vstack([steps, acc_pos[:-1]])
     hits = np.zeros(len(acc_pos), dtype=bool)
     for i in range(len(acc_pos)):
-        held = reached[i] > 0
-        p = position_summary(i + 1, stats.ClusterSums.of(acc_pos[i][held], reached[i][held]), float(steps.sum()))
+        # a cluster the position never reached is none of its clusters; empty bins stay, they keep the grid's order
+        held = reached[i] > 0 if sums is stats.ClusterSums.of else np.ones(len(steps), dtype=bool)
+        p = position_summary(i + 1, sums(acc_pos[i][held], reached[i][held]), float(steps.sum()))
         hits[i] = p.conditional_lo is not None and p.conditional_lo <= conditional[i] <= p.conditional_hi
     return hits
 
@@ -100,20 +113,15 @@ def _flat(_: np.ndarray) -> np.ndarray:
     return np.full(np.shape(_), 0.5)
 
 
-def interval_windows(rng: np.random.Generator, reps: int) -> list[dict]:
-    """Windows over requests arriving at 0.2/s with a constant mix, clustered by blocks as specmon does (10 minutes,
-    or half an hour or an hour where the log fills 12 such blocks)."""
+def interval_windows(rng: np.random.Generator, reps: int, spans: tuple[float, ...] = (1.0, 6.0, 24.0)) -> list[dict]:
+    """Windows over requests arriving at 0.2/s with a constant mix over each span (hours), their variance pairing
+    neighbouring bins as specmon's does (stats.SerialSums)."""
     truth = td.truth(K, 0.5)
     out = []
-    for hours in (1.0, 6.0, 24.0):
-        results = []
-        for _ in range(reps):
-            w = td.engine_windows(rng, 0.2, hours, K, share=_flat)
-            block_us = interval_block_us(w.end_us)
-            _, block = np.unique(w.end_us // block_us, return_inverse=True)
-            acc_pos = np.stack([np.bincount(block, w.accepted_per_position[:, i]) for i in range(K)])
-            results.append(_judge(acc_pos, np.bincount(block, w.drafts), truth))
-        out.append({"hours": hours, "blocks": int(hours * td.HOUR_US // block_us)} | _tally(results))
+    for hours in spans:
+        results = [_judge(*bin_counts(td.engine_windows(rng, 0.2, hours, K, share=_flat)), truth, serial_sums)
+                   for _ in range(reps)]
+        out.append({"hours": hours} | _tally(results))
     return out
 
 

@@ -123,12 +123,13 @@ class Windows:
 
 def engine_windows(rng: np.random.Generator, arrivals_per_s: float, span_h: float, k: int = 4,
                    rollout_h: float | None = None, drop: float = 0.0,
-                   share: Callable[[np.ndarray], np.ndarray] = chat_share) -> Windows:
-    """WINDOW_S windows over requests arriving at arrivals_per_s, each lasting a lognormal time and stepping every
-    ENGINE_STEP_S (so it spans several windows)."""
+                   share: Callable[[np.ndarray], np.ndarray] = chat_share, median_s: float = REQUEST_MEDIAN_S,
+                   sigma: float = REQUEST_SIGMA) -> Windows:
+    """WINDOW_S windows over requests arriving at arrivals_per_s, each lasting a lognormal time (median_s, sigma)
+    and stepping every ENGINE_STEP_S (so it spans several windows)."""
     n = rng.poisson(arrivals_per_s * span_h * 3600)
     req = requests(rng, n, span_h, rollout_h, drop, share)
-    duration = REQUEST_MEDIAN_S * np.exp(REQUEST_SIGMA * rng.standard_normal(n))
+    duration = median_s * np.exp(sigma * rng.standard_normal(n))
     sizes = np.maximum(1, (duration / ENGINE_STEP_S).astype(np.int64))
     request, accepted = _steps_of(rng, req.rate, sizes, k)
     offset = np.arange(len(request)) - np.repeat(np.cumsum(sizes) - sizes, sizes)

@@ -4,10 +4,10 @@ same shape as the step-log summaries, so pages and `specmon summary` show them s
 Engines log counts, not distributions: beta is unknown (null) for them. Per-token alpha needs the per-position
 counts (position 1 is checked on every draft, position i when i - 1 was accepted): checked = drafts +
 sum_{i<k} accepted_at_i. Where an engine gives only accepted and drafted tokens (early vLLM V1, llama.cpp's
-summaries), alpha stays null and its accepted/drafted rate is reported as draft_acceptance_rate. The intervals
-treat each block of windows (window_blocks: one engine, WINDOW_BLOCK_SECONDS of time, or an hour or half an hour
-where the segment fills enough of them: block_seconds) as a cluster (stats.cluster_interval), since a request spans
-neighbouring windows.
+summaries), alpha stays null and its accepted/drafted rate is reported as draft_acceptance_rate. A request spans
+neighbouring windows, so windows are not independent: the intervals sum them into bins of one engine (a minute up to
+four hours of windows) and take the Bartlett (Newey-West) variance with a bandwidth of 30 minutes or an eighth of the
+span (stats.SerialSums, window_bins), and give none where the windows span under MIN_WINDOW_SPAN_SECONDS.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -26,8 +26,10 @@ from specmon.core.segments import Estimate, PositionSummary, SegmentSummary, eco
 from specmon.core.settings import (
     BUCKETS,
     CONFIDENCE,
-    LONGER_WINDOW_BLOCKS_SECONDS,
-    MIN_WINDOW_BLOCKS,
+    MIN_WINDOW_SPAN_SECONDS,
+    WINDOW_BANDWIDTH_BINS,
+    WINDOW_BANDWIDTH_SECONDS,
+    WINDOW_BANDWIDTH_SPAN_SHARE,
     WINDOW_BLOCK_SECONDS,
 )
 from specmon.ingest.formats.prometheus_metrics import (
@@ -253,83 +255,97 @@ def _tokens_per_step(part: pd.DataFrame, n_drafts: float | None) -> tuple[float 
     return None, None
 
 
-ONE_BLOCK_NOTE = (f"no interval yet: the windows span one {WINDOW_BLOCK_SECONDS / 60:g}-minute block, and requests "
-                  "outlive a window, so windows are not independent observations; an interval needs two blocks")
+SHORT_SPAN_NOTE = (f"no interval yet: the windows span under {MIN_WINDOW_SPAN_SECONDS / 60:g} minutes, and requests "
+                   "outlive a window, so windows are not independent observations and so short a span cannot show "
+                   "how much requests differ")
 
 
 def engine_of(labels: pd.Series) -> pd.Series:
     """The engine instance each window comes from: its labels' `engine` entry (a data-parallel rank in a log, the
     `engine` label of a Prometheus series), "" where there is none. Never the whole label set: a log window's labels
     also hold the line's own figures (vLLM's throughputs), which would make every window an engine of its own. Two
-    instances that share the entry fall into one block, which only makes the blocks coarser."""
+    instances that share the entry fall into one series, which only pairs more bins."""
     texts = labels.fillna("").astype(str)
     found = {t: str(json.loads(t).get("engine", "")) if t.startswith("{") else "" for t in texts.unique()}
     return texts.map(found)
 
 
 def window_blocks(part: pd.DataFrame, seconds: float = WINDOW_BLOCK_SECONDS) -> pd.Series:
-    """Each window's block, the cluster of every interval on engine windows: its engine (engine_of) and the bucket
-    of `seconds` (block_seconds) it ends in. A request spans neighbouring windows, so windows as clusters
-    under-cover (0.80-0.87 for 10-second windows in tests/analysis/test_engine_intervals.py); blocks far longer
-    than a request are all but independent."""
+    """Each window's block: its engine (engine_of) and the bucket of `seconds` it ends in, the cluster of drift's
+    block bootstrap and of template comparisons on engine windows."""
     bucket = part["end_ts"].dt.floor(pd.Timedelta(seconds=seconds)).astype(str)
     return engine_of(part["labels"]) + "@" + bucket
 
 
-def block_seconds(part: pd.DataFrame) -> float:
-    """The block length of the segment's intervals: the longest of LONGER_WINDOW_BLOCKS_SECONDS whose blocks the
-    windows fill at least MIN_WINDOW_BLOCKS of, else WINDOW_BLOCK_SECONDS."""
+class WindowBins(NamedTuple):
+    place: np.ndarray  # each window's bin on the grid of stats.SerialSums
+    minutes: float  # the minutes the engines' windows span, summed over engines
+
+
+def window_bins(part: pd.DataFrame) -> WindowBins:
+    """Each window's place on the grid of stats.SerialSums, and the minutes its windows span.
+
+    A bin is a WINDOW_BANDWIDTH_BINS-th of the bandwidth (window_bin_seconds; a minute up to four hours of windows) of
+    one engine; bins of one engine keep their order and distance, a gap longer than the bandwidth shrinks to just
+    over it (nothing pairs across it either way), and engines lie a bandwidth apart (requests do not move between
+    engines). An engine's span is its first to last clock minute, inclusive."""
     engine = pd.factorize(engine_of(part["labels"]))[0]
-    for seconds in sorted(LONGER_WINDOW_BLOCKS_SECONDS, reverse=True):
-        bucket = part["end_ts"].dt.floor(pd.Timedelta(seconds=seconds)).to_numpy()
-        if len(pd.DataFrame({"engine": engine, "bucket": bucket}).drop_duplicates()) >= MIN_WINDOW_BLOCKS:
-            return seconds
-    return WINDOW_BLOCK_SECONDS
+    seconds = pd.DatetimeIndex(part["end_ts"]).as_unit("s").asi8
+    minute = seconds // 60
+    spans = pd.DataFrame({"engine": engine, "minute": minute}).groupby("engine")["minute"].agg(["min", "max"])
+    minutes = (spans["max"] - spans["min"] + 1).to_numpy()
+    bin_index = seconds // window_bin_seconds(float(minutes.max()) if len(minutes) else 0.0)
+    order = np.lexsort((bin_index, engine))
+    gap = WINDOW_BANDWIDTH_BINS + 1
+    step = np.where(np.diff(engine[order]) != 0, gap, np.minimum(np.diff(bin_index[order]), gap))
+    place = np.empty(len(part), dtype=np.int64)
+    place[order] = np.concatenate([[0], np.cumsum(step)])
+    return WindowBins(place, float(minutes.sum()))
 
 
-def _block_sums(blocks: np.ndarray, a: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    _, inverse = np.unique(blocks, return_inverse=True)
-    return np.bincount(inverse, weights=a), np.bincount(inverse, weights=n)
+def window_bin_seconds(longest_minutes: float) -> float:
+    """The bin of engine-window intervals for an engine whose windows span `longest_minutes`: a
+    WINDOW_BANDWIDTH_BINS-th of the bandwidth, WINDOW_BANDWIDTH_SECONDS or WINDOW_BANDWIDTH_SPAN_SHARE of the span
+    where that is longer (so the variance costs the same on a day as on an hour)."""
+    bandwidth = max(WINDOW_BANDWIDTH_SECONDS, longest_minutes * 60 * WINDOW_BANDWIDTH_SPAN_SHARE)
+    return bandwidth / WINDOW_BANDWIDTH_BINS
 
 
-def _tokens_interval(part: pd.DataFrame, alpha: stats.Interval, seconds: float) -> tuple[float | None, float | None]:
-    """L's interval, blocks of windows as clusters (window_blocks), at alpha's degrees of freedom; needs 2 blocks
-    with counts."""
+def _serial_sums(bins: WindowBins, a: np.ndarray, n: np.ndarray) -> stats.SerialSums:
+    size = int(bins.place.max()) + 1 if len(bins.place) else 0
+    return stats.SerialSums.of(np.bincount(bins.place, weights=a, minlength=size),
+                               np.bincount(bins.place, weights=n, minlength=size), WINDOW_BANDWIDTH_BINS)
+
+
+def _tokens_interval(part: pd.DataFrame, alpha: stats.Interval) -> tuple[float | None, float | None]:
+    """L's interval from the windows that count both drafts and accepted tokens (stats.SerialSums), at alpha's
+    degrees of freedom."""
     known = part[part["drafts"].notna() & part["accepted_tokens"].notna()]
-    accepted, drafts = _block_sums(window_blocks(known, seconds).to_numpy(), known["accepted_tokens"].to_numpy(float),
-                                   known["drafts"].to_numpy(float))
-    iv = stats.ratio_interval(stats.ClusterSums.of(accepted, drafts), alpha.dof, CONFIDENCE)
+    iv = stats.ratio_interval(_serial_sums(window_bins(known), known["accepted_tokens"].to_numpy(float),
+                                           known["drafts"].to_numpy(float)), alpha.dof, CONFIDENCE)
     return (None, None) if iv is None else (1 + max(iv[0], 0.0), 1 + iv[1])
 
 
-def _positions(part: pd.DataFrame, seconds: float, interval: bool) -> tuple[PositionSummary, ...]:
+def _positions(part: pd.DataFrame, interval: bool) -> tuple[PositionSummary, ...]:
     """Per-position rates summed over the windows that give per-position counts: position 1 is reached by every
-    draft, position i by the drafts accepted at i - 1; blocks of windows are each position's clusters
-    (window_blocks), with no interval where alpha has none (interval=False)."""
+    draft, position i by the drafts accepted at i - 1; each position's interval its own stats.SerialSums, none where
+    alpha has none (interval=False)."""
     with_pp = part[part["accepted_per_position"].map(_has_positions) & part["drafts"].notna()]
     width = max(len(v) for v in with_pp["accepted_per_position"])
     acc = np.zeros((len(with_pp), width))
     for row, v in enumerate(with_pp["accepted_per_position"]):
         acc[row, :len(v)] = np.asarray(v, dtype=float)
     reached = np.column_stack([with_pp["drafts"].to_numpy(float), acc[:, :-1]])
-    _, block = np.unique(window_blocks(with_pp, seconds).to_numpy(), return_inverse=True)
+    bins = window_bins(with_pp)
     drafts = float(with_pp["drafts"].sum())
-    out = []
-    for i in range(width):
-        a, n = np.bincount(block, weights=acc[:, i]), np.bincount(block, weights=reached[:, i])
-        held = n > 0  # a block whose drafts never reached the position is no cluster of it
-        out.append(position_summary(i + 1, stats.ClusterSums.of(a[held], n[held]), drafts, interval=interval))
-    return tuple(out)
-
-
-def _sum_or_none(column: pd.Series) -> float | None:
-    return float(column.sum()) if column.notna().any() else None
+    return tuple(position_summary(i + 1, _serial_sums(bins, acc[:, i], reached[:, i]), drafts, interval=interval)
+                 for i in range(width))
 
 
 def segment_of_windows(key: dict, part: pd.DataFrame, c: float | None, bucketed: bool = False,
                        c_source: str | None = None) -> SegmentSummary:
-    """One engine segment (key: run, and template and bucket where grouped) from its windows (WINDOW_COLUMNS),
-    blocks of windows as the intervals' clusters (window_blocks)."""
+    """One engine segment (key: run, and template and bucket where grouped) from its windows (WINDOW_COLUMNS), with
+    intervals whose variance pairs neighbouring windows (stats.SerialSums) where they span MIN_WINDOW_SPAN_SECONDS."""
     counted = part[part["drafts"].notna()]
     n_drafts = float(counted["drafts"].sum()) if len(counted) else None
     tokens_per_step, note = _tokens_per_step(part, n_drafts)
@@ -337,24 +353,23 @@ def segment_of_windows(key: dict, part: pd.DataFrame, c: float | None, bucketed:
     k_values = part["k"].dropna()
     k = int(k_values.max()) if len(k_values) else None
     alpha, tokens = Estimate(), Estimate(tokens_per_step)
-    iv, seconds = None, WINDOW_BLOCK_SECONDS
+    iv = None
     if checks:
         rows, a, n = np.array(checks).T
-        seconds = block_seconds(part.iloc[rows.astype(int)])
-        blocks = window_blocks(part, seconds).to_numpy()[rows.astype(int)]
-        if len(np.unique(blocks)) < 2:
+        bins = window_bins(part.iloc[rows.astype(int)])
+        if bins.minutes * 60 < MIN_WINDOW_SPAN_SECONDS:
             alpha = Estimate(float(a.sum() / n.sum()) if n.sum() else None)
-            note = note or ONE_BLOCK_NOTE
+            note = note or SHORT_SPAN_NOTE
         else:
-            iv = stats.cluster_robust_interval(*_block_sums(blocks, a, n), CONFIDENCE)
+            iv = stats.cluster_interval(_serial_sums(bins, a, n), CONFIDENCE)
             alpha = Estimate(iv.estimate, iv.lo, iv.hi)
-            tokens = Estimate(tokens_per_step, *(_tokens_interval(part, iv, seconds) if n_drafts else (None, None)))
+            tokens = Estimate(tokens_per_step, *(_tokens_interval(part, iv) if n_drafts else (None, None)))
     elif note is None:
         note = "per-token alpha needs per-position counts, which this engine output does not give"
     drafted, accepted = _sum_or_none(part["draft_tokens"]), _sum_or_none(part["accepted_tokens"])
     mean_draft_len = drafted / n_drafts if drafted and n_drafts else None
     bucket = key.get("bucket")
-    per_position = _positions(part, seconds, iv is not None) if checks else ()
+    per_position = _positions(part, iv is not None) if checks else ()
     return SegmentSummary(
         run=key["run"], template=key.get("template") or None, day=None,
         bucket_start=pd.Timestamp(bucket).isoformat() if bucketed and not pd.isna(bucket) else None,
@@ -372,6 +387,10 @@ def segment_of_windows(key: dict, part: pd.DataFrame, c: float | None, bucketed:
         windows=len(part), note=note, running_requests=_mean_or_none(part, "running_requests"),
         generation_throughput=_mean_or_none(part, "generation_throughput"),
     )
+
+
+def _sum_or_none(column: pd.Series) -> float | None:
+    return float(column.sum()) if column.notna().any() else None
 
 
 def _mean_or_none(part: pd.DataFrame, column: str) -> float | None:

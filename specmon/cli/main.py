@@ -37,6 +37,7 @@ from specmon.core.settings import (
     PULL_REQUEST_TIMEOUT_S,
     PULL_TIMEOUT_S,
     THEORY_K_MAX,
+    WINDOW_BANDWIDTH_SECONDS,
     LiveSettings,
 )
 from specmon.core.text import printable
@@ -215,7 +216,8 @@ def cmd_summary(args: argparse.Namespace) -> int:
             _out(f"DEMO DATA, not yours: {store.path} holds nothing of your own yet, so these are the synthetic "
                  f"demo figures (run {demo.DEMO_RUN!r}). They hide once you ingest a log.")
         _print_table(rows)
-        print("alpha: per-token acceptance, 95% interval with requests as clusters (docs/math.md). "
+        print("alpha: per-token acceptance, 95% interval with requests as clusters, or engine windows' minutes "
+              f"paired up to {WINDOW_BANDWIDTH_SECONDS / 60:g} minutes apart or more (docs/math.md). "
               "beta: predicted acceptance (an interval where only top-k logprobs were logged). "
               "L: tokens per step. alpha*, 1+kc: break-even.")
     return EXIT_OK

@@ -11,18 +11,26 @@ from dataclasses import dataclass
 
 # Every interval specmon reports (alpha, beta, L, per-position rates) is a two-sided 95% interval.
 CONFIDENCE = 0.95
-# Engine windows are summed into blocks of at least this many seconds of one engine before any interval: a request
-# outlives a 10-second log window or a 15-second scrape, so neighbouring windows share its noise, and a block this
-# much longer than most requests makes neighbouring blocks all but independent (tests/analysis/test_load_windows.py:
-# coverage 0.93-0.95 for throughput noise that persists 30 to 120 s, where 120-second blocks gave 0.86;
-# tests/analysis/test_engine_intervals.py for acceptance and L).
+# Where engine windows are the units of a comparison (the load curve's concurrency bins, template comparisons, drift's
+# block bootstrap), they are summed into blocks of this many seconds of one engine: a request outlives a 10-second
+# log window or a 15-second scrape, so neighbouring windows share its noise, and a block this much longer than most
+# requests makes neighbouring blocks all but independent (tests/analysis/test_load_windows.py: coverage 0.93-0.95
+# for throughput noise that persists 30 to 120 s, where 120-second blocks gave 0.86).
 WINDOW_BLOCK_SECONDS = 600.0
-# Where a segment's windows fill at least MIN_WINDOW_BLOCKS blocks of a longer length, its intervals take the
-# longest such blocks: the longest requests (minutes, where durations are heavy-tailed) outlive 10-minute blocks
-# and carry much of the variance, so over a day 10-minute blocks understate it (coverage 0.85-0.91 where one-hour
-# blocks give 0.93; docs/drift.md, "Production-like traffic"), while 12 blocks keep the t quantile near 2.2.
-LONGER_WINDOW_BLOCKS_SECONDS = (1800.0, 3600.0)
-MIN_WINDOW_BLOCKS = 12
+# Intervals on engine windows pair the windows of one engine up to a bandwidth apart in a Bartlett (Newey-West)
+# variance (stats.SerialSums): a request's noise runs across every window it spans. A pair `lag` apart is weighed
+# 1 - lag / bandwidth, so a request of duration D loses about D / (3 x bandwidth) of its share; where durations are
+# heavy-tailed the longest requests carry most of the variance (lognormal, median 40 s, sigma 1: 9% lost at 30
+# minutes). The bandwidth is WINDOW_BANDWIDTH_SECONDS, or WINDOW_BANDWIDTH_SPAN_SHARE of an engine's span where that
+# is longer: a long span has the degrees of freedom to spare (about 12 at an eighth). Windows are summed into bins of
+# a WINDOW_BANDWIDTH_BINS-th of the bandwidth (a minute at 30 minutes), which keeps the cost of a day's or a month's
+# variance that of an hour's.
+WINDOW_BANDWIDTH_SECONDS = 1800.0
+WINDOW_BANDWIDTH_SPAN_SHARE = 1 / 8
+WINDOW_BANDWIDTH_BINS = 30
+# Under this span (the shortest bandwidth) an engine segment gets no interval: requests lasting minutes leave too few
+# of them to show how much they differ.
+MIN_WINDOW_SPAN_SECONDS = 1800.0
 # |z| above this says observed and predicted acceptance differ beyond sampling noise (two-sided p ~ 0.003).
 GAP_Z_LIMIT = 3.0
 # The level of the losslessness KS tests (`specmon verify`, the Losslessness page): p below it fails.

@@ -8,6 +8,7 @@ import functools
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
+from typing import Protocol
 
 import numpy as np
 
@@ -94,6 +95,95 @@ class ClusterSums:
         sum_s = (1 - rho) * self.n + rho * self.nn
         sum_ss = (1 - rho) ** 2 * self.nn + 2 * rho * (1 - rho) * self.n3 + rho * rho * self.n4
         return float(min(self.clusters - 1, sum_s * sum_s / sum_ss)) if sum_ss > 0 else float(self.clusters - 1)
+
+
+class RatioSums(Protocol):
+    """What an interval on a ratio of summed successes over summed trials reads: the totals, how many clusters hold
+    trials, the ratio's variance and the degrees of freedom of its t quantile."""
+
+    @property
+    def clusters(self) -> int: ...
+
+    @property
+    def a(self) -> float: ...
+
+    @property
+    def n(self) -> float: ...
+
+    def ratio_variance(self) -> float: ...
+
+    def dof(self, design_effect: float) -> float: ...
+
+
+@dataclass(frozen=True)
+class SerialSums:
+    """Successes and trials of a series of time bins whose noise runs across neighbouring bins (engine windows: a
+    request outlives a window), with the Bartlett (Newey-West) variance of the ratio a/n.
+
+    Bins lie on a regular grid, empty bins as zeros, separate series (engines) at least `lags` empty bins apart, so
+    only bins of one series within `lags` of each other are paired. Variance: sum_ij w_ij e_i e_j / N^2 with
+    e_j = a_j - r n_j and Bartlett weights w = 1 - |i - j| / (lags + 1), which keeps it positive and counts the
+    covariance of bins up to `lags` apart (a request shorter than the bandwidth is counted almost whole). Two
+    finite-sample corrections, as CR2 and Bell-McCaffrey make for clusters: the estimate is scaled so it is unbiased
+    when the bins are independent with variances s_j = n_j (1 + (n_j - 1) rho) (rho from the bins' own design
+    effect, as ClusterSums.dof), since the residuals are centred on the estimate and the weights shrink long lags;
+    the degrees of freedom are Satterthwaite's for that quadratic form, tr(A S)^2 / tr((A S)^2), which are few
+    where the span is not much longer than the bandwidth (the t quantile then widens the interval). The traces are
+    summed in O(bins x lags). Assumes noise more than `lags` bins apart is independent.
+    """
+
+    clusters: int
+    a: float
+    n: float
+    variance: float
+    degrees: float
+
+    @classmethod
+    def of(cls, successes: np.ndarray, trials: np.ndarray, lags: int) -> SerialSums:
+        a = np.asarray(successes, dtype=float)
+        n = np.asarray(trials, dtype=float)
+        total, held = float(n.sum()), int((n > 0).sum())
+        if held < 2:
+            return cls(held, float(a.sum()), total, math.nan, math.inf)
+        r = a.sum() / total
+        e = a - r * n
+        v = n / total
+        weights = [(lag, 1.0 - lag / (lags + 1)) for lag in range(1, min(lags, len(a) - 1) + 1)]
+        raw, wv = float((e * e).sum()), v.copy()
+        for lag, w in weights:
+            raw += 2 * w * float((e[:-lag] * e[lag:]).sum())
+            wv[:-lag] += w * v[lag:]
+            wv[lag:] += w * v[:-lag]
+        s = n * (1 + (n - 1) * _working_rho(a, n, e, r, total))
+        # A = M' W M with M = I - n 1'/N centring the residuals; A = W + B, B_ij = c - wv_i - wv_j (wv = W v)
+        c = float(v @ wv)
+        trace = float((s * (1 - 2 * wv + c)).sum())
+        s0, s1, s2 = float(s.sum()), float((wv * s).sum()), float((wv * wv * s).sum())
+        off_band_b = c * c * s0 * s0 + 2 * s0 * s2 + 2 * s1 * s1 - 4 * c * s0 * s1  # sum_ij B_ij^2 s_i s_j
+        square = float((s * s * ((1 - 2 * wv + c) ** 2 - (c - 2 * wv) ** 2)).sum()) + off_band_b
+        for lag, w in weights:
+            b = c - wv[:-lag] - wv[lag:]
+            square += 2 * float(((w + b) ** 2 - b * b) @ (s[:-lag] * s[lag:]))
+        if trace <= 0 or square <= 0:
+            return cls(held, float(a.sum()), total, math.nan, math.inf)
+        return cls(held, float(a.sum()), total, raw * s0 / trace / (total * total),
+                   min(trace * trace / square, held - 1.0))
+
+    def ratio_variance(self) -> float:
+        return self.variance
+
+    def dof(self, design_effect: float) -> float:
+        return self.degrees
+
+
+def _working_rho(a: np.ndarray, n: np.ndarray, e: np.ndarray, r: float, total: float) -> float:
+    """The intra-bin correlation of SerialSums' working model, from the bins' CR2 design effect (ClusterSums.dof)."""
+    binomial = r * (1 - r) / total
+    share = n / total
+    leverage = np.where(share < 1.0, 1.0 / np.where(share < 1.0, 1.0 - share, 1.0), 1.0)
+    design_effect = max(1.0, float((leverage * e * e).sum()) / total ** 2 / binomial) if binomial > 0 else 1.0
+    mean_size = float((n * n).sum()) / total
+    return min(max((design_effect - 1.0) / (mean_size - 1.0), 0.0), 1.0) if mean_size > 1 else 0.0
 
 
 def tv_distance(p: np.ndarray, q: np.ndarray) -> float:
@@ -278,7 +368,7 @@ def wilson_interval(successes: float, trials: float, confidence: float = 0.95,
     return (0.0 if phat <= 0 else max(0.0, centre - half)), (1.0 if phat >= 1 else min(1.0, centre + half))
 
 
-def cluster_interval(sums: ClusterSums, confidence: float = 0.95) -> Interval:
+def cluster_interval(sums: RatioSums, confidence: float = 0.95) -> Interval:
     """Acceptance a/n with an interval widened for correlation within clusters (requests, engine windows), built to
     hold with few clusters (docs/math.md, "Intervals").
 
@@ -323,7 +413,7 @@ def cluster_robust_interval(successes: np.ndarray, trials: np.ndarray, confidenc
     return cluster_interval(ClusterSums.of(successes, trials), confidence)
 
 
-def ratio_interval(sums: ClusterSums, dof: float, confidence: float = 0.95) -> tuple[float, float] | None:
+def ratio_interval(sums: RatioSums, dof: float, confidence: float = 0.95) -> tuple[float, float] | None:
     """Interval for a positive ratio of per-cluster totals that is not a proportion (tokens per step: accepted /
     steps), with the CR2 variance and the given degrees of freedom: the hull of the normal-shape interval
     r +- t se and the log-scale one r exp(+-t se / r) (log_ratio_bounds), that is [r - t se, r exp(t se / r)].

@@ -15,11 +15,10 @@ from engine_streams import vllm_window_lines
 from specmon.analysis import summary
 from specmon.analysis.engine_segments import (
     WINDOW_COLUMNS,
-    block_seconds,
     checked_windows,
     engine_of,
     segment_of_windows,
-    window_blocks,
+    window_bins,
 )
 from specmon.core import stats
 from specmon.ingest.pipeline import ingest_file
@@ -74,16 +73,18 @@ def _windows(rng: np.random.Generator, hours: float = HOURS) -> pd.DataFrame:
 
 
 @pytest.mark.slow  # a Monte-Carlo coverage check
-@pytest.mark.parametrize("hours, replicates, block_s", [(HOURS, 300, 600.0), (24.0, 200, 3600.0)])
-def test_intervals_on_engine_windows_cover_when_requests_span_windows(hours, replicates, block_s):
-    """Over four hours the intervals take 10-minute blocks; over a day, hour blocks (the longest requests outlive
-    10 minutes). Every position's interval has the blocks as its clusters too."""
+# Over a day the lower bound is looser: here a request steps 20 times a second, so the few longest requests carry
+# most of the variance, and its estimate is noisier than its degrees of freedom say (0.91 and 0.94 from two seeds of
+# 400 logs; docs/drift.md, "What each statistic assumes").
+@pytest.mark.parametrize("hours, replicates, lowest", [(1.0, 300, 0.92), (HOURS, 300, 0.92), (24.0, 400, 0.90)])
+def test_intervals_on_engine_windows_cover_when_requests_span_windows(hours, replicates, lowest):
+    """From an hour to a day of windows, the variance that pairs neighbouring windows holds alpha, L and every
+    position's rate, where windows as clusters do not."""
     alpha_true, tokens_true, conditional_true = _truth()
     rng = np.random.default_rng(5)
     covered = {"alpha": 0, "L": 0, "alpha, windows as clusters": 0} | {f"position {i + 1}": 0 for i in range(4)}
     for _ in range(replicates):
         w = _windows(rng, hours)
-        assert block_seconds(w) == block_s
         seg = segment_of_windows({"run": "r", "template": ""}, w, c=0.4)
         covered["alpha"] += seg.alpha.lo < alpha_true < seg.alpha.hi
         covered["L"] += seg.tokens_per_step.lo < tokens_true < seg.tokens_per_step.hi
@@ -94,19 +95,20 @@ def test_intervals_on_engine_windows_cover_when_requests_span_windows(hours, rep
         naive = stats.cluster_robust_interval(per_pos.sum(axis=1), checked)
         covered["alpha, windows as clusters"] += naive.lo < alpha_true < naive.hi
     rate = {k: v / replicates for k, v in covered.items()}
-    # Monte-Carlo standard error about 0.013-0.015 at 0.95
-    assert 0.92 <= rate["alpha"] <= 0.985, rate
-    assert 0.92 <= rate["L"] <= 0.985, rate
-    # each position on its own blocks: 0.90-0.92 over four hours (24 blocks), where alpha's is 0.92
-    assert all(0.89 <= rate[f"position {i + 1}"] <= 0.985 for i in range(4)), rate
+    # Monte-Carlo standard error about 0.012-0.015 at 0.95
+    assert lowest <= rate["alpha"] <= 0.985, rate
+    assert lowest <= rate["L"] <= 0.985, rate
+    assert all(lowest - 0.01 <= rate[f"position {i + 1}"] <= 0.985 for i in range(4)), rate
     assert rate["alpha, windows as clusters"] < 0.90, rate  # why windows are not the clusters
 
 
-def test_a_log_of_one_block_has_no_interval_and_says_why():
-    w = _windows(np.random.default_rng(1)).iloc[:30]  # five minutes of windows: one block
+def test_a_log_shorter_than_the_shortest_span_has_no_interval_and_says_why():
+    w = _windows(np.random.default_rng(1)).iloc[:168]  # 28 minutes of windows, ending in 29 clock minutes
     seg = segment_of_windows({"run": "r", "template": ""}, w, c=0.4)
     assert seg.alpha.value is not None and seg.alpha.lo is None and seg.tokens_per_step.lo is None
-    assert seg.status == "unknown" and "one 10-minute block" in seg.note
+    assert seg.status == "unknown" and "under 30 minutes" in seg.note
+    longer = segment_of_windows({"run": "r", "template": ""}, _windows(np.random.default_rng(1)).iloc[:180], c=0.4)
+    assert longer.alpha.lo is not None and longer.tokens_per_step.lo is not None
 
 
 def test_a_logged_run_is_clustered_by_the_clock_not_by_each_line(store, tmp_path):
@@ -120,10 +122,10 @@ def test_a_logged_run_is_clustered_by_the_clock_not_by_each_line(store, tmp_path
     assert ingest_file(store, str(path), run="r").status == "stored"
     logged = checked_windows(store, "r")
     assert logged["labels"].str.contains("throughput").all()
-    assert window_blocks(logged).nunique() == HOURS * 6  # one engine, 10-minute blocks
+    assert window_bins(logged).minutes == HOURS * 60  # one engine's minutes, not a minute per line
     seg = segment_of_windows({"run": "r", "template": ""}, w, c=0.4)
     row = summary.summarize(store, by="run", c=0.4, run="r")[0]
-    # the same blocks as the frame's, so the same interval but for the lines' rounding of per-position rates
+    # the same bins as the frame's, so the same interval but for the lines' rounding of per-position rates
     assert row["alpha_lo"] == pytest.approx(seg.alpha.lo, abs=2e-3) and row["alpha_hi"] == pytest.approx(
         seg.alpha.hi, abs=2e-3)
 

@@ -221,8 +221,10 @@ def test_a_segment_turning_losing_reaches_the_webhook_once(tmp_path, receiver):
         for i in range(20):
             fh.write(v1_line(i, 100, [90, 80, 70])[0])
     w.poll_once()
-    with open(log, "a") as fh:  # acceptance collapses below break-even (1 + k c = 1.9 tokens per step)
-        for i in range(20, 400):
+    # acceptance collapses below break-even (1 + k c = 1.9 tokens per step) for two hours: an hour is too short to
+    # call losing, with noise paired across half an hour of windows
+    with open(log, "a") as fh:
+        for i in range(20, 800):
             fh.write(v1_line(i, 100, [20, 5, 1])[0])
     w.poll_once()
     w.outbox.close()
@@ -239,7 +241,7 @@ def test_a_segment_turning_losing_reaches_the_webhook_once(tmp_path, receiver):
     w.poll_once()  # nothing new: nothing sent again
     restarted = Watcher(store, config, log=lambda s: None)
     with open(log, "a") as fh:
-        fh.write(v1_line(400, 100, [20, 5, 1])[0])
+        fh.write(v1_line(800, 100, [20, 5, 1])[0])
     restarted.poll_once()
     restarted.outbox.close()
     assert len([r for r in received if r["event"] == "segment_losing"]) == 1

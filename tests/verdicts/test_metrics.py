@@ -92,7 +92,7 @@ def test_the_series_are_checks_figures_and_the_watchers_health(watched):
                           ("specmon_tokens_per_step_lower", "tokens_per_step_lo"),
                           ("specmon_tokens_per_step_upper", "tokens_per_step_hi"),
                           ("specmon_batch1_speedup_ratio", "speedup_measured")):
-            if row[key] is None:  # unknown (run old's 400 s of windows are one block: no interval) is no series
+            if row[key] is None:  # unknown (run old's 400 s of windows are too short for an interval) is no series
                 assert seg not in got.get(name, {}), (name, row["run"])
             else:
                 assert got[name][seg] == pytest.approx(row[key]), (name, row["run"])

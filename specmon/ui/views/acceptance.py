@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from specmon.core import display
-from specmon.core.settings import BUCKETS, GAP_Z_LIMIT
+from specmon.core.settings import BUCKETS, GAP_Z_LIMIT, WINDOW_BANDWIDTH_SECONDS
 from specmon.ui import data
 from specmon.ui.widgets import EMPTY, demo_banner, fmt, guarded, md_text, pick_segment, table
 
@@ -110,10 +110,11 @@ def render() -> None:
     st.subheader("Per draft position")
     st.altair_chart(_position_chart(positions_frame(seg)), width="stretch")
     st.caption("Observed conditional: of the drafts that reached position i, the share accepted (95% interval "
-               "with requests, or blocks of engine windows, as clusters, from this position's own counts). "
-               "Predicted beta: the mean acceptance probability "
-               "the logged distributions imply. Cumulative: accepted at position i / all steps — the number vLLM "
-               "and llama.cpp print as 'per-position acceptance rate'; 1 + their sum = L.")
+               "with requests as clusters, or engine windows' minutes paired up to "
+               f"{WINDOW_BANDWIDTH_SECONDS / 60:g} minutes apart or more, from this position's own counts). "
+               "Predicted beta: the mean acceptance probability the logged distributions imply. Cumulative: accepted "
+               "at position i / all steps — the number vLLM and llama.cpp print as 'per-position acceptance rate'; "
+               "1 + their sum = L.")
     if seg["per_position"]:
         table(pd.DataFrame(seg["per_position"]), hide_index=True, width="stretch")
     else:

@@ -140,7 +140,7 @@ def render() -> None:
     if result.design is not None:
         st.markdown("**Detector statistic**")
         st.altair_chart(cusum_chart(result.cusum, result.design.h), width="stretch")
-    st.caption("Status: tokens per step L (with its request-clustered interval) against 1 + g·c (g the mean draft "
+    st.caption("Status: tokens per step L (with its 95% interval) against 1 + g·c (g the mean draft "
                "length), which assumes nothing about how acceptance varies along the draft. The i.i.d. status "
                "compares alpha with the i.i.d. model's alpha*, a diagnostic: where acceptance falls with the draft "
                "position it leans towards losing, the more so the more data.")

@@ -164,8 +164,9 @@ def _draft_lengths(seg: dict, c: float) -> None:
     one = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(color="black", strokeDash=[4, 3]).encode(y="y:Q")
     st.altair_chart((lines + bars + one).properties(height=260), width="stretch")
     st.caption("Measured: E[L(k')] = 1 + the sum of the cumulative per-position rates up to k' over 1 + k'·c, with its "
-               "95% interval (the request-clustered spread of L). i.i.d. model: what the segment's alpha predicts if "
-               "every position had the same acceptance. Both at batch 1: see the Load page for the payoff at load.")
+               "95% interval (L's spread between requests, or engine windows' minutes). i.i.d. model: what the "
+               "segment's alpha predicts if every position had the same acceptance. Both at batch 1: see the Load "
+               "page for the payoff at load.")
 
 
 if __name__ == "__main__":  # Streamlit runs a page file as __main__

@@ -1,0 +1,105 @@
+"""The Bartlett variance of engine windows' bins (stats.SerialSums): its band-limited sums against the matrices they
+stand for, and what it measures on series it does and does not model."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from specmon.core import stats
+
+
+def _dense(a: np.ndarray, n: np.ndarray, lags: int, series: np.ndarray | None = None) -> tuple[float, float]:
+    """The variance and degrees of freedom from the full matrices: A = M' W M, M centring the residuals, W the
+    Bartlett weights (0 between bins of different series), S the working model's variances."""
+    g, total = len(a), n.sum()
+    r = a.sum() / total
+    e = a - r * n
+    lag = np.abs(np.subtract.outer(np.arange(g), np.arange(g)))
+    w = np.where(lag <= lags, 1 - lag / (lags + 1), 0.0)
+    if series is not None:
+        w = w * np.equal.outer(series, series)
+    m = np.eye(g) - np.outer(n, np.ones(g)) / total
+    a_mat = m.T @ w @ m
+    binomial = r * (1 - r) / total
+    leverage = 1 / (1 - n / total)
+    design_effect = max(1.0, (leverage * e * e).sum() / total ** 2 / binomial)
+    mean_size = (n * n).sum() / total
+    rho = min(max((design_effect - 1) / (mean_size - 1), 0.0), 1.0)
+    s = n * (1 + (n - 1) * rho)
+    a_s = a_mat * s[None, :]
+    trace = np.trace(a_s)
+    return e @ w @ e * s.sum() / trace / total ** 2, min(trace ** 2 / np.sum(a_s * a_s.T), (n > 0).sum() - 1)
+
+
+@pytest.mark.parametrize("bins, lags", [(5, 30), (40, 3), (200, 30), (61, 60)])
+def test_the_band_sums_are_the_matrices_they_stand_for(bins, lags):
+    rng = np.random.default_rng(bins + lags)
+    n = rng.integers(0, 400, bins).astype(float)
+    n[rng.random(bins) < 0.2] = 0.0  # empty bins: gaps in the series
+    a = rng.binomial(n.astype(int), rng.uniform(0.5, 0.9, bins)).astype(float)
+    sums = stats.SerialSums.of(a, n, lags)
+    variance, dof = _dense(a, n, lags)
+    assert sums.variance == pytest.approx(variance, rel=1e-10)
+    assert sums.degrees == pytest.approx(dof, rel=1e-10)
+    assert (sums.a, sums.n, sums.clusters) == (a.sum(), n.sum(), int((n > 0).sum()))
+
+
+def test_one_bin_with_trials_has_no_spread_to_measure():
+    sums = stats.SerialSums.of(np.array([0.0, 30.0, 0.0]), np.array([0.0, 40.0, 0.0]), 30)
+    assert sums.clusters == 1 and math.isnan(sums.variance)
+    iv = stats.cluster_interval(sums)
+    assert iv.design_effect == 1.0 and math.isinf(iv.dof)  # the plain Wilson interval, as with one cluster
+
+
+def test_series_a_bandwidth_apart_are_independent():
+    """Two engines laid a bandwidth apart on the grid: the variance is the one that pairs no bin of one with a bin
+    of the other."""
+    rng = np.random.default_rng(3)
+    n = rng.integers(50, 100, 40).astype(float)
+    a = rng.binomial(n.astype(int), 0.7).astype(float)
+    gap = np.zeros(5)
+    apart = stats.SerialSums.of(np.concatenate([a[:20], gap, a[20:]]), np.concatenate([n[:20], gap, n[20:]]), 4)
+    variance, dof = _dense(a, n, 4, series=np.repeat([0, 1], 20))
+    assert apart.variance == pytest.approx(variance, rel=1e-10) and apart.degrees == pytest.approx(dof, rel=1e-10)
+    assert stats.SerialSums.of(a, n, 4).variance != pytest.approx(variance, rel=1e-3)  # side by side, they pair
+
+
+def _persistent_series(rng: np.random.Generator, bins: int, memory: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-minute counts whose acceptance wanders: a moving average of `memory` minutes of request effects on the
+    log-odds (not the working model of independent bins), Poisson trials."""
+    shocks = rng.normal(0, 0.6, bins + memory)
+    level = np.convolve(shocks, np.ones(memory) / math.sqrt(memory), "valid")[:bins]
+    p = 1 / (1 + np.exp(-(1.2 + level)))
+    n = rng.poisson(300, bins).astype(float)
+    return rng.binomial(n.astype(int), p).astype(float), n
+
+
+@pytest.mark.parametrize("memory", [1, 10])
+def test_the_interval_holds_where_noise_persists_for_minutes(memory):
+    """Over two hours of minutes whose noise persists 1 or 10 minutes, alpha's interval covers the mean acceptance
+    of the series' own model (found by simulating it long) about 95% of the time."""
+    rng = np.random.default_rng(memory)
+    a, n = _persistent_series(np.random.default_rng(99), 400_000, memory)
+    truth = a.sum() / n.sum()
+    covered = 0
+    reps = 400
+    for _ in range(reps):
+        a, n = _persistent_series(rng, 120, memory)
+        iv = stats.cluster_interval(stats.SerialSums.of(a, n, 30))
+        covered += iv.lo <= truth <= iv.hi
+    # Monte-Carlo standard error 0.011 at 0.95
+    assert 0.92 <= covered / reps <= 0.985, covered / reps
+
+
+def test_noise_that_persists_beyond_the_bandwidth_is_understated():
+    """The limit docs/math.md states: where acceptance wanders for 40 minutes, beyond what a 30-minute bandwidth
+    weighs fully, two hours of minutes under-cover (0.83 over 1,000 series)."""
+    rng = np.random.default_rng(40)
+    a, n = _persistent_series(np.random.default_rng(99), 400_000, 40)
+    truth = a.sum() / n.sum()
+    reps = 400
+    covered = sum(iv.lo <= truth <= iv.hi for iv in (
+        stats.cluster_interval(stats.SerialSums.of(*_persistent_series(rng, 120, 40), 30)) for _ in range(reps)))
+    assert covered / reps < 0.9, covered / reps
