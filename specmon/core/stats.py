@@ -82,6 +82,11 @@ class ClusterSums:
         r = self.a / self.n
         return max(self.aa_l - 2 * r * self.an_l + r * r * self.nn_l, 0.0) / (self.n * self.n)
 
+    def intra_correlation(self, design_effect: float) -> float:
+        """rho of the exchangeable working model, solved from the design effect 1 + (sum n_j^2 / N - 1) rho."""
+        mean_size = self.nn / self.n
+        return min(max((design_effect - 1.0) / (mean_size - 1.0), 0.0), 1.0) if mean_size > 1 else 0.0
+
     def dof(self, design_effect: float) -> float:
         """Satterthwaite degrees of freedom of the variance under the exchangeable working model: cluster j
         contributes variance proportional to s_j = n_j (1 + (n_j - 1) rho), with rho, the intra-cluster
@@ -89,8 +94,7 @@ class ClusterSums:
         at most G - 1. Few clusters, or a few big ones, give few degrees of freedom (a wider t quantile)."""
         if self.clusters < 2:
             return math.inf
-        mean_size = self.nn / self.n
-        rho = min(max((design_effect - 1.0) / (mean_size - 1.0), 0.0), 1.0) if mean_size > 1 else 0.0
+        rho = self.intra_correlation(design_effect)
         # s_j = (1 - rho) n_j + rho n_j^2
         sum_s = (1 - rho) * self.n + rho * self.nn
         sum_ss = (1 - rho) ** 2 * self.nn + 2 * rho * (1 - rho) * self.n3 + rho * rho * self.n4
@@ -125,11 +129,11 @@ class SerialSums:
     e_j = a_j - r n_j and Bartlett weights w = 1 - |i - j| / (lags + 1), which keeps it positive and counts the
     covariance of bins up to `lags` apart (a request shorter than the bandwidth is counted almost whole). Two
     finite-sample corrections, as CR2 and Bell-McCaffrey make for clusters: the estimate is scaled so it is unbiased
-    when the bins are independent with variances s_j = n_j (1 + (n_j - 1) rho) (rho from the bins' own design
-    effect, as ClusterSums.dof), since the residuals are centred on the estimate and the weights shrink long lags;
-    the degrees of freedom are Satterthwaite's for that quadratic form, tr(A S)^2 / tr((A S)^2), which are few
-    where the span is not much longer than the bandwidth (the t quantile then widens the interval). The traces are
-    summed in O(bins x lags). Assumes noise more than `lags` bins apart is independent.
+    when the bins are independent with variances s_j = n_j (1 + (n_j - 1) rho) (rho from the bins' own CR2 design
+    effect, ClusterSums.intra_correlation), since the residuals are centred on the estimate and the weights shrink
+    long lags; the degrees of freedom are Satterthwaite's for that quadratic form, tr(A S)^2 / tr((A S)^2), which are
+    few where the span is not much longer than the bandwidth (the t quantile then widens the interval). The traces
+    are summed in O(bins x lags). Assumes noise more than `lags` bins apart is independent.
     """
 
     clusters: int
@@ -154,7 +158,10 @@ class SerialSums:
             raw += 2 * w * float((e[:-lag] * e[lag:]).sum())
             wv[:-lag] += w * v[lag:]
             wv[lag:] += w * v[:-lag]
-        s = n * (1 + (n - 1) * _working_rho(a, n, e, r, total))
+        bins = ClusterSums.of(a, n)
+        binomial = r * (1 - r) / total
+        design_effect = max(1.0, bins.ratio_variance() / binomial) if binomial > 0 else 1.0
+        s = n * (1 + (n - 1) * bins.intra_correlation(design_effect))
         # A = M' W M with M = I - n 1'/N centring the residuals; A = W + B, B_ij = c - wv_i - wv_j (wv = W v)
         c = float(v @ wv)
         trace = float((s * (1 - 2 * wv + c)).sum())
@@ -174,16 +181,6 @@ class SerialSums:
 
     def dof(self, design_effect: float) -> float:
         return self.degrees
-
-
-def _working_rho(a: np.ndarray, n: np.ndarray, e: np.ndarray, r: float, total: float) -> float:
-    """The intra-bin correlation of SerialSums' working model, from the bins' CR2 design effect (ClusterSums.dof)."""
-    binomial = r * (1 - r) / total
-    share = n / total
-    leverage = np.where(share < 1.0, 1.0 / np.where(share < 1.0, 1.0 - share, 1.0), 1.0)
-    design_effect = max(1.0, float((leverage * e * e).sum()) / total ** 2 / binomial) if binomial > 0 else 1.0
-    mean_size = float((n * n).sum()) / total
-    return min(max((design_effect - 1.0) / (mean_size - 1.0), 0.0), 1.0) if mean_size > 1 else 0.0
 
 
 def tv_distance(p: np.ndarray, q: np.ndarray) -> float:
