@@ -216,8 +216,8 @@ def cmd_summary(args: argparse.Namespace) -> int:
             _out(f"DEMO DATA, not yours: {store.path} holds nothing of your own yet, so these are the synthetic "
                  f"demo figures (run {demo.DEMO_RUN!r}). They hide once you ingest a log.")
         _print_table(rows)
-        print("alpha: per-token acceptance, 95% interval with requests as clusters, or engine windows' minutes "
-              f"paired up to {WINDOW_BANDWIDTH_SECONDS / 60:g} minutes apart or more (docs/math.md). "
+        print("alpha: per-token acceptance, 95% interval with requests as clusters, or engine "
+              f"windows paired up to {WINDOW_BANDWIDTH_SECONDS / 60:g} minutes apart or more (docs/math.md). "
               "beta: predicted acceptance (an interval where only top-k logprobs were logged). "
               "L: tokens per step. alpha*, 1+kc: break-even.")
     return EXIT_OK

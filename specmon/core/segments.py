@@ -52,7 +52,8 @@ def why_unknown(row: dict) -> str:
         return "no step drafted a token, so there is no draft length to judge"
     if not row.get("k"):
         return "its draft length k is unknown"
-    return "neither its tokens per step L nor its per-token acceptance alpha has an interval"
+    why = "neither its tokens per step L nor its per-token acceptance alpha has an interval"
+    return f"{why} ({row['note']})" if row.get("note") else why
 
 
 def point_beta(lo: float | None, hi: float | None) -> float | None:

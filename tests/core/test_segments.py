@@ -122,3 +122,14 @@ def test_the_demo_shows_until_the_user_has_data_through_the_views(store, tmp_pat
     assert not summary.demo_only(store) and summary.run_names(store) == ["mine"]
     assert summary.template_changes(store)[["run", "template"]].values.tolist() == [["mine", "t1"]]
     assert [(s.run, s.demo) for s in summary.segments(store, per_position=False)] == [("mine", False)]
+
+
+def test_why_a_segment_cannot_be_judged_carries_its_note():
+    """check and the Overview say why a segment has no interval where the summary knows (too short a span of
+    engine windows), not only that it has none."""
+    short = {"c": 0.3, "k": 4, "drafted": 400.0,
+             "note": "no interval yet: the windows span under 30 minutes, and requests outlive a window"}
+    assert segments.why_unknown(short).endswith("(no interval yet: the windows span under 30 minutes, and requests "
+                                                "outlive a window)")
+    assert segments.why_unknown(short | {"note": None}) == (
+        "neither its tokens per step L nor its per-token acceptance alpha has an interval")

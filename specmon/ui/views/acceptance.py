@@ -110,7 +110,7 @@ def render() -> None:
     st.subheader("Per draft position")
     st.altair_chart(_position_chart(positions_frame(seg)), width="stretch")
     st.caption("Observed conditional: of the drafts that reached position i, the share accepted (95% interval "
-               "with requests as clusters, or engine windows' minutes paired up to "
+               "with requests as clusters, or engine windows paired up to "
                f"{WINDOW_BANDWIDTH_SECONDS / 60:g} minutes apart or more, from this position's own counts). "
                "Predicted beta: the mean acceptance probability the logged distributions imply. Cumulative: accepted "
                "at position i / all steps — the number vLLM and llama.cpp print as 'per-position acceptance rate'; "
