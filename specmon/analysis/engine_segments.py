@@ -245,10 +245,11 @@ def speculating(windows: pd.DataFrame) -> pd.Series:
 
 
 def _tokens_per_step(part: pd.DataFrame, n_drafts: float | None) -> tuple[float | None, str | None]:
-    """L = 1 + accepted / drafts where the windows count both; else the mean of the engine's own L gauge."""
-    accepted_known = part[part["drafts"].notna() & part["accepted_tokens"].notna()]
-    if n_drafts:
-        return 1.0 + accepted_known["accepted_tokens"].sum() / n_drafts, None
+    """L = 1 + accepted / drafts over the windows that count both (as its interval, _tokens_interval); else the mean
+    of the engine's own L gauge."""
+    known = part[part["drafts"].notna() & part["accepted_tokens"].notna()]
+    if n_drafts and known["drafts"].sum() > 0:
+        return 1.0 + known["accepted_tokens"].sum() / known["drafts"].sum(), None
     gauges = part["mean_acceptance_length"].dropna()
     if len(gauges):
         return float(gauges.mean()), "tokens per step is the unweighted mean of the engine's reported gauge"
@@ -289,12 +290,14 @@ def window_bins(part: pd.DataFrame) -> WindowBins:
     one engine; bins of one engine keep their order and distance, a gap longer than the bandwidth shrinks to just
     over it (nothing pairs across it either way), and engines lie a bandwidth apart (requests do not move between
     engines). An engine's span is its first to last clock minute, inclusive."""
+    if part.empty:
+        return WindowBins(np.zeros(0, dtype=np.int64), 0.0)
     engine = pd.factorize(engine_of(part["labels"]))[0]
     seconds = pd.DatetimeIndex(part["end_ts"]).as_unit("s").asi8
     minute = seconds // 60
     spans = pd.DataFrame({"engine": engine, "minute": minute}).groupby("engine")["minute"].agg(["min", "max"])
     minutes = (spans["max"] - spans["min"] + 1).to_numpy()
-    bin_index = seconds // window_bin_seconds(float(minutes.max()) if len(minutes) else 0.0)
+    bin_index = seconds // window_bin_seconds(float(minutes.max()))
     order = np.lexsort((bin_index, engine))
     gap = WINDOW_BANDWIDTH_BINS + 1
     step = np.where(np.diff(engine[order]) != 0, gap, np.minimum(np.diff(bin_index[order]), gap))

@@ -135,3 +135,10 @@ def test_the_engine_of_a_window_is_its_engine_entry_alone():
                         '{"accepted throughput": "44.00 tokens/s", "engine": "1"}',
                         '{"engine": "0", "model_name": "m"}', None, "{}"])
     assert engine_of(labels).tolist() == ["1", "1", "0", "", ""]
+
+
+def test_windows_without_accepted_totals_leave_tokens_per_step_unknown():
+    """L counts only the windows that give both drafts and accepted tokens: none here, so it is unknown, not 1."""
+    w = _windows(np.random.default_rng(3), 1.0).assign(accepted_tokens=None)
+    seg = segment_of_windows({"run": "r", "template": ""}, w, c=0.4)
+    assert seg.tokens_per_step.value is None and seg.alpha.lo is not None
