@@ -201,8 +201,8 @@ def test_prometheus_scrapes_the_watcher_and_the_dashboard_and_evaluates_rules_on
             [PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
              f"--web.listen-address=127.0.0.1:{prom_port}"], stdout=out, stderr=subprocess.STDOUT))
         write_lines(log, 0, 20, [90, 80, 70])
-        write_lines(log, 20, 380, [20, 5, 1])
-        until(lambda: Store(db).query("SELECT count(*) FROM engine_windows")[0][0] == 400, 60, "every line stored")
+        write_lines(log, 20, 780, [20, 5, 1])  # two hours of collapse: an hour is too short to call losing
+        until(lambda: Store(db).query("SELECT count(*) FROM engine_windows")[0][0] == 800, 60, "every line stored")
         row = findings.gather(Store(db), run="prod").segments[0]
         want = row["alpha_hi"] - row["break_even_alpha"]
         assert want < 0  # losing: even alpha's upper bound lies below break-even
