@@ -366,20 +366,20 @@ def wilson_interval(successes: float, trials: float, confidence: float = 0.95,
 
 
 def cluster_interval(sums: RatioSums, confidence: float = 0.95) -> Interval:
-    """Acceptance a/n with an interval widened for correlation within clusters (requests, engine windows), built to
-    hold with few clusters (docs/math.md, "Intervals").
+    """Acceptance a/n with an interval widened for correlation within clusters (requests; for engine windows, the
+    neighbouring bins of SerialSums), built to hold with few clusters (docs/math.md, "Intervals").
 
-    Variance: the bias-reduced cluster-robust (CR2) variance of the ratio estimator, whose ratio to the binomial
-    variance is the design effect (floored at 1); the quantile is Student's t at the Satterthwaite degrees of
-    freedom of ClusterSums.dof instead of z. Why: with 20 clusters the plain cluster-robust variance is biased low
-    and z ignores its noise; both make intervals too short. Shape: the hull of two intervals, the Wilson score
-    interval at n_eff = N / design effect (right near 0 and 1) and the interval on the log scale,
-    alpha * exp(+-t se / alpha) (log_ratio_bounds): with few clusters of unequal acceptance the ratio estimator is
-    skewed to the right (a sample short of the rare good, long requests is low *and* looks steady), which the
-    Wilson interval, drawn towards 1/2, makes worse; the log scale follows it (the study in docs/drift.md measures
-    both tails). Assumes clusters are independent of each other. With fewer than 2 clusters the spread between
-    them cannot be estimated and the plain Wilson interval (independent tokens) is returned, which is then too
-    narrow if tokens are correlated.
+    Variance: sums.ratio_variance(), for requests the bias-reduced cluster-robust (CR2) variance of the ratio
+    estimator, whose ratio to the binomial variance is the design effect (floored at 1); the quantile is Student's t
+    at the Satterthwaite degrees of freedom of sums.dof (ClusterSums.dof, SerialSums.dof) instead of z. Why: with 20
+    clusters the plain cluster-robust variance is biased low and z ignores its noise; both make intervals too short.
+    Shape: the hull of two intervals, the Wilson score interval at n_eff = N / design effect (right near 0 and 1)
+    and the interval on the log scale, alpha * exp(+-t se / alpha) (log_ratio_bounds): with few clusters of unequal
+    acceptance the ratio estimator is skewed to the right (a sample short of the rare good, long requests is low
+    *and* looks steady), which the Wilson interval, drawn towards 1/2, makes worse; the log scale follows it (the
+    study in docs/drift.md measures both tails). Assumes clusters are independent of each other. With fewer than 2
+    clusters the spread between them cannot be estimated and the plain Wilson interval (independent tokens) is
+    returned, which is then too narrow if tokens are correlated.
     """
     if sums.n <= 0:
         return Interval(math.nan, math.nan, math.nan, 0.0, sums.clusters, math.nan, 0.0)
