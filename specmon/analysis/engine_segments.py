@@ -345,6 +345,10 @@ def _positions(part: pd.DataFrame, interval: bool) -> tuple[PositionSummary, ...
                  for i in range(width))
 
 
+def _sum_or_none(column: pd.Series) -> float | None:
+    return float(column.sum()) if column.notna().any() else None
+
+
 def segment_of_windows(key: dict, part: pd.DataFrame, c: float | None, bucketed: bool = False,
                        c_source: str | None = None) -> SegmentSummary:
     """One engine segment (key: run, and template and bucket where grouped) from its windows (WINDOW_COLUMNS), with
@@ -390,10 +394,6 @@ def segment_of_windows(key: dict, part: pd.DataFrame, c: float | None, bucketed:
         windows=len(part), note=note, running_requests=_mean_or_none(part, "running_requests"),
         generation_throughput=_mean_or_none(part, "generation_throughput"),
     )
-
-
-def _sum_or_none(column: pd.Series) -> float | None:
-    return float(column.sum()) if column.notna().any() else None
 
 
 def _mean_or_none(part: pd.DataFrame, column: str) -> float | None:

@@ -164,7 +164,7 @@ class PositionSummary:
 def position_summary(position: int, sums: stats.RatioSums, steps: float, beta_lo: float | None = None,
                      beta_hi: float | None = None, interval: bool = True) -> PositionSummary:
     """A position's rates from its counts (sums: accepted over checked at this position, per request, or per
-    minute of engine windows, stats.SerialSums): conditional = accepted / checked with alpha's interval
+    bin of engine windows, stats.SerialSums): conditional = accepted / checked with alpha's interval
     (stats.cluster_interval) on this position's own clusters, since requests differ more at some positions than at
     others (EAGLE-style drafts most deep in the draft), so a design effect borrowed from alpha would be too wide at
     some positions and too narrow at others; cumulative = accepted / steps (vLLM's and llama.cpp's per-position
