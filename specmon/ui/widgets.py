@@ -90,7 +90,7 @@ def spreadsheet_safe(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def table(df: pd.DataFrame, **options) -> None:
+def table(df: pd.DataFrame, missing: str = "—", **options) -> None:
     """st.dataframe of a frame that may hold user text: its CSV download (the table's own toolbar) is safe to open
-    in a spreadsheet."""
-    st.dataframe(spreadsheet_safe(df), **options)
+    in a spreadsheet. A missing value reads `missing` (a figure the data cannot give: "unknown"), not "None"."""
+    st.dataframe(spreadsheet_safe(df), placeholder=missing, **options)

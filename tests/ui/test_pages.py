@@ -127,6 +127,8 @@ def test_every_page_renders_with_engine_data(app_db, tmp_path):
             # engine counters carry no timings: the page says why the status is unknown, as `check` does
             assert any(md_text("vllm-prod") in i.value and "cannot be judged" in i.value and "draft cost c is unknown"
                        in i.value for i in at.info)
+            table = at.dataframe[0]
+            assert table.value["c"].isna().all() and table.proto.placeholder == "unknown"  # not "None"
         if page == "acceptance":
             assert any("Engine-reported figures" in i.value for i in at.info)
 

@@ -116,7 +116,7 @@ def render() -> None:
                "at position i / all steps — the number vLLM and llama.cpp print as 'per-position acceptance rate'; "
                "1 + their sum = L.")
     if seg["per_position"]:
-        table(pd.DataFrame(seg["per_position"]), hide_index=True, width="stretch")
+        table(pd.DataFrame(seg["per_position"]), missing="unknown", hide_index=True, width="stretch")
     else:
         st.caption("No per-position counts for this segment.")
 

@@ -145,8 +145,8 @@ def render() -> None:
                "compares alpha with the i.i.d. model's alpha*, a diagnostic: where acceptance falls with the draft "
                "position it leans towards losing, the more so the more data.")
     table(df.assign(status=df["status"].map(STATUS_BADGE),
-                           **{"status (i.i.d. alpha)": df["status (i.i.d. alpha)"].map(STATUS_BADGE)}),
-                 hide_index=True, width="stretch")
+                    **{"status (i.i.d. alpha)": df["status (i.i.d. alpha)"].map(STATUS_BADGE)}),
+          missing="unknown", hide_index=True, width="stretch")
 
 
 if __name__ == "__main__":  # Streamlit runs a page file as __main__

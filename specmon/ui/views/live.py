@@ -29,7 +29,7 @@ from specmon.core.settings import (
 )
 from specmon.store.database import Store
 from specmon.ui import data
-from specmon.ui.widgets import guarded, md_text, segment_label
+from specmon.ui.widgets import guarded, md_text, segment_label, table
 
 log = logging.getLogger(__name__)
 _JOB = "live_job"
@@ -159,7 +159,7 @@ def _show_sweep(done: Any) -> None:
     st.caption("Speedup: output tokens/s of speculative decoding over plain batched decoding of the same prompts at "
                "the same batch size, mean over the repeats, with a 95% interval. The sweep is stored as a run (each "
                "cell's steps a segment, e.g. \"copy, k=2, batch 8\") with its load sweep, as the Load page reads it.")
-    st.dataframe(df, hide_index=True, width="stretch", column_config={
+    table(df, missing="unknown", hide_index=True, width="stretch", column_config={
         c: st.column_config.NumberColumn(format="%.3f") for c in ("speedup", "lo", "hi", "alpha", "tokens/step", "c")})
 
 

@@ -138,7 +138,7 @@ def render() -> None:
     for engine, text in advice.engines.items():
         st.markdown(f"**{engine}**")
         st.code(text, language="yaml" if engine == "tensorrt-llm" else "bash")
-    table(df, hide_index=True, width="stretch", column_config={
+    table(df, missing="unknown", hide_index=True, width="stretch", column_config={
         "speedup": st.column_config.NumberColumn(format="%.3f"), "lo": st.column_config.NumberColumn(format="%.3f"),
         "hi": st.column_config.NumberColumn(format="%.3f"),
         "with speculation": st.column_config.NumberColumn(format="%.0f", help="output tokens/s"),

@@ -101,7 +101,7 @@ def render() -> None:
     st.altair_chart(acceptance_chart(rows), width="stretch")
     st.caption("Point: per-token acceptance alpha (accepted / checked positions); bar: its 95% Wilson interval, "
                "widened for correlation within a request. Black tick: break-even alpha* for the segment's k and c.")
-    table(segments_frame(rows), hide_index=True, width="stretch", column_config={
+    table(segments_frame(rows), missing="unknown", hide_index=True, width="stretch", column_config={
         "alpha": st.column_config.NumberColumn(format="%.3f", help="accepted / checked draft positions"),
         "tokens/step L": st.column_config.NumberColumn(format="%.2f", help="1 + mean accepted prefix per step"),
         "c": st.column_config.NumberColumn(format="%.3f", help="draft step time / target verification time"),
