@@ -284,16 +284,23 @@ class WindowBins(NamedTuple):
 
 
 def window_bins(part: pd.DataFrame) -> WindowBins:
-    """Each window's place on the grid of stats.SerialSums, and the minutes its windows span.
+    """Each window's place on the grid of stats.SerialSums (grid_places), and the minutes its windows span."""
+    if part.empty:
+        return WindowBins(np.zeros(0, dtype=np.int64), 0.0)
+    return grid_places(pd.factorize(engine_of(part["labels"]))[0],
+                       pd.DatetimeIndex(part["end_ts"]).as_unit("s").asi8)
+
+
+def grid_places(engine: np.ndarray, seconds: np.ndarray) -> WindowBins:
+    """The places on the grid of stats.SerialSums of points of time (`seconds` since the epoch) of engines numbered
+    0, 1, ..., and the minutes they span.
 
     A bin is a WINDOW_BANDWIDTH_BINS-th of the bandwidth (window_bin_seconds; a minute up to four hours of windows) of
     one engine; bins of one engine keep their order and distance, a gap longer than the bandwidth shrinks to just
     over it (nothing pairs across it either way), and engines lie a bandwidth apart (requests do not move between
     engines). An engine's span is its first to last clock minute, inclusive."""
-    if part.empty:
+    if not len(seconds):
         return WindowBins(np.zeros(0, dtype=np.int64), 0.0)
-    engine = pd.factorize(engine_of(part["labels"]))[0]
-    seconds = pd.DatetimeIndex(part["end_ts"]).as_unit("s").asi8
     minute = seconds // 60
     spans = pd.DataFrame({"engine": engine, "minute": minute}).groupby("engine")["minute"].agg(["min", "max"])
     minutes = (spans["max"] - spans["min"] + 1).to_numpy()
@@ -301,7 +308,7 @@ def window_bins(part: pd.DataFrame) -> WindowBins:
     order = np.lexsort((bin_index, engine))
     gap = WINDOW_BANDWIDTH_BINS + 1
     step = np.where(np.diff(engine[order]) != 0, gap, np.minimum(np.diff(bin_index[order]), gap))
-    place = np.empty(len(part), dtype=np.int64)
+    place = np.empty(len(seconds), dtype=np.int64)
     place[order] = np.concatenate([[0], np.cumsum(step)])
     return WindowBins(place, float(minutes.sum()))
 
@@ -314,17 +321,19 @@ def window_bin_seconds(longest_minutes: float) -> float:
     return bandwidth / WINDOW_BANDWIDTH_BINS
 
 
-def _serial_sums(bins: WindowBins, a: np.ndarray, n: np.ndarray) -> stats.SerialSums:
+def serial_sums(bins: WindowBins, a: np.ndarray, n: np.ndarray, rho: float | None = None) -> stats.SerialSums:
+    """The totals a / n of windows summed into their bins, paired up to the bandwidth (stats.SerialSums; `rho` as
+    there)."""
     size = int(bins.place.max()) + 1 if len(bins.place) else 0
     return stats.SerialSums.of(np.bincount(bins.place, weights=a, minlength=size),
-                               np.bincount(bins.place, weights=n, minlength=size), WINDOW_BANDWIDTH_BINS)
+                               np.bincount(bins.place, weights=n, minlength=size), WINDOW_BANDWIDTH_BINS, rho)
 
 
 def _tokens_interval(part: pd.DataFrame, alpha: stats.Interval) -> tuple[float | None, float | None]:
     """L's interval from the windows that count both drafts and accepted tokens (stats.SerialSums), at alpha's
     degrees of freedom."""
     known = part[part["drafts"].notna() & part["accepted_tokens"].notna()]
-    iv = stats.ratio_interval(_serial_sums(window_bins(known), known["accepted_tokens"].to_numpy(float),
+    iv = stats.ratio_interval(serial_sums(window_bins(known), known["accepted_tokens"].to_numpy(float),
                                            known["drafts"].to_numpy(float)), alpha.dof, CONFIDENCE)
     return (None, None) if iv is None else (1 + max(iv[0], 0.0), 1 + iv[1])
 
@@ -341,7 +350,7 @@ def _positions(part: pd.DataFrame, interval: bool) -> tuple[PositionSummary, ...
     reached = np.column_stack([with_pp["drafts"].to_numpy(float), acc[:, :-1]])
     bins = window_bins(with_pp)
     drafts = float(with_pp["drafts"].sum())
-    return tuple(position_summary(i + 1, _serial_sums(bins, acc[:, i], reached[:, i]), drafts, interval=interval)
+    return tuple(position_summary(i + 1, serial_sums(bins, acc[:, i], reached[:, i]), drafts, interval=interval)
                  for i in range(width))
 
 
@@ -368,7 +377,7 @@ def segment_of_windows(key: dict, part: pd.DataFrame, c: float | None, bucketed:
             alpha = Estimate(float(a.sum() / n.sum()) if n.sum() else None)
             note = note or SHORT_SPAN_NOTE
         else:
-            iv = stats.cluster_interval(_serial_sums(bins, a, n), CONFIDENCE)
+            iv = stats.cluster_interval(serial_sums(bins, a, n), CONFIDENCE)
             alpha = Estimate(iv.estimate, iv.lo, iv.hi)
             tokens = Estimate(tokens_per_step, *(_tokens_interval(part, iv) if n_drafts else (None, None)))
     elif note is None:

@@ -6,9 +6,9 @@ Two kinds of measurement feed a run's load curve:
   concurrency; each repeat is one observation.
 - engine windows that carry their load (requests running, generation throughput), from engine logs, Prometheus or
   a watched engine: binned by running requests (1, 2, 3-4, 5-8, 9-16, ...). A request outlives a 10-second log
-  window, so neighbouring windows are not independent: the observations are blocks, the windows of one engine in one
-  bin within one WINDOW_BLOCK_SECONDS bucket of time (longer than most requests last), their mean throughput one
-  observation.
+  window, so neighbouring windows are not independent: the mean throughput of a side at a bin is a ratio of totals
+  over time bins of one engine, with the variance of engine segments' intervals, which pairs bins up to the
+  bandwidth (stats.SerialSums; engine_segments.grid_places), and so is its acceptance.
 The baseline (throughput without speculation at the same concurrency) is, in order: the run's own k = 0
 measurements; the measurements of a run declared its baseline (`--baseline-of`); the run's own windows in periods
 annotated as speculation off (`specmon annotate --speculation off`). An engine merely configured for speculation
@@ -25,14 +25,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from specmon.analysis.engine_segments import WindowBins, grid_places, serial_sums
 from specmon.core import load, stats
-from specmon.core.settings import CONFIDENCE, WINDOW_BLOCK_SECONDS
+from specmon.core.settings import CONFIDENCE, MIN_WINDOW_SPAN_SECONDS
 from specmon.store.database import Store
 
 # The load a run serves now: the mean requests running over its last windows, within this span of its last one.
 CURRENT_SPAN = timedelta(minutes=5)
-# A bin needs this many observations on each side for a speedup with an interval.
-MIN_OBSERVATIONS = 2
+# Engine windows are summed by the minute (of one engine, run, draft length and bin) before the variance's own bins.
+_MINUTE = 60
+# What a curve's intervals take as observations, in words for its renderers.
+REPEAT_OBSERVATIONS = "repeats, each an independent observation"
+WINDOW_OBSERVATIONS = ("engine windows, their noise paired across neighbouring minutes of one engine up to 30 "
+                       "minutes apart (an eighth of the span on longer logs), as requests outlive a window")
 
 _POINTS_SQL = """
 SELECT rs.run, rs.template, rs.demo, lp.k, lp.concurrency, lp.repeat, lp.output_tokens_per_s, lp.accepted_tokens,
@@ -55,7 +60,7 @@ class LoadPoint:
     throughput: float  # output tokens/s with speculation (the mean of its observations)
     baseline_throughput: float
     speedup: load.Speedup
-    observations: int
+    observations: int  # repeats, or engine windows
     baseline_observations: int
     alpha: float | None = None  # per-token acceptance, where the windows give per-position counts
     alpha_lo: float | None = None
@@ -78,7 +83,7 @@ class LoadCurve:
 
     run: str
     baseline: str | None  # how the baseline was obtained, in words; None: there is none
-    observations: str  # what one observation is ("repeats", "10-minute blocks of one engine's windows")
+    observations: str  # what the intervals take as observations, in words
     points: list[LoadPoint]
     crossings: dict[int | None, load.Crossing]  # per k (None: length unknown)
     best: load.Crossing | None  # of the best k at each concurrency
@@ -157,12 +162,11 @@ def _sweep_points(spec: pd.DataFrame, base: pd.DataFrame) -> list[LoadPoint]:
 
 
 _BIN = "CASE WHEN {n} <= 1 THEN 1 ELSE (2 ** ceil(log2({n})))::INTEGER END"
-# The windows that carry their load (requests running above 0 and a generation throughput) are summed into blocks:
+# The windows that carry their load (requests running above 0 and a generation throughput) are summed by the minute:
 # one engine (its labels' `engine` entry, engine_segments.engine_of: a log line's labels also hold its own figures),
-# one run, one concurrency bin, one WINDOW_BLOCK_SECONDS bucket of time; what a block gives
-# is one observation. Each block's speculation period (specmon annotate --speculation) is found afterwards
-# (_with_periods).
-_WINDOW_BLOCKS_SQL = f"""
+# one run, one draft length, one concurrency bin. Each minute's speculation period (specmon annotate --speculation)
+# is found afterwards (_with_periods).
+_WINDOW_MINUTES_SQL = f"""
 WITH w AS (
     SELECT rs.run_id, w.k, coalesce(w.labels->>'engine', '') AS engine_key, w.end_ts, w.running_requests,
            w.generation_throughput, w.accepted_tokens, w.draft_tokens, w.drafts, w.accepted_per_position,
@@ -172,37 +176,39 @@ WITH w AS (
         SELECT r.name FROM baselines b JOIN runs r ON r.run_id = b.run_id JOIN runs o ON o.run_id = b.of_run_id
         WHERE o.name = ?))
 )
-SELECT w.run_id, w.k, {_BIN.format(n="w.running_requests")} AS bin, w.speculating,
+SELECT w.run_id, w.k, w.engine_key, {_BIN.format(n="w.running_requests")} AS bin, w.speculating,
+       epoch(time_bucket(INTERVAL '{_MINUTE} seconds', w.end_ts))::BIGINT AS minute_s,
        min(w.end_ts) AS first_ts, max(w.end_ts) AS last_ts,
-       avg(w.generation_throughput) AS throughput, avg(w.running_requests) AS running, count(*) AS windows,
+       sum(w.generation_throughput) AS throughput, sum(w.running_requests) AS running, count(*) AS windows,
        sum(w.accepted_tokens) AS accepted_tokens, sum(w.draft_tokens) AS draft_tokens, sum(w.drafts) AS drafts,
        sum(list_sum(w.accepted_per_position)) AS pos_accepted,
        sum(w.drafts + list_sum(w.accepted_per_position) - w.accepted_per_position[-1]) AS pos_checked,
        bool_and(len(w.accepted_per_position) > 0 AND w.drafts IS NOT NULL) AS counted
-FROM w GROUP BY w.run_id, w.k, w.engine_key, bin, w.speculating,
-         time_bucket(INTERVAL '{WINDOW_BLOCK_SECONDS:g} seconds', w.end_ts)
+FROM w GROUP BY w.run_id, w.k, w.engine_key, bin, w.speculating, minute_s
 """
 _RUNS_SQL = "SELECT run_id, name, demo FROM runs"
 _PERIODS_SQL = "SELECT run_id, starts_at, speculation FROM speculation_periods ORDER BY run_id, starts_at, period_id"
 
 
-def _with_periods(blocks: pd.DataFrame, periods: pd.DataFrame) -> pd.DataFrame:
-    """Each block with `off`: whether its run had annotated speculation off when it ran. A block whose first and
-    last windows fall in different periods straddles a switch and is left out: an engine changing its
+def _with_periods(minutes: pd.DataFrame, periods: pd.DataFrame) -> pd.DataFrame:
+    """Each minute's windows with `off`: whether its run had annotated speculation off when they ran. A minute whose
+    first and last windows fall in different periods straddles a switch and is left out: an engine changing its
     configuration is not steady."""
-    off = np.zeros(len(blocks), dtype=bool)
-    keep = np.ones(len(blocks), dtype=bool)
+    off = np.zeros(len(minutes), dtype=bool)
+    keep = np.ones(len(minutes), dtype=bool)
     for run_id, mine in periods.groupby("run_id"):
-        rows = np.flatnonzero((blocks["run_id"] == run_id).to_numpy())
+        rows = np.flatnonzero((minutes["run_id"] == run_id).to_numpy())
         if not len(rows):
             continue
         starts = mine["starts_at"].to_numpy()
-        first = np.searchsorted(starts, blocks["first_ts"].to_numpy()[rows], side="right") - 1
-        last = np.searchsorted(starts, blocks["last_ts"].to_numpy()[rows], side="right") - 1
+        first = np.searchsorted(starts, minutes["first_ts"].to_numpy()[rows], side="right") - 1
+        last = np.searchsorted(starts, minutes["last_ts"].to_numpy()[rows], side="right") - 1
         speculation = mine["speculation"].to_numpy(dtype=bool)
         off[rows] = (first >= 0) & ~speculation[np.maximum(first, 0)]
         keep[rows] = first == last
-    return blocks.assign(off=off)[keep]
+    return minutes.assign(off=off)[keep]
+
+
 _CURRENT_SQL = """
 WITH w AS (
     SELECT rs.run, rs.template, w.end_ts, w.running_requests FROM engine_windows w JOIN shown_segments rs
@@ -215,28 +221,47 @@ FROM w JOIN last USING (run) WHERE w.end_ts >= last.last_ts - ?::INTERVAL GROUP 
 
 
 def _window_points(spec: pd.DataFrame, base: pd.DataFrame) -> list[LoadPoint]:
-    """Points of engine windows: per draft length and bin, the speculative blocks against the baseline's blocks in
-    the same bin (each block one observation)."""
+    """Points of engine windows: per draft length and bin, the speculative windows' mean throughput against the
+    baseline's windows' in the same bin, each mean with the variance that pairs neighbouring windows (_mean_sums).
+    A side whose windows span under MIN_WINDOW_SPAN_SECONDS gives no interval, as engine segments do."""
     out = []
-    base_obs = {b: g["throughput"].to_numpy() for b, g in base.groupby("bin")}
+    base_at = {b: (g, _grid(g)) for b, g in base.groupby("bin")}
     for (k, b), g in spec.groupby(["k", "bin"], dropna=False, sort=True):
-        y = base_obs.get(b)
-        if y is None or not len(y) or y.mean() <= 0:
+        if b not in base_at or base_at[b][0]["throughput"].sum() <= 0:
             continue
-        x = g["throughput"].to_numpy()
-        alpha = None
+        (y, y_grid), x_grid = base_at[b], _grid(g)
+        x_sums, y_sums = _mean_sums(g, x_grid), _mean_sums(y, y_grid)
+        speedup = load.speedup_of_means(x_sums, y_sums)
+        if min(x_grid.minutes, y_grid.minutes) * 60 < MIN_WINDOW_SPAN_SECONDS:  # too short to show how noise persists
+            speedup = replace(speedup, lo=None, hi=None, dof=None)
+        alpha = alpha_lo = alpha_hi = None
         if g["counted"].all() and g["pos_checked"].sum() > 0:
-            alpha = stats.cluster_robust_interval(g["pos_accepted"].to_numpy(float), g["pos_checked"].to_numpy(float),
-                                                  CONFIDENCE)
+            iv = stats.cluster_interval(serial_sums(x_grid, g["pos_accepted"].to_numpy(float),
+                                                    g["pos_checked"].to_numpy(float)), CONFIDENCE)
+            alpha = iv.estimate
+            if x_grid.minutes * 60 >= MIN_WINDOW_SPAN_SECONDS:
+                alpha_lo, alpha_hi = iv.lo, iv.hi
         acc, drafts, drafted = g["accepted_tokens"].sum(min_count=1), g["drafts"].sum(min_count=1), \
             g["draft_tokens"].sum(min_count=1)
         rate = float(acc / drafted) if pd.notna(acc) and pd.notna(drafted) and drafted > 0 else None
         tps = 1 + float(acc / drafts) if pd.notna(acc) and pd.notna(drafts) and drafts > 0 else None
-        running = float((g["running"] * g["windows"]).sum() / g["windows"].sum())
-        out.append(LoadPoint(None if pd.isna(k) else int(k), running, float(x.mean()), float(y.mean()),
-                             load.speedup(x, y), len(x), len(y), None if alpha is None else alpha.estimate,
-                             None if alpha is None else alpha.lo, None if alpha is None else alpha.hi, rate, tps))
+        windows = int(g["windows"].sum())
+        out.append(LoadPoint(None if pd.isna(k) else int(k), float(g["running"].sum() / windows),
+                             x_sums.a / x_sums.n, y_sums.a / y_sums.n, speedup, windows, int(y["windows"].sum()),
+                             alpha, alpha_lo, alpha_hi, rate, tps))
     return out
+
+
+def _grid(minutes: pd.DataFrame) -> WindowBins:
+    """The minutes' places on the grid of engine-window intervals (engine_segments.grid_places)."""
+    return grid_places(pd.factorize(minutes["engine_key"])[0], minutes["minute_s"].to_numpy(np.int64))
+
+
+def _mean_sums(minutes: pd.DataFrame, grid: WindowBins) -> stats.SerialSums:
+    """A side's mean throughput over its windows, as throughput summed over windows / windows, with the variance
+    that pairs neighbouring bins. Its working model for the finite-sample corrections: windows independent and
+    alike (rho 0), since a throughput is no proportion whose binomial variance could measure their correlation."""
+    return serial_sums(grid, minutes["throughput"].to_numpy(float), minutes["windows"].to_numpy(float), rho=0.0)
 
 
 def _crossings(points: list[LoadPoint]) -> tuple[dict[int | None, load.Crossing], load.Crossing | None,
@@ -259,21 +284,21 @@ def curves(store: Store, run: str | None = None) -> list[LoadCurve]:
     with store.reading():
         points = store.query_df(_POINTS_SQL)
         baselines = store.query_df(_BASELINES_SQL)
-        blocks = _with_periods(store.query_df(_WINDOW_BLOCKS_SQL, [run, run, run]), store.query_df(_PERIODS_SQL))
+        minutes = _with_periods(store.query_df(_WINDOW_MINUTES_SQL, [run, run, run]), store.query_df(_PERIODS_SQL))
         runs = store.query(_RUNS_SQL)
         current = store.query_df(_CURRENT_SQL.format(bin=_BIN.format(n="w.running_requests")),
                                  [run, run, f"{CURRENT_SPAN.total_seconds():g} seconds"])
-    blocks = blocks.assign(run=blocks["run_id"].map({run_id: name for run_id, name, _ in runs}))
+    minutes = minutes.assign(run=minutes["run_id"].map({run_id: name for run_id, name, _ in runs}))
     demo = {name for _, name, is_demo in runs if is_demo}
     baseline_of = baselines.groupby("of_run")["baseline"].apply(list).to_dict() if not baselines.empty else {}
     is_baseline = set(baselines["baseline"]) if not baselines.empty else set()
-    names = sorted((set(points["run"]) | set(blocks["run"])) - is_baseline)
+    names = sorted((set(points["run"]) | set(minutes["run"])) - is_baseline)
     now = {r.run: r for r in current.itertuples()}
-    return [replace(_curve(name, points, blocks, baseline_of.get(name, []), now.get(name)), demo=name in demo)
+    return [replace(_curve(name, points, minutes, baseline_of.get(name, []), now.get(name)), demo=name in demo)
             for name in (names if run is None else [n for n in names if n == run])]
 
 
-def _curve(run: str, points: pd.DataFrame, blocks: pd.DataFrame, baseline_runs: list[str], now) -> LoadCurve:
+def _curve(run: str, points: pd.DataFrame, minutes: pd.DataFrame, baseline_runs: list[str], now) -> LoadCurve:
     current = None if now is None else float(now.running)
     template = "" if now is None else str(now.template)
     seen = [] if now is None else [float(b) for b in now.seen]
@@ -289,19 +314,20 @@ def _curve(run: str, points: pd.DataFrame, blocks: pd.DataFrame, baseline_runs: 
         measured = _sweep_points(spec_points, base) if not base.empty else []
         if measured:
             crossings, best, bands = _crossings(measured)
-            return LoadCurve(run, how, "repeats", measured, crossings, best, bands, template, current, None, seen)
-    own = blocks[blocks["run"] == run]
+            return LoadCurve(run, how, REPEAT_OBSERVATIONS, measured, crossings, best, bands, template, current, None,
+                             seen)
+    own = minutes[minutes["run"] == run]
     if not own.empty:
         spec, base = own[own["speculating"] & ~own["off"]], own[own["off"]]
         how = "the run's windows in periods annotated as speculation off"
         if base.empty and baseline_runs:
-            base = blocks[blocks["run"].isin(baseline_runs)]
+            base = minutes[minutes["run"].isin(baseline_runs)]
             how = f"the windows of {', '.join(map(repr, baseline_runs))}, declared its baseline"
         measured = _window_points(spec, base) if not spec.empty and not base.empty else []
         if measured:
             crossings, best, bands = _crossings(measured)
-            return LoadCurve(run, how, f"{WINDOW_BLOCK_SECONDS / 60:g}-minute blocks of one engine's windows", measured,
-                             crossings, best, bands, template, current, None, seen)
+            return LoadCurve(run, how, WINDOW_OBSERVATIONS, measured, crossings, best, bands, template, current,
+                             None, seen)
     note = ("payoff at load is unknown: there is no throughput without speculation at the same concurrencies to "
             "compare with. Measure a baseline: ingest an engine without speculation with --baseline-of "
             f"{run!r}, annotate a period with `specmon annotate --run {run!r} --speculation off`, or ingest a load "

@@ -291,7 +291,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
             _out(f"  {k}, N = {p.concurrency:g}: speedup {s.estimate:.2f}{interval}, {p.throughput:,.0f} against "
                  f"{p.baseline_throughput:,.0f} tokens/s")
         if c.known:
-            _out(f"  baseline: {c.baseline}; intervals take {c.observations} as independent")
+            _out(f"  baseline: {c.baseline}; intervals from {c.observations}")
             _out(f"  certainty: {a.certainty}; assumes {'; '.join(a.assumes)}")
         for engine, text in a.engines.items():
             _out(f"  {engine}:")

@@ -36,23 +36,44 @@ class Speedup:
 
 
 def speedup(spec: Sequence[float], base: Sequence[float], confidence: float = CONFIDENCE) -> Speedup:
-    """The ratio of mean throughputs of two independent sets of measurements (repeats, or blocks of consecutive
-    engine windows: each one observation), with a t interval for log S by the delta method:
-    se^2 = s_x^2 / (n_x xbar^2) + s_y^2 / (n_y ybar^2), at Welch-Satterthwaite's degrees of freedom. It assumes the
-    observations of each side independent and alike (a repeat's noise does not carry into the next); with 2 or 3
-    repeats a side its interval is wide, as it should be. No interval with under 2 observations on a side."""
+    """The ratio of mean throughputs of two independent sets of measurements (repeats: each one observation), with
+    a t interval for log S by the delta method: se^2 = s_x^2 / (n_x xbar^2) + s_y^2 / (n_y ybar^2), at
+    Welch-Satterthwaite's degrees of freedom. It assumes the observations of each side independent and alike (a
+    repeat's noise does not carry into the next); with 2 or 3 repeats a side its interval is wide, as it should be.
+    No interval with under 2 observations on a side."""
     x, y = np.asarray(spec, dtype=float), np.asarray(base, dtype=float)
     if not len(x) or not len(y) or y.mean() <= 0:
         raise ValueError("a speedup needs throughput with and without speculation, the latter above 0")
     ratio = float(x.mean() / y.mean())
     if len(x) < 2 or len(y) < 2 or ratio <= 0:
         return Speedup(ratio, None, None, None)
-    vx = x.var(ddof=1) / (len(x) * x.mean() ** 2)
-    vy = y.var(ddof=1) / (len(y) * y.mean() ** 2)
+    return _log_interval(ratio, x.var(ddof=1) / (len(x) * x.mean() ** 2), len(x) - 1,
+                         y.var(ddof=1) / (len(y) * y.mean() ** 2), len(y) - 1, confidence)
+
+
+def speedup_of_means(spec: stats.RatioSums, base: stats.RatioSums, confidence: float = CONFIDENCE) -> Speedup:
+    """The ratio of two mean throughputs, each a ratio of totals (engine windows: throughput summed over windows /
+    windows) with its own variance and degrees of freedom (stats.SerialSums, which pairs neighbouring windows), as
+    `speedup` combines them: se^2(log S) = V_x / xbar^2 + V_y / ybar^2 at Welch-Satterthwaite's degrees of freedom.
+    It assumes the two sides' noise independent of each other. No interval where a side has no variance."""
+    if base.n <= 0 or base.a <= 0 or spec.n <= 0:
+        raise ValueError("a speedup needs throughput with and without speculation, the latter above 0")
+    x, y = spec.a / spec.n, base.a / base.n
+    ratio = x / y
+    vx, vy = spec.ratio_variance(), base.ratio_variance()
+    if ratio <= 0 or not (math.isfinite(vx) and math.isfinite(vy)):
+        return Speedup(ratio, None, None, None)
+    return _log_interval(ratio, vx / x ** 2, spec.dof(1.0), vy / y ** 2, base.dof(1.0), confidence)
+
+
+def _log_interval(ratio: float, vx: float, dx: float, vy: float, dy: float, confidence: float) -> Speedup:
+    """S exp(+-t se) with se^2 = vx + vy (each side's variance of its log mean) at Welch-Satterthwaite's degrees of
+    freedom from each side's own (dx, dy)."""
     se = math.sqrt(vx + vy)
     if se == 0:
         return Speedup(ratio, ratio, ratio, math.inf)
-    dof = (vx + vy) ** 2 / (vx ** 2 / (len(x) - 1) + vy ** 2 / (len(y) - 1))
+    spread = vx ** 2 / dx + vy ** 2 / dy
+    dof = (vx + vy) ** 2 / spread if spread > 0 else math.inf
     q = stats.t_quantile(confidence, dof)
     return Speedup(ratio, ratio * math.exp(-q * se), ratio * math.exp(q * se), dof)
 

@@ -143,7 +143,9 @@ class SerialSums:
     degrees: float
 
     @classmethod
-    def of(cls, successes: np.ndarray, trials: np.ndarray, lags: int) -> SerialSums:
+    def of(cls, successes: np.ndarray, trials: np.ndarray, lags: int, rho: float | None = None) -> SerialSums:
+        """`rho`: the working model's correlation of a bin's units; None solves it from the bins' design effect
+        against the binomial variance, which needs successes that are counts of trials (a proportion)."""
         a = np.asarray(successes, dtype=float)
         n = np.asarray(trials, dtype=float)
         total, held = float(n.sum()), int((n > 0).sum())
@@ -158,10 +160,11 @@ class SerialSums:
             raw += 2 * w * float((e[:-lag] * e[lag:]).sum())
             wv[:-lag] += w * v[lag:]
             wv[lag:] += w * v[:-lag]
-        bins = ClusterSums.of(a, n)
-        binomial = r * (1 - r) / total
-        design_effect = max(1.0, bins.ratio_variance() / binomial) if binomial > 0 else 1.0
-        s = n * (1 + (n - 1) * bins.intra_correlation(design_effect))
+        if rho is None:
+            bins = ClusterSums.of(a, n)
+            binomial = r * (1 - r) / total
+            rho = bins.intra_correlation(max(1.0, bins.ratio_variance() / binomial) if binomial > 0 else 1.0)
+        s = n * (1 + (n - 1) * rho)
         # A = M' W M with M = I - n 1'/N centring the residuals; A = W + B, B_ij = c - wv_i - wv_j (wv = W v)
         c = float(v @ wv)
         trace = float((s * (1 - 2 * wv + c)).sum())

@@ -114,4 +114,4 @@ def recommend(curve: LoadCurve) -> Recommendation:
         words = f"speculation off: it loses at every measured concurrency ({measured[0]:g} to {measured[-1]:g})"
     return Recommendation(curve.run, curve.bands, words, assumes,
                           f"every band beyond noise at the {len(curve.points)} measured points "
-                          f"({curve.observations} as independent observations)", engines)
+                          f"(intervals from {curve.observations})", engines)

@@ -42,7 +42,7 @@ def test_a_sweep_that_crosses_gives_its_break_even_and_a_policy(store, tmp_path)
     r = ingest_file(store, write(tmp_path, "sweep.csv", sweep_rows()))
     assert (r.status, r.run, r.steps, r.source_format) == ("stored", "qwen7b", 36, "load-sweep-csv")
     [curve] = load.curves(store)
-    assert curve.baseline == "the run's own measurements with k = 0" and curve.observations == "repeats"
+    assert curve.baseline == "the run's own measurements with k = 0" and curve.observations == load.REPEAT_OBSERVATIONS
     assert [p.concurrency for p in curve.points] == list(PAYOFF)
     for p in curve.points:
         assert p.speedup.lo < PAYOFF[int(p.concurrency)] < p.speedup.hi  # the truth inside each interval

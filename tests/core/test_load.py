@@ -22,6 +22,18 @@ def _noise(rng: np.random.Generator, kind: str, n: int, cv: float) -> np.ndarray
     return 1 + cv * rng.standard_normal(n)
 
 
+def test_a_mean_of_windows_without_pairing_gives_the_repeats_interval():
+    """With one window a bin and nothing paired (lags 0), SerialSums' variance of the mean is s^2 / n at n - 1
+    degrees of freedom, so the speedup of two such means is the repeats' speedup exactly."""
+    rng = np.random.default_rng(4)
+    x, y = 120 * _noise(rng, "gamma", 12, 0.1), 100 * _noise(rng, "gamma", 9, 0.1)
+    sums = [stats.SerialSums.of(v, np.ones(len(v)), 0, rho=0.0) for v in (x, y)]
+    assert [s.dof(1.0) for s in sums] == pytest.approx([11, 8])
+    paired, repeats = load.speedup_of_means(*sums), load.speedup(x, y)
+    assert (paired.estimate, paired.lo, paired.hi, paired.dof) == pytest.approx(
+        (repeats.estimate, repeats.lo, repeats.hi, repeats.dof), rel=1e-12)
+
+
 @pytest.mark.parametrize("kind", ["normal", "lognormal", "heavy", "gamma"])
 @pytest.mark.parametrize("repeats", [3, 5, 10])
 def test_the_speedup_interval_covers_the_true_speedup(kind, repeats):

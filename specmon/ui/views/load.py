@@ -123,8 +123,8 @@ def render() -> None:
     df = points_frame(curve)
     st.subheader("Speedup by concurrency")
     st.altair_chart(speedup_chart(df, curve), width="stretch")
-    st.caption(f"Baseline: {md_text(curve.baseline)}. Intervals: 95%, taking {curve.observations} as independent "
-               "observations. Red dashed: break-even N* of the best k; blue dashed: the load running now.")
+    st.caption(f"Baseline: {md_text(curve.baseline)}. Intervals: 95%, from {curve.observations}. Red dashed: "
+               "break-even N* of the best k; blue dashed: the load running now.")
     st.subheader("Throughput with and without speculation")
     st.altair_chart(throughput_chart(df), width="stretch")
     chart = acceptance_chart(df)
