@@ -73,9 +73,9 @@ def poll_log(store: Store, source: SourceConfig, log: Log) -> PollResult:
         for w in windows:
             template = source.template or annotated_template(cur, source.run_name, w.end_ts or now) or ""
             by_template.setdefault(template, []).append(w)
-        for template, group in by_template.items():
-            store_windows(cur, group, ingest_id, get_or_create_segment(cur, run_id, template), now)
-        return Counts(rows_read=len(windows), steps=len(windows))
+        stored = sum(store_windows(cur, group, ingest_id, get_or_create_segment(cur, run_id, template), now)
+                     for template, group in by_template.items())
+        return Counts(rows_read=len(windows), steps=stored)
 
     stored = store_read(store, delivery, write, in_transaction=lambda cur, c: save_position(cur, source, new_pos,
                                                                                            c.steps, now))

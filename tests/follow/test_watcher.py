@@ -65,6 +65,27 @@ def test_a_followed_log_counts_every_line_once_through_half_lines_rotation_and_t
     assert store.query("SELECT count(*) FROM engine_windows")[0][0] == 9
 
 
+def test_a_watched_log_ingested_again_whole_or_rotated_stores_each_window_once(tmp_path):
+    from specmon.ingest.pipeline import ingest_file
+    log = tmp_path / "vllm.log"
+    lines = [v1_line(i, 100, [80, 60, 40])[0] for i in range(8)]
+    log.write_text("".join(lines[:5]))
+    store = Store(str(tmp_path / "w.duckdb"))
+    w = Watcher(store, WatchConfig([SourceConfig("log", str(log), run="prod")], interval_s=0.1))
+    w.poll_once()
+    assert store.query("SELECT count(*) FROM engine_windows")[0][0] == 5
+    rotated = tmp_path / "vllm.log.1"  # the same five lines and three more, ingested by hand
+    rotated.write_text("".join(lines))
+    result = ingest_file(store, str(rotated), run="prod")
+    assert result.status == "stored" and result.steps == 3
+    assert any("5 of them already stored in this run" in n for n in result.notes), result.notes
+    assert store.query("SELECT count(*), count(DISTINCT end_ts) FROM engine_windows")[0] == (8, 8)
+    with open(log, "a") as fh:  # the watcher reads on: lines the hand ingest stored are not stored again
+        fh.write("".join(lines[5:]))
+    w.poll_once()
+    assert store.query("SELECT count(*) FROM engine_windows")[0][0] == 8
+
+
 def test_a_followed_log_whose_lines_end_in_a_lone_cr_is_read_line_by_line(tmp_path):
     """Lines ended by a lone CR (as the ingest reads them) are taken as they come, not held until an LF; a CR that
     is the last byte written waits for the next byte, since it may be the first half of a CR LF."""

@@ -73,23 +73,41 @@ def window_table(windows: list[EngineWindow], ingest_time: datetime, first: int 
          "prompt_throughput": w.prompt_throughput} for i, w in enumerate(windows)], schema=_WINDOW_SCHEMA)
 
 
-def _insert(cur: duckdb.DuckDBPyConnection, source: str, ingest_id: int, segment_id: int) -> None:
+# A window the run already holds (one engine's output at the same time with the same figures) is left out, so a log
+# that was watched and is then ingested whole, or a rotated file ingested beside its watched original, is stored
+# once. A window without a time of its own cannot be told from another and is always stored.
+_NEW_ONLY = """
+WHERE n.ts_inferred OR NOT EXISTS (
+    SELECT 1 FROM engine_windows e JOIN segments g ON g.segment_id = e.segment_id
+    WHERE g.run_id = (SELECT run_id FROM segments WHERE segment_id = ?) AND NOT e.ts_inferred
+      AND e.end_ts = n.end_ts AND e.engine = n.engine AND e.source = n.source AND e.labels::VARCHAR = n.labels
+      AND e.drafts IS NOT DISTINCT FROM n.drafts AND e.draft_tokens IS NOT DISTINCT FROM n.draft_tokens
+      AND e.accepted_tokens IS NOT DISTINCT FROM n.accepted_tokens
+      AND e.running_requests IS NOT DISTINCT FROM n.running_requests
+      AND e.generation_throughput IS NOT DISTINCT FROM n.generation_throughput)
+"""
+
+
+def _insert(cur: duckdb.DuckDBPyConnection, source: str, ingest_id: int, segment_id: int) -> int:
+    """Insert the new windows of `source` (_NEW_ONLY); returns how many went in."""
     cur.execute(f"INSERT INTO engine_windows (ingest_id, segment_id, {_COLUMNS}) SELECT ?, ?, {_VALUES} "
-                f"FROM {source} ORDER BY ord", [ingest_id, segment_id])
+                f"FROM {source} n {_NEW_ONLY} ORDER BY ord", [ingest_id, segment_id, segment_id])
+    row = cur.fetchone()
+    return int(row[0]) if row else 0
 
 
 def store_windows(cur: duckdb.DuckDBPyConnection, windows: list[EngineWindow], ingest_id: int, segment_id: int,
                   ingest_time: datetime) -> int:
     """Insert engine windows inside the caller's transaction (a window without a time of its own gets the ingest
-    time). Returns how many had no time. The rows go in as one Arrow table, in the windows' order: a row at a time
-    took seconds for a day of 10-second log lines."""
-    if windows:
-        cur.register("new_windows", window_table(windows, ingest_time))
-        try:
-            _insert(cur, "new_windows", ingest_id, segment_id)
-        finally:
-            cur.unregister("new_windows")
-    return sum(w.end_ts is None for w in windows)
+    time), those the run already holds left out (_NEW_ONLY). Returns how many went in. The rows go in as one Arrow
+    table, in the windows' order: a row at a time took seconds for a day of 10-second log lines."""
+    if not windows:
+        return 0
+    cur.register("new_windows", window_table(windows, ingest_time))
+    try:
+        return _insert(cur, "new_windows", ingest_id, segment_id)
+    finally:
+        cur.unregister("new_windows")
 
 
 @dataclass
@@ -170,11 +188,14 @@ class WindowReader:
     def publish(self, cur: duckdb.DuckDBPyConnection, run_id: int, ingest_id: int) -> None:
         job, tally = self.job, self.tally
         segment_id = get_or_create_segment(cur, run_id, job.default_template)
-        if tally.windows:
-            _insert(cur, "stage.staged_windows", ingest_id, segment_id)
+        stored = _insert(cur, "stage.staged_windows", ingest_id, segment_id) if tally.windows else 0
         job.no_time = tally.no_time
-        job.rows_read = job.steps = tally.windows
+        job.rows_read, job.steps = tally.windows, stored
         job.notes.append(f"{tally.windows} engine windows ({', '.join(sorted(tally.sources))})")
+        if stored < tally.windows:
+            job.notes.append(f"{tally.windows - stored} of them already stored in this run (the same engine's "
+                             "figures at the same time: a log watched and ingested again, or a rotated copy), so "
+                             "left out")
         if tally.load_only:
             job.notes.append(f"load alone in {tally.load_only} of them (requests running, throughput, no speculative "
                              "figures): an engine without speculation (a baseline), or intervals in which nothing was "
