@@ -292,7 +292,7 @@ def curves(store: Store, run: str | None = None) -> list[LoadCurve]:
     demo = {name for _, name, is_demo in runs if is_demo}
     baseline_of = baselines.groupby("of_run")["baseline"].apply(list).to_dict() if not baselines.empty else {}
     is_baseline = set(baselines["baseline"]) if not baselines.empty else set()
-    names = sorted((set(points["run"]) | set(minutes["run"])) - is_baseline)
+    names = sorted((set(points["run"].unique()) | set(minutes["run"].unique())) - is_baseline)
     now = {r.run: r for r in current.itertuples()}
     return [replace(_curve(name, points, minutes, baseline_of.get(name, []), now.get(name)), demo=name in demo)
             for name in (names if run is None else [n for n in names if n == run])]
