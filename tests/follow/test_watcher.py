@@ -84,6 +84,9 @@ def test_a_watched_log_ingested_again_whole_or_rotated_stores_each_window_once(t
         fh.write("".join(lines[5:]))
     w.poll_once()
     assert store.query("SELECT count(*) FROM engine_windows")[0][0] == 8
+    twin = tmp_path / "other.log"  # the same text on other lines is other output: stored
+    twin.write_text("\n" + "".join(lines[:2]))
+    assert ingest_file(store, str(twin), run="prod").steps == 2
 
 
 def test_a_followed_log_whose_lines_end_in_a_lone_cr_is_read_line_by_line(tmp_path):

@@ -73,14 +73,16 @@ def window_table(windows: list[EngineWindow], ingest_time: datetime, first: int 
          "prompt_throughput": w.prompt_throughput} for i, w in enumerate(windows)], schema=_WINDOW_SCHEMA)
 
 
-# A window the run already holds (one engine's output at the same time with the same figures) is left out, so a log
-# that was watched and is then ingested whole, or a rotated file ingested beside its watched original, is stored
-# once. A window without a time of its own cannot be told from another and is always stored.
+# A window the run already holds (the same line of one engine's output: its number, time and figures) is left out,
+# so a log that was watched and is then ingested whole, or a rotated file ingested beside its watched original, is
+# stored once. The line number keeps apart distinct lines that print alike within one second (SGLang logs a decode
+# batch many times a second). A window without a time of its own cannot be told from another and is always stored.
 _NEW_ONLY = """
 WHERE n.ts_inferred OR NOT EXISTS (
     SELECT 1 FROM engine_windows e JOIN segments g ON g.segment_id = e.segment_id
     WHERE g.run_id = (SELECT run_id FROM segments WHERE segment_id = ?) AND NOT e.ts_inferred
-      AND e.end_ts = n.end_ts AND e.engine = n.engine AND e.source = n.source AND e.labels::VARCHAR = n.labels
+      AND e.line IS NOT DISTINCT FROM n.line AND e.end_ts = n.end_ts AND e.engine = n.engine
+      AND e.source = n.source AND e.labels::VARCHAR = n.labels
       AND e.drafts IS NOT DISTINCT FROM n.drafts AND e.draft_tokens IS NOT DISTINCT FROM n.draft_tokens
       AND e.accepted_tokens IS NOT DISTINCT FROM n.accepted_tokens
       AND e.running_requests IS NOT DISTINCT FROM n.running_requests
@@ -193,9 +195,8 @@ class WindowReader:
         job.rows_read, job.steps = tally.windows, stored
         job.notes.append(f"{tally.windows} engine windows ({', '.join(sorted(tally.sources))})")
         if stored < tally.windows:
-            job.notes.append(f"{tally.windows - stored} of them already stored in this run (the same engine's "
-                             "figures at the same time: a log watched and ingested again, or a rotated copy), so "
-                             "left out")
+            job.notes.append(f"{tally.windows - stored} of them already stored in this run (the same lines: a log "
+                             "watched and ingested again, or a rotated copy), so left out")
         if tally.load_only:
             job.notes.append(f"load alone in {tally.load_only} of them (requests running, throughput, no speculative "
                              "figures): an engine without speculation (a baseline), or intervals in which nothing was "
