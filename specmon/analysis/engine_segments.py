@@ -52,18 +52,22 @@ LOAD_COLUMNS = ("running_requests", "waiting_requests", "generation_throughput",
 WINDOW_COLUMNS = ("run", "template", "segment_id", "engine", "source", "end_ts", "start_ts", "drafts", "draft_tokens",
                   "accepted_tokens", "accepted_per_position", "k", "mean_acceptance_length", "reported_rate",
                   "ingested_at", *LOAD_COLUMNS, "labels")
-_WINDOWS_SQL = """
+# Of a stored window's labels only the `engine` entry is read (engine_of); a vLLM line's labels also hold its own
+# throughputs, a different text on every line, which at a million lines cost seconds to parse and most of the
+# frame's memory.
+_ENGINE_LABEL = ("CASE WHEN w.labels->>'engine' IS NULL THEN '{}' "
+                 "ELSE json_object('engine', w.labels->>'engine')::VARCHAR END")
+_WINDOWS_SQL = f"""
 SELECT rs.run, rs.template, w.segment_id, w.engine, w.source, w.end_ts, w.start_ts, w.drafts, w.draft_tokens,
        w.accepted_tokens, w.accepted_per_position, w.k, w.mean_acceptance_length, w.reported_rate, i.ingested_at,
-       w.running_requests, w.waiting_requests, w.generation_throughput, w.prompt_throughput,
-       w.labels::VARCHAR AS labels
+       w.running_requests, w.waiting_requests, w.generation_throughput, w.prompt_throughput, {_ENGINE_LABEL} AS labels
 FROM engine_windows w JOIN run_segments rs USING (segment_id) JOIN ingests i USING (ingest_id)
 WHERE (? IS NULL OR rs.run = ?) ORDER BY w.end_ts, w.window_id
 """
 # The windows the drift detector watches (window_checks, in SQL): a million-line log's whole windows frame, lists and
 # load columns included, held about 0.6 GB where these columns hold a tenth of that.
-_CHECKED_WINDOWS_SQL = """
-SELECT rs.template, w.end_ts, w.k, w.labels::VARCHAR AS labels, list_sum(w.accepted_per_position) AS accepted,
+_CHECKED_WINDOWS_SQL = f"""
+SELECT rs.template, w.end_ts, w.k, {_ENGINE_LABEL} AS labels, list_sum(w.accepted_per_position) AS accepted,
        w.drafts + coalesce(list_sum(w.accepted_per_position[1:len(w.accepted_per_position) - 1]), 0) AS checked
 FROM engine_windows w JOIN run_segments rs USING (segment_id)
 WHERE rs.run = ? AND len(w.accepted_per_position) > 0 AND w.drafts IS NOT NULL AND NOT isnan(w.drafts)

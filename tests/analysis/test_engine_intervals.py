@@ -19,6 +19,7 @@ from specmon.analysis.engine_segments import (
     engine_of,
     segment_of_windows,
     window_bins,
+    windows,
 )
 from specmon.core import stats
 from specmon.ingest.pipeline import ingest_file
@@ -112,16 +113,18 @@ def test_a_log_shorter_than_the_shortest_span_has_no_interval_and_says_why():
 
 
 def test_a_logged_run_is_clustered_by_the_clock_not_by_each_line(store, tmp_path):
-    # vLLM's own lines carry figures that change every line (its throughputs), which the windows keep among their
-    # labels: those must not make each line an engine, and so each window a cluster of its own
+    # vLLM's own lines carry figures that change every line (its throughputs), which the stored windows keep among
+    # their labels: those must not make each line an engine, and so each window a cluster of its own; the frames
+    # read the `engine` entry alone
     w = _windows(np.random.default_rng(2))
     end_us = ((w["end_ts"] - w["end_ts"].iloc[0]).dt.total_seconds() * 1e6).astype(np.int64)
     path = tmp_path / "vllm.log"
     path.write_text(vllm_window_lines(datetime(2026, 12, 1), end_us, w["drafts"],
                                       np.stack(w["accepted_per_position"].to_numpy()), WINDOW_S))
     assert ingest_file(store, str(path), run="r").status == "stored"
+    assert all("throughput" in labels for (labels,) in store.query("SELECT labels::VARCHAR FROM engine_windows"))
     logged = checked_windows(store, "r")
-    assert logged["labels"].str.contains("throughput").all()
+    assert set(logged["labels"]) == set(windows(store, "r")["labels"]) == {"{}"}
     assert window_bins(logged).minutes == HOURS * 60  # one engine's minutes, not a minute per line
     seg = segment_of_windows({"run": "r", "template": ""}, w, c=0.4)
     row = summary.summarize(store, by="run", c=0.4, run="r")[0]

@@ -58,6 +58,13 @@ def test_data_parallel_engines_pair_each_speculative_line_with_its_own_load_line
     assert [w.labels["engine"] for w in windows] == ["000", "001", "000", "001"]
 
 
+def test_the_windows_frames_keep_data_parallel_engines_apart(store, tmp_path):
+    path = write(tmp_path, "dp.log", REAL_V1_DP + [later(line, 10) for line in REAL_V1_DP])
+    assert ingest_file(store, path, run="dp").status == "stored"
+    for frame in (engine_segments.windows(store, "dp"), engine_segments.checked_windows(store, "dp")):
+        assert sorted(engine_segments.engine_of(frame["labels"])) == ["000", "000", "001", "001"]
+
+
 def test_a_load_line_without_a_speculative_line_is_a_window_with_the_load_alone(store, tmp_path):
     path = write(tmp_path, "baseline.log", [NOISE_START, REAL_V1_LOAD_ALONE])
     assert detect_format(path) == "engine-log"  # a log of load lines alone is read
