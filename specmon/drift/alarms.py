@@ -32,6 +32,7 @@ from specmon.drift import calibration, detector
 from specmon.drift import state as drift_state
 from specmon.drift.state import State
 from specmon.store.database import Store
+from specmon.store.processes import die_with_parent
 
 _ANNOTATIONS_SQL = """
 SELECT a.annotation_id, a.template, a.starts_at, a.note, a.created_at FROM annotations a JOIN runs r USING (run_id)
@@ -674,11 +675,16 @@ def _calibrate_all(wanted: dict[str, dict], runs: int,
     if progress is not None:
         progress(f"calibrating the drift detector on {len(wanted)} reference(s) of {runs} run(s), "
                  f"{_workers(len(wanted))} at a time (a few seconds each)")
-    workers = _workers(len(wanted))
-    # spawned, not forked: the caller may be a threaded server, and a forked child inherits its locks held
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with calibration_pool(_workers(len(wanted))) as pool:
         futures = {key: pool.submit(calibration.calibrate_threshold, **kwargs) for key, kwargs in wanted.items()}
         return {key: f.result() for key, f in futures.items()}
+
+
+def calibration_pool(workers: int) -> ProcessPoolExecutor:
+    """The processes calibrations run in. Spawned, not forked: the caller may be a threaded server, and a forked
+    child inherits the locks its threads hold. Each ends with the caller (die_with_parent): a watcher or an ingest
+    killed outright mid-calibration would otherwise leave its workers waiting for work forever."""
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=die_with_parent)
 
 
 def _workers(calibrations: int) -> int:

@@ -20,19 +20,10 @@ from typing import TYPE_CHECKING
 
 from specmon.core import resources
 from specmon.core.settings import DB_ENV, METRICS_RUNS_ENV
+from specmon.store.processes import die_with_parent
 
 if TYPE_CHECKING:
     from specmon.store.database import Store
-
-
-def _die_with_parent() -> None:
-    """In a child, before it runs: ask Linux to SIGTERM it when its parent dies, even of SIGKILL."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: forwarding below still covers every signal that can be caught
-        pass
 
 
 @contextmanager
@@ -62,7 +53,7 @@ def run_child(cmd: list[str], env: dict, grace_s: float = 20.0,
     process in any case.
 
     The child gets a session of its own, so a Ctrl-C in the terminal reaches it once, through this process."""
-    child = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)
+    child = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=die_with_parent)
 
     def forward(signum: int) -> None:
         child.send_signal(signum)
