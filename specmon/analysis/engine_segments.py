@@ -248,10 +248,10 @@ def speculating(windows: pd.DataFrame) -> pd.Series:
             | windows["mean_acceptance_length"].notna() | windows["accepted_per_position"].map(_has_positions))
 
 
-def _tokens_per_step(part: pd.DataFrame, n_drafts: float | None) -> tuple[float | None, str | None]:
-    """L = 1 + accepted / drafts over the windows that count both (as its interval, _tokens_interval); else the mean
-    of the engine's own L gauge."""
-    known = part[part["drafts"].notna() & part["accepted_tokens"].notna()]
+def _tokens_per_step(part: pd.DataFrame, known: pd.DataFrame,
+                     n_drafts: float | None) -> tuple[float | None, str | None]:
+    """L = 1 + accepted / drafts over the windows that count both (`known`, as its interval, _tokens_interval);
+    else the mean of the engine's own L gauge."""
     if n_drafts and known["drafts"].sum() > 0:
         return 1.0 + known["accepted_tokens"].sum() / known["drafts"].sum(), None
     gauges = part["mean_acceptance_length"].dropna()
@@ -333,10 +333,9 @@ def serial_sums(bins: WindowBins, a: np.ndarray, n: np.ndarray, rho: float | Non
                                np.bincount(bins.place, weights=n, minlength=size), WINDOW_BANDWIDTH_BINS, rho)
 
 
-def _tokens_interval(part: pd.DataFrame, alpha: stats.Interval) -> tuple[float | None, float | None]:
-    """L's interval from the windows that count both drafts and accepted tokens (stats.SerialSums), at alpha's
-    degrees of freedom."""
-    known = part[part["drafts"].notna() & part["accepted_tokens"].notna()]
+def _tokens_interval(known: pd.DataFrame, alpha: stats.Interval) -> tuple[float | None, float | None]:
+    """L's interval from the windows that count both drafts and accepted tokens (`known`; stats.SerialSums), at
+    alpha's degrees of freedom."""
     iv = stats.ratio_interval(serial_sums(window_bins(known), known["accepted_tokens"].to_numpy(float),
                                            known["drafts"].to_numpy(float)), alpha.dof, CONFIDENCE)
     return (None, None) if iv is None else (1 + max(iv[0], 0.0), 1 + iv[1])
@@ -368,7 +367,8 @@ def segment_of_windows(key: dict, part: pd.DataFrame, c: float | None, bucketed:
     intervals whose variance pairs neighbouring windows (stats.SerialSums) where they span MIN_WINDOW_SPAN_SECONDS."""
     counted = part[part["drafts"].notna()]
     n_drafts = float(counted["drafts"].sum()) if len(counted) else None
-    tokens_per_step, note = _tokens_per_step(part, n_drafts)
+    known = counted[counted["accepted_tokens"].notna()]  # the windows L is counted from
+    tokens_per_step, note = _tokens_per_step(part, known, n_drafts)
     checks = [(i, *x) for i, x in enumerate(map(window_checks, check_rows(part))) if x is not None]
     k_values = part["k"].dropna()
     k = int(k_values.max()) if len(k_values) else None
@@ -383,7 +383,7 @@ def segment_of_windows(key: dict, part: pd.DataFrame, c: float | None, bucketed:
         else:
             iv = stats.cluster_interval(serial_sums(bins, a, n), CONFIDENCE)
             alpha = Estimate(iv.estimate, iv.lo, iv.hi)
-            tokens = Estimate(tokens_per_step, *(_tokens_interval(part, iv) if n_drafts else (None, None)))
+            tokens = Estimate(tokens_per_step, *(_tokens_interval(known, iv) if n_drafts else (None, None)))
     elif note is None:
         note = "per-token alpha needs per-position counts, which this engine output does not give"
     drafted, accepted = _sum_or_none(part["draft_tokens"]), _sum_or_none(part["accepted_tokens"])
