@@ -8,22 +8,12 @@ import functools
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
 # Bins whose expected count is below this are pooled before a chi-square test (Cochran's rule of thumb).
 MIN_EXPECTED_PER_BIN = 5.0
-# The most lag-1 correlation SerialSums' working model takes from a series' residuals. Requests of a 40 s median give
-# about 0.5 at a minute's bins, of 120 s 0.6-0.7, and 0.5 keeps most of what the correlation corrects there (alpha
-# over 30 minutes of 120 s requests: 0.948, 0.951 uncapped, 0.907 without it). A level shift within a segment (a
-# rollout, a new mix) reads as persistence too, and uncapped it widened a run that lost on 700 of its 740 windows to
-# "unknown"; near 1 the correction has no bound.
-MAX_BIN_CORRELATION = 0.5
-# Up to this many bins SerialSums' matrices are dense, beyond it banded sparse ones: dense products are the faster up
-# to about 150 bins (0.1 ms at 30), sparse ones beyond (2 ms at 250, against 16 ms dense). One engine's grid holds at
-# most about 125 bins; several engines side by side hold more.
-DENSE_BINS = 150
 # Above this many degrees of freedom the t quantile's expansion in 1/dof is exact to float rounding (4e-15 at 3,000
 # for two-sided confidences up to 0.999999, against scipy); below it the quantile is solved from the CDF.
 T_EXPANSION_DOF = 3000.0
@@ -138,15 +128,12 @@ class SerialSums:
     only bins of one series within `lags` of each other are paired. Variance: sum_ij w_ij e_i e_j / N^2 with
     e_j = a_j - r n_j and Bartlett weights w = 1 - |i - j| / (lags + 1), which keeps it positive and counts the
     covariance of bins up to `lags` apart (a request shorter than the bandwidth is counted almost whole). Two
-    finite-sample corrections, as CR2 and Bell-McCaffrey make for clusters, under a working model S of the bins'
-    covariance: variances s_j = n_j (1 + (n_j - 1) rho) (rho from the bins' own CR2 design effect,
-    ClusterSums.intra_correlation), correlated phi^|i - j| up to `lags` apart, phi the residuals' own lag-1
-    autocorrelation (at most MAX_BIN_CORRELATION). The estimate is scaled by 1'S1 / tr(A S) so it is unbiased under
-    that model, since the residuals are centred on the estimate and the weights shrink long lags (and both take the
-    more away the longer the noise persists beside the span); the degrees of freedom are Satterthwaite's for that
-    quadratic form, tr(A S)^2 / tr((A S)^2), which are few where the span is not much longer than the bandwidth or
-    the noise persists (the t quantile then widens the interval). Assumes noise more than `lags` bins apart is
-    independent.
+    finite-sample corrections, as CR2 and Bell-McCaffrey make for clusters: the estimate is scaled so it is unbiased
+    when the bins are independent with variances s_j = n_j (1 + (n_j - 1) rho) (rho from the bins' own CR2 design
+    effect, ClusterSums.intra_correlation), since the residuals are centred on the estimate and the weights shrink
+    long lags; the degrees of freedom are Satterthwaite's for that quadratic form, tr(A S)^2 / tr((A S)^2), which are
+    few where the span is not much longer than the bandwidth (the t quantile then widens the interval). The traces
+    are summed in O(bins x lags). Assumes noise more than `lags` bins apart is independent.
     """
 
     clusters: int
@@ -166,15 +153,30 @@ class SerialSums:
             return cls(held, float(a.sum()), total, math.nan, math.inf)
         r = a.sum() / total
         e = a - r * n
+        v = n / total
+        weights = [(lag, 1.0 - lag / (lags + 1)) for lag in range(1, min(lags, len(a) - 1) + 1)]
+        raw, wv = float((e * e).sum()), v.copy()
+        for lag, w in weights:
+            raw += 2 * w * float((e[:-lag] * e[lag:]).sum())
+            wv[:-lag] += w * v[lag:]
+            wv[lag:] += w * v[:-lag]
         if rho is None:
             bins = ClusterSums.of(a, n)
             binomial = r * (1 - r) / total
             rho = bins.intra_correlation(max(1.0, bins.ratio_variance() / binomial) if binomial > 0 else 1.0)
         s = n * (1 + (n - 1) * rho)
-        raw, trace, square, target = _serial_forms(e, n / total, s, min(lags, len(a) - 1))
+        # A = M' W M with M = I - n 1'/N centring the residuals; A = W + B, B_ij = c - wv_i - wv_j (wv = W v)
+        c = float(v @ wv)
+        trace = float((s * (1 - 2 * wv + c)).sum())
+        s0, s1, s2 = float(s.sum()), float((wv * s).sum()), float((wv * wv * s).sum())
+        off_band_b = c * c * s0 * s0 + 2 * s0 * s2 + 2 * s1 * s1 - 4 * c * s0 * s1  # sum_ij B_ij^2 s_i s_j
+        square = float((s * s * ((1 - 2 * wv + c) ** 2 - (c - 2 * wv) ** 2)).sum()) + off_band_b
+        for lag, w in weights:
+            b = c - wv[:-lag] - wv[lag:]
+            square += 2 * float(((w + b) ** 2 - b * b) @ (s[:-lag] * s[lag:]))
         if trace <= 0 or square <= 0:
             return cls(held, float(a.sum()), total, math.nan, math.inf)
-        return cls(held, float(a.sum()), total, raw * target / trace / (total * total),
+        return cls(held, float(a.sum()), total, raw * s0 / trace / (total * total),
                    min(trace * trace / square, held - 1.0))
 
     def ratio_variance(self) -> float:
@@ -182,44 +184,6 @@ class SerialSums:
 
     def dof(self, design_effect: float) -> float:
         return self.degrees
-
-
-def _band_matrices(root: np.ndarray, phi: float, lags: int) -> tuple[Any, Any]:
-    """SerialSums' Bartlett weights W (1 - |i - j| / (lags + 1)) and working covariance S (phi^|i - j| root_i root_j)
-    up to `lags` apart: numpy arrays for grids up to DENSE_BINS bins (the usual engine: dense products are faster
-    there, and scipy stays unloaded), else scipy sparse ones."""
-    size = len(root)
-    if size <= DENSE_BINS:
-        lag = np.abs(np.subtract.outer(np.arange(size), np.arange(size)))
-        band = lag <= lags
-        return np.where(band, 1.0 - lag / (lags + 1), 0.0), np.where(band, phi ** lag, 0.0) * np.outer(root, root)
-    from scipy import sparse
-
-    offsets = np.arange(-lags, lags + 1)
-    w = sparse.diags([np.full(size - abs(k), 1.0 - abs(k) / (lags + 1)) for k in offsets], offsets, format="csr")
-    cov = sparse.diags([phi ** abs(k) * root[:size - abs(k)] * root[abs(k):] for k in offsets], offsets, format="csr")
-    return w, cov
-
-
-def _serial_forms(e: np.ndarray, v: np.ndarray, s: np.ndarray, lags: int) -> tuple[float, float, float, float]:
-    """e'We, tr(A S), tr((A S)^2) and 1'S1 of SerialSums: A = C' W C (C = I - v 1' centres the residuals e = C a,
-    W the Bartlett weights), S_ij = phi^|i - j| sqrt(s_i s_j) up to `lags` apart. A is kept as W plus its low-rank
-    part, so everything is a banded product or a vector."""
-    root = np.sqrt(s)
-    z = np.divide(e, root, out=np.zeros_like(e), where=root > 0)
-    spread = float(z @ z)
-    phi = min(max(float(z[:-1] @ z[1:]) / spread, 0.0), MAX_BIN_CORRELATION) if spread > 0 else 0.0
-    w, cov = _band_matrices(root, phi, lags)
-    wv = w @ v
-    c = float(v @ wv)
-    ones = np.ones(len(e))
-    g, h, p = cov @ ones, cov @ wv, c * ones - wv
-    m = w @ cov  # A S = M + p g' - 1 h', since A = W + c 11' - wv 1' - 1 wv'
-    pairs = float(m.multiply(m.T).sum()) if hasattr(m, "multiply") else float((m * m.T).sum())  # tr(M M)
-    trace = float(m.diagonal().sum() + p @ g - h.sum())
-    square = pairs + 2 * float(g @ (m @ p)) - 2 * float(h @ (m @ ones)) + float(g @ p) ** 2 \
-        - 2 * float(g.sum()) * float(h @ p) + float(h.sum()) ** 2
-    return float(e @ (w @ e)), trace, square, float(g.sum())
 
 
 def tv_distance(p: np.ndarray, q: np.ndarray) -> float:
