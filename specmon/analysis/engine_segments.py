@@ -6,7 +6,7 @@ counts (position 1 is checked on every draft, position i when i - 1 was accepted
 sum_{i<k} accepted_at_i. Where an engine gives only accepted and drafted tokens (early vLLM V1, llama.cpp's
 summaries), alpha stays null and its accepted/drafted rate is reported as draft_acceptance_rate. A request spans
 neighbouring windows, so windows are not independent: the intervals sum them into bins of one engine (a minute up to
-two hours of windows) and take the Bartlett (Newey-West) variance with a bandwidth of 30 minutes or a quarter of the
+four hours of windows) and take the Bartlett (Newey-West) variance with a bandwidth of 30 minutes or an eighth of the
 span (stats.SerialSums, window_bins), and give none where the windows span under MIN_WINDOW_SPAN_SECONDS.
 """
 from __future__ import annotations
@@ -299,7 +299,7 @@ def grid_places(engine: np.ndarray, seconds: np.ndarray) -> WindowBins:
     """The places on the grid of stats.SerialSums of points of time (`seconds` since the epoch) of engines numbered
     0, 1, ..., and the minutes they span.
 
-    A bin is a WINDOW_BANDWIDTH_BINS-th of the bandwidth (window_bin_seconds; a minute up to two hours of windows) of
+    A bin is a WINDOW_BANDWIDTH_BINS-th of the bandwidth (window_bin_seconds; a minute up to four hours of windows) of
     one engine; bins of one engine keep their order and distance, a gap longer than the bandwidth shrinks to just
     over it (nothing pairs across it either way), and engines lie a bandwidth apart (requests do not move between
     engines). An engine's span is its first to last clock minute, inclusive."""

@@ -37,7 +37,7 @@ _MINUTE = 60
 # What a curve's intervals take as observations, in words for its renderers.
 REPEAT_OBSERVATIONS = "repeats, each an independent observation"
 WINDOW_OBSERVATIONS = ("engine windows, their noise paired across neighbouring minutes of one engine up to 30 "
-                       "minutes apart (a quarter of the span on longer logs), as requests outlive a window")
+                       "minutes apart (an eighth of the span on longer logs), as requests outlive a window")
 
 _POINTS_SQL = """
 SELECT rs.run, rs.template, rs.demo, lp.k, lp.concurrency, lp.repeat, lp.output_tokens_per_s, lp.accepted_tokens,

@@ -22,12 +22,11 @@ WINDOW_BLOCK_SECONDS = 600.0
 # 1 - lag / bandwidth, so a request of duration D loses about D / (3 x bandwidth) of its share; where durations are
 # heavy-tailed the longest requests carry most of the variance (lognormal, median 40 s, sigma 1: 9% lost at 30
 # minutes). The bandwidth is WINDOW_BANDWIDTH_SECONDS, or WINDOW_BANDWIDTH_SPAN_SHARE of an engine's span where that
-# is longer: a long span has degrees of freedom to spare (about 5.5 at a quarter), and a quarter keeps requests of
-# minutes counted (over 6 hours of requests of a 120 s median, 0.927 coverage at an eighth, 0.945 at a quarter).
-# Windows are summed into bins of a WINDOW_BANDWIDTH_BINS-th of the bandwidth (a minute at 30 minutes), which keeps
-# the cost of a day's or a month's variance that of an hour's.
+# is longer: a long span has the degrees of freedom to spare (about 12 at an eighth). Windows are summed into bins of
+# a WINDOW_BANDWIDTH_BINS-th of the bandwidth (a minute at 30 minutes), which keeps the cost of a day's or a month's
+# variance that of an hour's.
 WINDOW_BANDWIDTH_SECONDS = 1800.0
-WINDOW_BANDWIDTH_SPAN_SHARE = 1 / 4
+WINDOW_BANDWIDTH_SPAN_SHARE = 1 / 8
 WINDOW_BANDWIDTH_BINS = 30
 # Under this span (the shortest bandwidth) an engine segment gets no interval: requests lasting minutes leave too few
 # of them to show how much they differ.
