@@ -15,7 +15,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from waiting import until
+from waiting import running, until
 
 from specmon.ingest import pipeline
 from specmon.store.database import Store
@@ -104,13 +104,6 @@ def free_port() -> int:
 def children(pid: int) -> list[int]:
     text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
     return [int(x) for x in text.split()]
-
-
-def running(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def port_free(port: int) -> bool:

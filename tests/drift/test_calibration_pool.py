@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from waiting import until
+from waiting import running, until
 
 CALLER = r"""
 import os, time
@@ -16,22 +16,13 @@ with alarms.calibration_pool(2) as pool:
 """
 
 
-def _running(pid: int) -> bool:
-    """Whether the process exists and is not a zombie (a dead child nobody has reaped yet)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def test_calibration_workers_end_with_a_caller_killed_outright():
     caller = subprocess.Popen([sys.executable, "-c", CALLER], stdout=subprocess.PIPE, text=True)
     try:
         workers = [int(pid) for pid in caller.stdout.readline().split()]
-        assert workers and caller.pid not in workers and all(_running(pid) for pid in workers)
+        assert workers and caller.pid not in workers and all(running(pid) for pid in workers)
     finally:
         caller.kill()
         caller.wait()
-    until(lambda: not any(_running(pid) for pid in workers), 30, "the calibration workers to end with their caller")
+    until(lambda: not any(running(pid) for pid in workers), 30, "the calibration workers to end with their caller")
     assert os.getpid() not in workers
