@@ -672,10 +672,11 @@ def _calibrate_all(wanted: dict[str, dict], runs: int,
     their own, in parallel where there are several; progress(words) is told first. Even one runs apart: its
     simulated streams take about 0.4 GB at the default rate, which the caller (an ingest that just read a large
     file, a check holding engine windows) would add to its own peak."""
+    workers = _workers(len(wanted))
     if progress is not None:
         progress(f"calibrating the drift detector on {len(wanted)} reference(s) of {runs} run(s), "
-                 f"{_workers(len(wanted))} at a time (a few seconds each)")
-    with calibration_pool(_workers(len(wanted))) as pool:
+                 f"{workers} at a time (a few seconds each)")
+    with calibration_pool(workers) as pool:
         futures = {key: pool.submit(calibration.calibrate_threshold, **kwargs) for key, kwargs in wanted.items()}
         return {key: f.result() for key, f in futures.items()}
 
