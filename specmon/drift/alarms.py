@@ -14,7 +14,7 @@ import functools
 import multiprocessing
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
@@ -619,6 +619,7 @@ def analyse(store: Store, c: float | None = None, arl0_steps: int = DEFAULT_ARL0
     asked: dict[str, int] = {}  # the size of the reference each run waits for
     in_place: set[str] = set()
     pending = names
+    rounds = 0
     while pending:
         wanted: dict[str, dict] = {}
         waiting: list[str] = []
@@ -648,7 +649,8 @@ def analyse(store: Store, c: float | None = None, arl0_steps: int = DEFAULT_ARL0
                             in_place.add(run)
                         asked[run] = size
         if wanted:
-            found = _calibrate_all(wanted, len(set(waiting)), progress)
+            found = _calibrate_all(wanted, len(set(waiting)), progress, again=rounds > 0)
+            rounds += 1
             known.update(found)
             unsaved.update(found)
             if drift_state.save_many(store, {}, unsaved):  # kept at once: each cost seconds
@@ -666,19 +668,30 @@ def analyse(store: Store, c: float | None = None, arl0_steps: int = DEFAULT_ARL0
     return [done[run][0] for run in names]
 
 
-def _calibrate_all(wanted: dict[str, dict], runs: int,
-                   progress: Callable[[str], None] | None) -> dict[str, calibration.Threshold]:
+def _calibrate_all(wanted: dict[str, dict], runs: int, progress: Callable[[str], None] | None,
+                   again: bool = False) -> dict[str, calibration.Threshold]:
     """calibration.calibrate_threshold of each key's arguments (the references of that many runs), in processes of
-    their own, in parallel where there are several; progress(words) is told first. Even one runs apart: its
-    simulated streams take about 0.4 GB at the default rate, which the caller (an ingest that just read a large
-    file, a check holding engine windows) would add to its own peak."""
+    their own, in parallel where there are several; progress(words) is told first, naming the references' sizes
+    (again: a later round, the references grown to a checkpoint's). Even one runs apart: its simulated streams
+    take about 0.4 GB at the default rate, which the caller (an ingest that just read a large file, a check holding
+    engine windows) would add to its own peak."""
     workers = _workers(len(wanted))
     if progress is not None:
-        progress(f"calibrating the drift detector on {len(wanted)} reference(s) of {runs} run(s), "
+        progress(f"calibrating the drift detector on {len(wanted)} reference(s) of {runs} run(s)"
+                 f"{' grown to a checkpoint' if again else ''} ({_reference_sizes(wanted.values())}), "
                  f"{workers} at a time (a few seconds each)")
     with calibration_pool(workers) as pool:
         futures = {key: pool.submit(calibration.calibrate_threshold, **kwargs) for key, kwargs in wanted.items()}
         return {key: f.result() for key, f in futures.items()}
+
+
+def _reference_sizes(references: Iterable[dict]) -> str:
+    """The sizes of the references calibrate_threshold is given, in words per unit: "2,000 steps", "60-120 windows"."""
+    sizes: dict[str, list[int]] = {}
+    for kwargs in references:
+        sizes.setdefault(kwargs["unit"], []).append(len(kwargs["accepted"]))
+    return ", ".join(f"{min(n):,} {unit}" if min(n) == max(n) else f"{min(n):,}-{max(n):,} {unit}"
+                     for unit, n in sorted(sizes.items()))
 
 
 def calibration_pool(workers: int) -> ProcessPoolExecutor:

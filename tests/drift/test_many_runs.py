@@ -106,7 +106,11 @@ def test_ingest_prepares_the_drift_detector_so_check_calibrates_nothing(tmp_path
     ingest = subprocess.run([*specmon_cmd, "ingest", "--db", prepared, *files, *design], capture_output=True,
                             text=True, timeout=300)
     assert ingest.returncode == 0, ingest.stderr
-    assert "calibrating the drift detector on 3 reference(s) of 3 run(s)" in ingest.stderr
+    words = [line for line in ingest.stderr.splitlines() if "calibrating" in line]
+    # the first round names every reference's size; each later one the checkpoints' grown references
+    assert words[0].startswith("specmon: calibrating the drift detector on 3 reference(s) of 3 run(s) "
+                               "(2,000 steps, 30 windows), "), words
+    assert all(" grown to a checkpoint (" in line for line in words[1:]), words
     assert Store(prepared).query("SELECT count(DISTINCT run) FROM drift_states")[0][0] == 2  # engine windows: none
     ingest = subprocess.run([*specmon_cmd, "ingest", "--db", deferred, "--no-drift", *files], capture_output=True,
                             text=True, timeout=300)
