@@ -146,17 +146,20 @@ def engine_windows(rng: np.random.Generator, arrivals_per_s: float, span_h: floa
     return Windows((start + int(WINDOW_S * US))[has], drafts[has], per_pos[has], v2[has], k)
 
 
-def truth(k: int, share: float, draws: int = 2_000_000, seed: int = 0) -> dict:
-    """The model's exact-in-the-limit per-token alpha, tokens per step less one (L - 1) and conditional
-    per-position rates at a chat share of arriving requests (every request the same expected steps per unit of
-    its length, lengths independent of acceptance), by Monte Carlo over request acceptance (error about 1e-4)."""
-    rng = np.random.default_rng(seed)
-    chat = rng.random(draws) < share
-    mean = np.where(chat, CHAT_MEAN, CODE_MEAN)
-    r = rng.beta(mean * CONCENTRATION, (1 - mean) * CONCENTRATION)
-    e = [float(np.mean(r ** i)) for i in range(k + 1)]
-    return {"alpha": sum(e[1:]) / sum(e[:k]), "L_minus_1": sum(e[1:]),
-            "conditional": [e[i] / e[i - 1] for i in range(1, k + 1)]}
+def truth(k: int, share: float) -> dict:
+    """The model's exact per-token alpha, tokens per step less one (L - 1) and conditional per-position rates at a
+    chat share of arriving requests (every request the same expected steps per unit of its length, lengths
+    independent of acceptance): position i of a step is reached and accepted with probability r^i, whose mean over
+    a beta(a, b) request acceptance is prod_{j<i} (a + j) / (a + b + j). Exact: a mean over 2 million simulated
+    requests is off by about 1e-4, 0.05 of alpha's standard error over a day of windows, enough to tilt the
+    status's two tails apart at thousands of replicates."""
+    def moments(mean: float) -> np.ndarray:
+        a = mean * CONCENTRATION
+        return np.cumprod([1.0] + [(a + j) / (CONCENTRATION + j) for j in range(k)])
+
+    e = share * moments(CHAT_MEAN) + (1 - share) * moments(CODE_MEAN)
+    return {"alpha": float(e[1:].sum() / e[:k].sum()), "L_minus_1": float(e[1:].sum()),
+            "conditional": [float(e[i] / e[i - 1]) for i in range(1, k + 1)]}
 
 
 def day_share() -> float:

@@ -68,7 +68,8 @@ _CLUSTER_SUMS = """
            sum(checked::HUGEINT * checked::HUGEINT * checked::HUGEINT * checked::HUGEINT)::DOUBLE AS sn4,
            sum((w_n * accepted * accepted)::{exact})::DOUBLE AS saa_l,
            sum((w_n * accepted * checked)::{exact})::DOUBLE AS san_l,
-           sum((w_n * checked * checked)::{exact})::DOUBLE AS snn_l"""
+           sum((w_n * checked * checked)::{exact})::DOUBLE AS snn_l,
+           sum((accepted * accepted / nullif(checked, 0))::{exact})::DOUBLE AS saa_n"""
 
 _STEPS_SQL = """
 WITH rq AS ({rq_rows}
@@ -110,6 +111,7 @@ WITH rq AS ({rq_rows}
            sum((w_s * accepted * accepted)::{exact})::DOUBLE AS saa_ls,
            sum((w_s * accepted * steps)::{exact})::DOUBLE AS sas_ls,
            sum((w_s * steps * steps)::{exact})::DOUBLE AS sss_ls,
+           sum((accepted * accepted / nullif(steps, 0))::{exact})::DOUBLE AS saa_s,
            sum(b_checked) AS b_checked, sum(b_lo::{exact})::DOUBLE AS b_lo, sum(b_hi::{exact})::DOUBLE AS b_hi,
            sum((b_accepted - b_lo)::{exact})::DOUBLE AS d_lo, sum(pow(b_accepted - b_lo, 2)::{exact})::DOUBLE AS dd_lo,
            sum((b_accepted - b_hi)::{exact})::DOUBLE AS d_hi, sum(pow(b_accepted - b_hi, 2)::{exact})::DOUBLE AS dd_hi
@@ -187,9 +189,9 @@ def _sums(row: dict, tokens: bool = False) -> stats.ClusterSums:
     """The per-request sums of a segment row (_STEPS_SQL): accepted over checked (alpha), or accepted over steps (L);
     of a position row (_POSITIONS_SQL): accepted over checked at that position."""
     if tokens:
-        keys = ("accepted", "steps", "saa", "sas", "sss", "saa_ls", "sas_ls", "sss_ls", "ss3", "ss4")
+        keys = ("accepted", "steps", "saa", "sas", "sss", "saa_ls", "sas_ls", "sss_ls", "ss3", "ss4", "saa_s")
     else:
-        keys = ("accepted", "checked", "saa", "san", "snn", "saa_l", "san_l", "snn_l", "sn3", "sn4")
+        keys = ("accepted", "checked", "saa", "san", "snn", "saa_l", "san_l", "snn_l", "sn3", "sn4", "saa_n")
     return stats.ClusterSums(int(row["requests"]), *(float(row[key] or 0.0) for key in keys))
 
 

@@ -17,6 +17,9 @@ MIN_EXPECTED_PER_BIN = 5.0
 # Above this many degrees of freedom the t quantile's expansion in 1/dof is exact to float rounding (4e-15 at 3,000
 # for two-sided confidences up to 0.999999, against scipy); below it the quantile is solved from the CDF.
 T_EXPANSION_DOF = 3000.0
+# From this many clusters the degrees of freedom's working model is fitted to the clusters' residuals (how a
+# cluster's variance grows with its size); with fewer, that fit is too noisy and the exchangeable model is kept.
+FITTED_MODEL_MIN_CLUSTERS = 50
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,7 @@ class ClusterSums:
     """Per-cluster sums of successes a_j and trials n_j that the intervals need, so a database can aggregate.
 
     The *_l sums weight cluster j by 1 / (1 - n_j / N) (N = sum n_j), the leverage correction of the CR2 variance;
-    n3, n4 are sums of n_j^3, n_j^4 for the degrees of freedom.
+    n3, n4 are sums of n_j^3, n_j^4, and aa_n of a_j^2 / n_j (clusters with n_j > 0), for the degrees of freedom.
     """
 
     clusters: int
@@ -64,6 +67,7 @@ class ClusterSums:
     nn_l: float
     n3: float
     n4: float
+    aa_n: float
 
     @classmethod
     def of(cls, successes: np.ndarray, trials: np.ndarray) -> ClusterSums:
@@ -75,7 +79,8 @@ class ClusterSums:
         w = np.where(share < 1.0, 1.0 / np.where(share < 1.0, 1.0 - share, 1.0), 1.0)
         return cls(len(a), float(a.sum()), float(total), float((a * a).sum()), float((a * n).sum()),
                    float((n * n).sum()), float((w * a * a).sum()), float((w * a * n).sum()),
-                   float((w * n * n).sum()), float((n ** 3).sum()), float((n ** 4).sum()))
+                   float((w * n * n).sum()), float((n ** 3).sum()), float((n ** 4).sum()),
+                   float((a[n > 0] ** 2 / n[n > 0]).sum()))
 
     def ratio_variance(self) -> float:
         """CR2 (bias-reduced) variance of the ratio a/n: sum_j (a_j - r n_j)^2 / (1 - n_j/N) / N^2."""
@@ -88,17 +93,43 @@ class ClusterSums:
         return min(max((design_effect - 1.0) / (mean_size - 1.0), 0.0), 1.0) if mean_size > 1 else 0.0
 
     def dof(self, design_effect: float) -> float:
-        """Satterthwaite degrees of freedom of the variance under the exchangeable working model: cluster j
-        contributes variance proportional to s_j = n_j (1 + (n_j - 1) rho), with rho, the intra-cluster
-        correlation, solved from the design effect 1 + (sum n_j^2 / N - 1) rho. df = (sum s_j)^2 / sum s_j^2,
-        at most G - 1. Few clusters, or a few big ones, give few degrees of freedom (a wider t quantile)."""
+        """Satterthwaite degrees of freedom of the variance: cluster j contributes variance in proportion to
+        s_j = theta1 n_j + theta2 n_j^2, and df = (sum s_j)^2 / sum s_j^2, at most G - 1. Few clusters, or a few big
+        ones whose variance grows fast with their size, give few degrees of freedom (a wider t quantile).
+
+        From FITTED_MODEL_MIN_CLUSTERS clusters, theta is fitted to the clusters' residuals e_j = a_j - r n_j: the
+        least-squares line of e_j^2 / n_j on n_j (each cluster counted once), both coefficients at least 0. Where
+        a request's steps are alike only over stretches (acceptance that switches state within long requests), a
+        long request's variance grows like n_j, and the fit sees it. With fewer clusters the line is too noisy (it
+        gave too many degrees of freedom to 20 strongly differing requests), and the exchangeable working model is
+        taken: s_j = n_j (1 + (n_j - 1) rho), rho the intra-cluster correlation solved from the design effect
+        1 + (sum n_j^2 / N - 1) rho, a variance that grows like n_j^2 wherever requests differ at all."""
         if self.clusters < 2:
             return math.inf
-        rho = self.intra_correlation(design_effect)
-        # s_j = (1 - rho) n_j + rho n_j^2
-        sum_s = (1 - rho) * self.n + rho * self.nn
-        sum_ss = (1 - rho) ** 2 * self.nn + 2 * rho * (1 - rho) * self.n3 + rho * rho * self.n4
+        theta = self._fitted_growth() if self.clusters >= FITTED_MODEL_MIN_CLUSTERS else None
+        if theta is None:
+            rho = self.intra_correlation(design_effect)
+            theta = (1 - rho, rho)
+        linear, square = theta
+        sum_s = linear * self.n + square * self.nn
+        sum_ss = linear * linear * self.nn + 2 * linear * square * self.n3 + square * square * self.n4
         return float(min(self.clusters - 1, sum_s * sum_s / sum_ss)) if sum_ss > 0 else float(self.clusters - 1)
+
+    def _fitted_growth(self) -> tuple[float, float] | None:
+        """(theta1, theta2) of s_j = theta1 n_j + theta2 n_j^2 by least squares of e_j^2 / n_j on (1, n_j), both at
+        least 0 (only their ratio matters); None where every cluster has the same size (nothing to fit)."""
+        g, total, r = float(self.clusters), self.n, self.a / self.n
+        spread = g * self.nn - total * total
+        if spread <= 1e-9 * g * self.nn:
+            return None
+        per_trial = self.aa_n - 2 * r * self.a + r * r * total  # sum e_j^2 / n_j
+        squares = self.aa - 2 * r * self.an + r * r * self.nn  # sum e_j^2
+        linear, square = (self.nn * per_trial - total * squares) / spread, (g * squares - total * per_trial) / spread
+        if square <= 0:
+            return 1.0, 0.0
+        if linear <= 0:
+            return 0.0, 1.0
+        return linear, square
 
 
 class RatioSums(Protocol):

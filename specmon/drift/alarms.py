@@ -619,7 +619,7 @@ def analyse(store: Store, c: float | None = None, arl0_steps: int = DEFAULT_ARL0
     asked: dict[str, int] = {}  # the size of the reference each run waits for
     in_place: set[str] = set()
     pending = names
-    rounds = 0
+    calibrated = False  # whether references were calibrated already: those asked for later are checkpoints'
     while pending:
         wanted: dict[str, dict] = {}
         waiting: list[str] = []
@@ -649,8 +649,8 @@ def analyse(store: Store, c: float | None = None, arl0_steps: int = DEFAULT_ARL0
                             in_place.add(run)
                         asked[run] = size
         if wanted:
-            found = _calibrate_all(wanted, len(set(waiting)), progress, again=rounds > 0)
-            rounds += 1
+            found = _calibrate_all(wanted, len(set(waiting)), progress, again=calibrated)
+            calibrated = True
             known.update(found)
             unsaved.update(found)
             if drift_state.save_many(store, {}, unsaved):  # kept at once: each cost seconds
@@ -672,7 +672,7 @@ def _calibrate_all(wanted: dict[str, dict], runs: int, progress: Callable[[str],
                    again: bool = False) -> dict[str, calibration.Threshold]:
     """calibration.calibrate_threshold of each key's arguments (the references of that many runs), in processes of
     their own, in parallel where there are several; progress(words) is told first, naming the references' sizes
-    (again: a later round, the references grown to a checkpoint's). Even one runs apart: its simulated streams
+    (again: references grown to a checkpoint's, after a first calibration). Even one runs apart: its simulated streams
     take about 0.4 GB at the default rate, which the caller (an ingest that just read a large file, a check holding
     engine windows) would add to its own peak."""
     workers = _workers(len(wanted))

@@ -107,7 +107,7 @@ def test_ingest_prepares_the_drift_detector_so_check_calibrates_nothing(tmp_path
                             text=True, timeout=300)
     assert ingest.returncode == 0, ingest.stderr
     words = [line for line in ingest.stderr.splitlines() if "calibrating" in line]
-    # the first round names every reference's size; each later one the checkpoints' grown references
+    # the first calibration names every reference's size; each later one the checkpoints' grown references
     assert words[0].startswith("specmon: calibrating the drift detector on 3 reference(s) of 3 run(s) "
                                "(2,000 steps, 30 windows), "), words
     assert all(" grown to a checkpoint (" in line for line in words[1:]), words

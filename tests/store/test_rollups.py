@@ -53,12 +53,14 @@ WITH s AS (
            sum((w_n * accepted * accepted)::{exact})::DOUBLE AS saa_l,
            sum((w_n * accepted * checked)::{exact})::DOUBLE AS san_l,
            sum((w_n * checked * checked)::{exact})::DOUBLE AS snn_l,
+           sum((accepted * accepted / nullif(checked, 0))::{exact})::DOUBLE AS saa_n,
            sum(accepted * steps) AS sas, sum(steps * steps) AS sss,
            sum(steps::HUGEINT * steps::HUGEINT * steps::HUGEINT)::DOUBLE AS ss3,
            sum(steps::HUGEINT * steps::HUGEINT * steps::HUGEINT * steps::HUGEINT)::DOUBLE AS ss4,
            sum((w_s * accepted * accepted)::{exact})::DOUBLE AS saa_ls,
            sum((w_s * accepted * steps)::{exact})::DOUBLE AS sas_ls,
            sum((w_s * steps * steps)::{exact})::DOUBLE AS sss_ls,
+           sum((accepted * accepted / nullif(steps, 0))::{exact})::DOUBLE AS saa_s,
            sum(b_checked) AS b_checked, sum(b_lo::{exact})::DOUBLE AS b_lo, sum(b_hi::{exact})::DOUBLE AS b_hi,
            sum((b_accepted - b_lo)::{exact})::DOUBLE AS d_lo, sum(pow(b_accepted - b_lo, 2)::{exact})::DOUBLE AS dd_lo,
            sum((b_accepted - b_hi)::{exact})::DOUBLE AS d_hi, sum(pow(b_accepted - b_hi, 2)::{exact})::DOUBLE AS dd_hi
@@ -103,7 +105,7 @@ def cluster_columns(per_request: pd.DataFrame) -> dict:
     """The per-request sums of one position's interval, computed in numpy (stats.ClusterSums.of)."""
     s = stats.ClusterSums.of(per_request["accepted"].to_numpy(float), per_request["checked"].to_numpy(float))
     return {"requests": s.clusters, "saa": s.aa, "san": s.an, "snn": s.nn, "saa_l": s.aa_l, "san_l": s.an_l,
-            "snn_l": s.nn_l, "sn3": s.n3, "sn4": s.n4}
+            "snn_l": s.nn_l, "sn3": s.n3, "sn4": s.n4, "saa_n": s.aa_n}
 
 
 def oracle(store: Store, by: str = "template", *, run: str | None = None, bucket: str | None = None,
