@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from collections.abc import Callable
 
 import pandas as pd
@@ -39,7 +40,10 @@ DEMO_NOTICE = ("**Demo data, not yours.** Nothing of your own is stored yet, so 
 
 
 def sentence(text: str) -> str:
-    """text with its first letter upper case, the rest as it is (str.capitalize lowers the rest: N* -> n*)."""
+    """text with its first letter upper case, the rest as it is (str.capitalize lowers the rest: N* -> n*); a text
+    that opens with a symbol in a formula ("k = 1 up to 8 ...") keeps it as it is: K is not k."""
+    if re.match(r"[A-Za-z]\*?\s*[=<>]", text):
+        return text
     return text[:1].upper() + text[1:]
 
 

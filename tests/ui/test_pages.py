@@ -14,7 +14,7 @@ from specmon.analysis import lossless, summary
 from specmon.core import theory
 from specmon.core.settings import LIVE_DEFAULTS, PROPOSER_LABELS
 from specmon.store.database import Store
-from specmon.ui.widgets import md_text
+from specmon.ui.widgets import md_text, sentence
 
 PAGES = ["overview", "load", "acceptance", "economics", "drift", "ingest", "live", "losslessness"]
 
@@ -212,3 +212,9 @@ def test_the_servers_head_start_leaves_the_first_page_nothing_to_compute(app_db,
 
     monkeypatch.setattr(summary, "summarize", no_query)
     assert data.summaries(), "the head start left no rows"
+
+
+def test_a_sentence_keeps_the_symbol_it_opens_with():
+    assert sentence("losing at load") == "Losing at load"
+    assert sentence("k = 1 up to 8 running requests") == "k = 1 up to 8 running requests"  # k, the draft length
+    assert sentence("N* = 9.45") == "N* = 9.45"
