@@ -7,7 +7,8 @@ transaction and closes it. An operation that finds the file locked by another pr
 configurable time (`SPECMON_LOCK_TIMEOUT`, default 60 s), saying once that it is waiting. Inside one process a
 readers-writer lock keeps read-only and read-write connections from overlapping (DuckDB refuses mixed
 configurations in one process). Long work (staging a large step log) happens in a separate staging file, so the
-main file is locked only for the short transaction that publishes it.
+main file is locked only for the short transaction that publishes it. At exit the process waits until no
+thread is inside DuckDB (locks.ConnectionGate), which a daemon thread would otherwise abort.
 Every query is parameterised: nothing from user input is pasted into SQL.
 """
 from __future__ import annotations
@@ -28,7 +29,7 @@ import duckdb
 from specmon.core import environment, settings
 from specmon.core.faults import SpecmonError
 from specmon.core.settings import DB_ENV, LOCK_TIMEOUT_ENV
-from specmon.store.locks import is_lock_conflict, pid_alive, process_lock
+from specmon.store.locks import CONNECTIONS, is_lock_conflict, pid_alive, process_lock
 from specmon.store.schema import SCHEMA_VERSION, STAGING_DDL, migrate, schema_version
 
 
@@ -196,8 +197,10 @@ class Store:
 
     @contextmanager
     def _connection(self, read_only: bool, timeout: float | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
-        with (self._lock.read() if read_only else self._lock.write(timeout)), storage_errors(self.path):
+        with (self._lock.read() if read_only else self._lock.write(timeout)), storage_errors(self.path), \
+                CONNECTIONS.entry() as made:
             conn = self._open(read_only, timeout)
+            made(conn)
             try:
                 yield conn
             finally:
@@ -300,8 +303,9 @@ class Store:
         closes when the block ends; the file stays until `discard_staging` (publish it with transaction(attach=))."""
         base = self.path if self._memory is None else os.path.join(os.environ.get("TMPDIR", "/tmp"), "specmon")
         path = f"{base}.stage-{os.getpid()}-{uuid.uuid4().hex}.duckdb"
-        with storage_errors(self.path):
+        with storage_errors(self.path), CONNECTIONS.entry() as made:
             conn = connect(path)
+            made(conn)
             try:
                 conn.execute(STAGING_DDL)
                 yield path, conn
