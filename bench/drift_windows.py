@@ -87,6 +87,47 @@ def fixed_reference(reference: int, streams: int, arl0: int, seed: int, watched:
             "h_min": float(min(hs)), "h_max": float(max(hs))}
 
 
+def unstated_figures(hours: float, streams: int, arl0: int, seed: int, drops: list[float]) -> list[dict]:
+    """Runs of `hours` hours too short for a stated rate, at a constant mix, watched from their first window as in use
+    (the reference growing at the checkpoints): alarm episodes per day on runs where nothing changes, and on runs
+    whose requests' mean acceptance drops by each of `drops` halfway through, the share of runs alarmed within an hour
+    of the drop and the median windows from the drop to the first alarm. Each run is watched twice on the same
+    windows: with h as used, and with the block bootstrap's h alone (calibration.least_h taken away)."""
+    rng = np.random.default_rng(seed)
+    per_hour = 3600 / td.WINDOW_S
+    first = detector.REFERENCE_WINDOWS
+    least_h = calibration.least_h
+    cells = []
+    for drop in [0.0, *drops]:
+        counts: dict[str, list] = {"as used": [], "bootstrap alone": []}
+        for _ in range(streams):
+            w = td.engine_windows(rng, ARRIVALS_PER_S, hours, K, share=MIXES["constant"],
+                                  rollout_h=hours / 2 if drop else None, drop=drop)
+            a, c, blocks, ts = points(w)
+            at = int(np.searchsorted(ts, int(hours / 2 * td.HOUR_US)))
+            for name in counts:
+                calibration.least_h = least_h if name == "as used" else (lambda d, arl0: 0.0)
+                design = calibration.design_for(a, c, blocks, K, BREAK_EVEN, arl0, first, unit="windows", ts_us=ts)
+                grow = calibration.redesigner(lambda _, held=(a, c, blocks, ts): held, K, BREAK_EVEN, arl0, "windows")
+                _, raw, _, _ = detector.run_cusum(a[first:], c[first:], first, detector.CusumState.start(design),
+                                                  grow)
+                episodes = [t for i, t in enumerate(raw) if i == 0 or t - raw[i - 1] > detector.EPISODE_GAP]
+                after = [t for t in raw if t >= at] if drop else []
+                counts[name].append((len([t for t in episodes if not drop or t < at]),
+                                     after[0] - at if after else None, design.h))
+        calibration.least_h = least_h
+        for name, runs in counts.items():
+            delays = [d for _, d, _ in runs if d is not None and d <= per_hour]
+            cells.append({"hours": hours, "stated": arl0, "drop": drop, "h": name, "streams": streams,
+                          "episodes_per_day_before_any_drop": sum(e for e, _, _ in runs) / (
+                              streams * (hours / 2 if drop else hours) - streams * first / per_hour) * 24,
+                          "runs_with_a_false_episode": sum(1 for e, _, _ in runs if e) / streams,
+                          "found_within_an_hour": len(delays) / streams if drop else None,
+                          "median_delay_windows": float(np.median(delays)) if delays else None,
+                          "first_h_median": float(np.median([h for _, _, h in runs]))})
+    return cells
+
+
 def mix_figures(mix: str, streams: int, arl0: int, seed: int) -> dict:
     rng = np.random.default_rng(seed)
     runs = [stream_figures(rng, mix, arl0) for _ in range(streams)]
@@ -111,8 +152,10 @@ def mix_figures(mix: str, streams: int, arl0: int, seed: int) -> dict:
 
 def table(result: dict) -> str:
     """The docs' tables: the runs' cells, then the fixed references (a JSON may hold either or both)."""
-    out = [_cells_table(result["cells"])] if "cells" in result else []
-    if "references" in result:
+    out = [_cells_table(result["cells"])] if result.get("cells") else []
+    if result.get("unstated"):
+        out.append(_unstated_table(result["unstated"]))
+    if result.get("references"):
         out.append(_references_table(result["references"]))
     return "\n\n".join(out)
 
@@ -124,6 +167,19 @@ def _references_table(references: list[dict]) -> str:
              f"{'the reference itself' if c['in_sample'] else 'the windows after it'} | {c['streams']} | "
              f"{c['alarms']} | {c['ratio_to_stated']:.2f} x | {c['h_min']:.1f}-{c['h_max']:.1f} |"
              for c in references]
+    return "\n".join(rows)
+
+
+def _unstated_table(cells: list[dict]) -> str:
+    rows = ["| run | drop | h | runs (seed) | false alarm episodes per day | runs with one | found within an hour of "
+            "the drop | median windows to the alarm |", "|---|---|---|---|---|---|---|---|"]
+    for c in cells:
+        found = f"{c['found_within_an_hour']:.2f}" if c["found_within_an_hour"] is not None else "-"
+        delay = f"{c['median_delay_windows']:.0f}" if c["drop"] and c["median_delay_windows"] is not None else "-"
+        seed = f" ({c['seed']})" if c.get("seed") is not None else ""
+        rows.append(f"| {c['hours']:g} h | {c['drop']:g} | {c['h']} | {c['streams']}{seed} | "
+                    f"{c['episodes_per_day_before_any_drop']:.2f} | {c['runs_with_a_false_episode']:.2f} | {found} | "
+                    f"{delay} |")
     return "\n".join(rows)
 
 
@@ -154,6 +210,10 @@ def main() -> None:
                     "first --arl0 (fixed_reference)")
     ap.add_argument("--watched", type=int, default=100_000, help="with --references: windows watched per stream")
     ap.add_argument("--in-sample", action="store_true", help="with --references: watch the reference itself")
+    ap.add_argument("--unstated", type=float, metavar="HOURS",
+                    help="instead: runs this long, too short for a stated rate, with and without a drop "
+                    "(unstated_figures; --drops)")
+    ap.add_argument("--drops", type=float, nargs="*", default=[0.2, 0.3])
     ap.add_argument("--table", metavar="JSON", help="print the table of a result")
     ap.add_argument("--merge", nargs="+", metavar="JSON", help="join results (their cells and references) into --out")
     args = ap.parse_args()
@@ -162,15 +222,19 @@ def main() -> None:
         return
     if args.merge:
         parts = [json.load(open(p)) for p in args.merge]
-        merged = {"machine": parts[0]["machine"], "cells": [c for p in parts for c in p.get("cells", [])],
-                  "references": [c for p in parts for c in p.get("references", [])],
-                  "wall_s": round(sum(p["wall_s"] for p in parts), 1)}
+        merged = {"machine": parts[0]["machine"]}
+        for key in ("cells", "references", "unstated"):
+            if any(p.get(key) for p in parts):  # each cell keeps the seed of its run
+                merged[key] = [{**c, "seed": c.get("seed", p.get("seed"))} for p in parts for c in p.get(key, [])]
+        merged["wall_s"] = round(sum(p["wall_s"] for p in parts), 1)
         open(args.out, "w").write(json.dumps(merged, indent=1) + "\n")
         print(table(merged))
         return
     t0 = time.perf_counter()
     result: dict = {"machine": machine(), "seed": args.seed}
-    if args.references:
+    if args.unstated:
+        result["unstated"] = unstated_figures(args.unstated, args.streams, args.arl0[0], args.seed, args.drops)
+    elif args.references:
         result["references"] = [fixed_reference(r, args.streams, args.arl0[0], args.seed + i, args.watched,
                                                 args.in_sample) for i, r in enumerate(args.references)]
     else:

@@ -15,7 +15,7 @@ import hashlib
 import math
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -50,7 +50,7 @@ SPREAD_TEST_STEPS = 2 * REFERENCE_STEPS
 
 # Raised whenever calibrate gives another threshold for the same input, so thresholds kept in a database
 # (specmon.drift.state) are calibrated again rather than reused.
-CALIBRATION_VERSION = 12
+CALIBRATION_VERSION = 13
 
 
 def first_seen(clusters: np.ndarray) -> np.ndarray:
@@ -881,7 +881,7 @@ def design_for(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, 
     on which stating a false-alarm rate depends (Design.states_a_rate); engine windows need it.
 
     p0 is the reference's per-token acceptance; p1 is break-even alpha* when it lies below p0 by more than 0.02,
-    else p0 - delta.
+    else p0 - delta. Engine windows whose reference states no rate get h at least least_h.
     """
     ref = slice(0, min(reference_steps, len(accepted)))
     a = np.asarray(accepted[ref], dtype=float)
@@ -901,9 +901,38 @@ def design_for(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, 
     h, episodes = (found.h, found.episode_points) if isinstance(found, Threshold) else (float(found), None)
     per_a, per_n = cluster_sums(a, n, ref_clusters)
     iv = stats.cluster_robust_interval(per_a, per_n)
-    return Design(p0, p1, float(h), arl0_steps, float(iv.design_effect), int(k), len(per_n), unit, len(a),
-                  None if episodes is None or not math.isfinite(episodes) else float(episodes), hours,
-                  runs_z(a, ref_clusters) if unit == "steps" else None)
+    design = Design(p0, p1, float(h), arl0_steps, float(iv.design_effect), int(k), len(per_n), unit, len(a),
+                    None if episodes is None or not math.isfinite(episodes) else float(episodes), hours,
+                    runs_z(a, ref_clusters) if unit == "steps" else None)
+    if unit != "steps" and not design.states_a_rate:
+        dispersion = window_dispersion(a, n, p0)
+        if least_h(dispersion, arl0_steps) > design.h:
+            design = replace(design, h=least_h(dispersion, arl0_steps), episode_points=None, dispersion=dispersion)
+    return design
+
+
+def window_dispersion(accepted: np.ndarray, checked: np.ndarray, p0: float) -> float:
+    """Pearson's dispersion of windows' accepted counts about p0, relative to binomial counts (at least 1): how much
+    more a window's count varies than if its checked positions were independent draws (a window of few requests
+    takes their acceptance)."""
+    held = checked > 0
+    if int(held.sum()) < 2 or not 0 < p0 < 1:
+        return 1.0
+    expected = p0 * checked[held]
+    pearson = float(np.sum((accepted[held] - expected) ** 2 / (expected * (1 - p0))))
+    return max(pearson / (int(held.sum()) - 1), 1.0)
+
+
+def least_h(dispersion: float, arl0_steps: int) -> float:
+    """The least threshold for engine windows whose reference cannot state a rate: ln(arl0_steps) x the reference
+    windows' dispersion. The block bootstrap sees only the windows its reference holds; where none of them lies as low
+    as the level halfway to p1 its streams never alarm, h comes out near 0, and in use the first such window (a
+    quiet minute with one poor request) alarms alone. Divided by the dispersion, a window's increment is a
+    quasi-likelihood ratio, and a CUSUM of log-likelihood ratios of independent points alarms in control at most once
+    per e^h points (Lorden's bound). Neighbouring windows share requests, so this is a floor of the right size, not a
+    guarantee: on references long enough to state a rate the bootstrap's h at 20,000 windows was 34-42, and this
+    gives about 35 there (docs/drift.md, "Engine windows")."""
+    return dispersion * math.log(arl0_steps)
 
 
 def redesigner(head: Callable[[int], tuple[np.ndarray, ...]], k: int,

@@ -97,6 +97,8 @@ class Design:
     reference_hours: float | None = None
     # the reference's test for runs of alike steps within requests (calibration.runs_z); None for engine windows
     runs_z: float | None = None
+    # engine windows with no stated rate: the reference windows' dispersion, where it set h (calibration.least_h)
+    dispersion: float | None = None
 
     @property
     def states_a_rate(self) -> bool:
@@ -143,7 +145,10 @@ class Design:
         calibrated = f"calibrated on the first {self.reference:,} {self.unit}"
         if self.states_a_rate:
             return f"threshold h = {self.h:.2f} for {self.rate_words()}, {calibrated}"
-        return f"threshold h = {self.h:.2f}, {calibrated}; no false-alarm rate is stated: {self.no_rate_reason()}"
+        floor = (f" (the floor where no rate is stated: ln {self.arl0_steps:,} x the reference {self.unit}' "
+                 f"dispersion {self.dispersion:.1f})" if self.dispersion is not None else "")
+        return (f"threshold h = {self.h:.2f}{floor}, {calibrated}; no false-alarm rate is stated: "
+                f"{self.no_rate_reason()}")
 
 
 @dataclass(frozen=True)
