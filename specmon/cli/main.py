@@ -219,7 +219,7 @@ def cmd_summary(args: argparse.Namespace) -> int:
         print("alpha: per-token acceptance, 95% interval with requests as clusters, or engine "
               f"windows paired up to {WINDOW_BANDWIDTH_SECONDS / 60:g} minutes apart or more (docs/math.md). "
               "beta: predicted acceptance (an interval where only top-k logprobs were logged). "
-              "L: tokens per step. alpha*, 1+kc: break-even.")
+              "L: tokens per step. alpha*, 1+gc: break-even, in alpha and in L (g: the mean draft length).")
     return EXIT_OK
 
 

@@ -99,12 +99,14 @@ def render() -> None:
                     + (" Give c with `specmon summary --c` or `specmon watch --c`, or try one on the Economics page."
                        if r["c"] is None else ""))
     st.altair_chart(acceptance_chart(rows), width="stretch")
-    st.caption("Point: per-token acceptance alpha (accepted / checked positions); bar: its 95% Wilson interval, "
-               "widened for correlation within a request. Black tick: break-even alpha* for the segment's k and c.")
+    st.caption("Point: per-token acceptance alpha (accepted / checked positions); bar: its 95% interval, widened "
+               "for correlation within a request (engine windows: between neighbouring windows). Black tick: "
+               "break-even alpha* for the segment's k and c.")
     table(segments_frame(rows), missing="unknown", hide_index=True, width="stretch", column_config={
         "alpha": st.column_config.NumberColumn(format="%.3f", help="accepted / checked draft positions"),
         "tokens/step L": st.column_config.NumberColumn(format="%.2f", help="1 + mean accepted prefix per step"),
-        "c": st.column_config.NumberColumn(format="%.3f", help="draft step time / target verification time"),
+        "c": st.column_config.NumberColumn(format="%.3f", width="small",  # wide enough for "unknown"
+                                           help="draft step time / target verification time"),
         "break-even alpha*": st.column_config.NumberColumn(format="%.3f", help="alpha at which speedup = 1"),
         "speedup (measured)": st.column_config.NumberColumn(format="%.2fx", help="L / (1 + mean draft length x c)"),
         "speedup (i.i.d. model)": st.column_config.NumberColumn(
