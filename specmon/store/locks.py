@@ -97,8 +97,9 @@ class ConnectionGate:
     the whole process (SIGABRT, "FATAL: exception not rethrown"). So:
     - a connection object is destroyed only inside an entry of the gate, or by the exiting main thread: on leaving
       its entry the gate keeps it, and lets it go once nothing else refers to it;
-    - at exit the gate closes: a thread that asks for a new entry waits there for good (a daemon: the process ends
-      without it), and the exit waits for the open entries to end, interrupting their queries after grace_s.
+    - at exit the gate closes: a thread other than the main one that asks for a new entry waits there for good (a
+      daemon: the process ends without it), and the exit waits for the open entries to end, interrupting their
+      queries after grace_s.
     """
 
     def __init__(self) -> None:
@@ -112,8 +113,9 @@ class ConnectionGate:
         """For the block that makes, uses and closes one connection; call the yielded function with the connection
         once it is made (an exit may interrupt it, and the gate keeps it after the block)."""
         key = object()
+        main = threading.current_thread() is threading.main_thread()  # the exit itself: never held at the gate
         with self._cond:
-            self._cond.wait_for(lambda: not self._closed)
+            self._cond.wait_for(lambda: main or not self._closed)
             self._open[id(key)] = None
         unreferenced = self._sweep()
         del unreferenced  # destroyed here, inside the entry

@@ -52,6 +52,14 @@ time.sleep(0.5)
 print("main thread done", flush=True)
 """
 
+LATE_EXIT_HANDLER = """
+import atexit, sys
+held = {}
+atexit.register(lambda: print("read at exit:", held["store"].query("SELECT 42")[0][0], flush=True))  # runs last
+from specmon.store.database import Store
+held["store"] = Store(sys.argv[1])
+"""
+
 
 def run_script(script: str, db: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", script, db], capture_output=True, text=True, timeout=120)
@@ -69,3 +77,8 @@ def test_a_query_still_running_at_exit_is_interrupted_and_the_process_ends(tmp_p
     done = run_script(LONG_QUERY, str(tmp_path / "long.duckdb"))
     assert done.returncode == 0, done.stderr[-2000:]
     assert "FATAL" not in done.stderr and "terminate called" not in done.stderr, done.stderr[-2000:]
+
+
+def test_the_main_thread_still_reads_the_database_after_the_gate_closed(tmp_path):
+    done = run_script(LATE_EXIT_HANDLER, str(tmp_path / "late.duckdb"))
+    assert done.returncode == 0 and "read at exit: 42" in done.stdout, done.stderr[-2000:]
