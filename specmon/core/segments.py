@@ -48,9 +48,12 @@ def why_unknown(row: dict) -> str:
     """Why a segment's status is "unknown", as the CLI and the pages say it: what economics() lacked."""
     if row.get("c") is None:
         return "no draft/target timings in the log, so the draft cost c is unknown"
-    if row.get("drafted") == 0 or not (row.get("k") or row.get("drafted")):
+    if row.get("drafted") == 0:
         return "no step drafted a token, so there is no draft length to judge"
     if not row.get("k"):
+        if row.get("drafted") is None:  # unknown, not zero: the engine printed tokens per step alone
+            return ("its draft length k is unknown: the log counts no drafted tokens (SGLang's lines, for one, "
+                    "print tokens per step alone)")
         return "its draft length k is unknown"
     why = "neither its tokens per step L nor its per-token acceptance alpha has an interval"
     return f"{why} ({row['note']})" if row.get("note") else why

@@ -133,3 +133,13 @@ def test_why_a_segment_cannot_be_judged_carries_its_note():
                                                 "outlive a window)")
     assert segments.why_unknown(short | {"note": None}) == (
         "neither its tokens per step L nor its per-token acceptance alpha has an interval")
+
+
+def test_a_log_that_counts_no_drafted_tokens_is_unknown_for_its_draft_length_not_idle():
+    """SGLang prints tokens per step alone: nothing says how many tokens a step drafted, which is not the same as
+    no step drafting (an idle log says that)."""
+    assert segments.why_unknown({"c": 0.1, "k": None, "drafted": None, "tokens_per_step": 1.95}) == (
+        "its draft length k is unknown: the log counts no drafted tokens (SGLang's lines, for one, print tokens per "
+        "step alone)")
+    assert segments.why_unknown({"c": 0.1, "k": None, "drafted": 0.0}) == (
+        "no step drafted a token, so there is no draft length to judge")
