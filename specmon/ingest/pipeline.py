@@ -188,6 +188,15 @@ def store_read(store: Store, delivery: Delivery, write: Write, *, attach: dict[s
     return counts
 
 
+def _check_k(name: str, fmt: str, k: int | None, baseline_of: str | None) -> None:
+    """A --k for a format that records its own draft length, or none specmon can use, is an error, not ignored (a
+    baseline's implied 0 is not the user's)."""
+    if k is not None and not baseline_of and not getattr(formats.module(fmt), "TAKES_K", False):
+        raise SpecmonError(f"{name}: --k gives the draft length of `vllm bench serve` results, which do not record "
+                           f"it; this {fmt} file is read with what it records (SGLang's log lines, for one, record "
+                           f"tokens per step alone), so --k would be ignored: drop it")
+
+
 def ingest_file(
     store: Store,
     path: str,
@@ -241,6 +250,7 @@ def ingest_file(
     if fmt not in formats.names():
         raise SpecmonError(f"{name}: unknown format {fmt!r} (known: {', '.join(formats.names())})")
     result.source_format = fmt
+    _check_k(name, fmt, k, baseline_of)
     sha, identity = _hashed(path)
     if not sha:
         return _rejected(result, [Fault(name, 0, "", _CHANGED)])

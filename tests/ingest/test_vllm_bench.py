@@ -87,3 +87,14 @@ def test_the_command_line_takes_the_draft_length_or_the_baseline(tmp_path, specm
     r = subprocess.run([*specmon_cmd, "ingest", "--db", db, "--k", "3", "--baseline-of", "eagle", path],
                        capture_output=True, text=True)
     assert r.returncode != 0 and "give one of them" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_k_is_refused_for_a_file_that_does_not_take_it(store):
+    """--k names the draft length of results that do not record it; an SGLang log records tokens per step alone,
+    and a --k given with it would be dropped without a word: it is an error, and nothing is stored."""
+    from specmon.core.faults import SpecmonError
+
+    with pytest.raises(SpecmonError, match=r"sglang-decode-1\.log: --k gives the draft length of `vllm bench serve` "
+                                           r"results.*this engine-log file.*drop it"):
+        ingest_file(store, str(DATA / "engines" / "sglang-decode-1.log"), k=4)
+    assert store.query("SELECT count(*) FROM engine_windows")[0][0] == 0

@@ -1,7 +1,8 @@
 """What every format reader shares: the file being ingested (Job), a rejection, and the --skip-bad report.
 
 A format module defines FORMATS (the names it reads), SOURCE ("steplog" or "engine": the kind of run it makes),
-SNIFF_ORDER (detection tries lower numbers first), sniff(head) -> the format name or None (tried on every block
+SNIFF_ORDER (detection tries lower numbers first), TAKES_K (optional, default False: whether its files take their
+draft length from --k, since they do not record it), sniff(head) -> the format name or None (tried on every block
 after the first too where SCAN_ANYWHERE is True, or where scan_after(first block) says so), and Reader(job) with
     prepare(store)            read and validate before any transaction (raise Rejected to store nothing);
     prepares                  optional, default True; False where prepare does nothing (then a file ingested

@@ -36,6 +36,7 @@ from specmon.store.rows import get_or_create_segment
 FORMATS = ("vllm-bench",)
 SOURCE = "sweep"
 SNIFF_ORDER = 7  # after the load sweep's own keys, before engine JSON responses
+TAKES_K = True  # a result records no draft length: --k gives it
 KEYS = ("output_throughput", "max_concurrency", "duration", "completed")
 # vLLM computes output_throughput as total_output_tokens / duration: the two agree but for float rounding.
 RATE_TOLERANCE = 0.01
