@@ -25,6 +25,12 @@ def machine() -> str:
             f"numpy {numpy.__version__}, duckdb {duckdb.__version__}")
 
 
+def episode_starts(alarms: list[int], gap: int) -> list[int]:
+    """The first alarm of each episode: alarms within `gap` points of the previous alarm continue its episode (as
+    the detector, the webhooks and the Drift page count them)."""
+    return [t for i, t in enumerate(alarms) if i == 0 or t - alarms[i - 1] > gap]
+
+
 def run_child(code: str) -> dict:
     """Run Python code in a fresh process; it must print one JSON object. Adds wall seconds and peak RSS."""
     # VmHWM, the peak of this process's own memory: ru_maxrss would also count the parent's peak, which Linux

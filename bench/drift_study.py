@@ -35,7 +35,7 @@ import numpy as np
 import production_study
 import scipy.stats
 import streams
-from _common import machine
+from _common import episode_starts, machine
 
 from specmon.core import stats, theory
 from specmon.core.segments import segment_status
@@ -115,7 +115,7 @@ def false_alarm_cell(rng: np.random.Generator, rho: float, lengths: str, k: int,
         _, raw, _, taken = detector.run_cusum(a[ref:], c[ref:], ref, detector.CusumState.start(d), grow)
         counts["self_starting"].append(len(raw))
         counts["plain"].append(len(detector.cusum(a[detector.REFERENCE_STEPS:], c[detector.REFERENCE_STEPS:], d)[1]))
-        episodes += sum(1 for i, t in enumerate(raw) if i == 0 or t - raw[i - 1] > detector.EPISODE_GAP)
+        episodes += len(episode_starts(raw, detector.EPISODE_GAP))
         hs.append([d.h] + [x.h for _, x in taken])
         grown.append([x.reference for _, x in taken])
     boot = rng.integers(0, windows, (2000, windows))

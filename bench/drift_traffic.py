@@ -18,7 +18,7 @@ import time
 import numpy as np
 import streams
 import traffic_models
-from _common import machine
+from _common import episode_starts, machine
 
 from specmon.drift import calibration, detector
 
@@ -46,7 +46,7 @@ def cell_figures(cell: str, windows: int, arl0: int, seed: int) -> dict:
         ref = detector.REFERENCE_STEPS
         _, raw, _, taken = detector.run_cusum(a[ref:], c[ref:], ref, detector.CusumState.start(d), grow)
         alarms.append(len(raw))
-        episodes.append(sum(1 for i, t in enumerate(raw) if i == 0 or t - raw[i - 1] > detector.EPISODE_GAP))
+        episodes.append(len(episode_starts(raw, detector.EPISODE_GAP)))
         hs.append(([d] + [x for _, x in taken])[-1].h)
         p0s.append(d.p0)
     n = np.array(alarms)

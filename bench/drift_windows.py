@@ -21,7 +21,7 @@ import time
 import numpy as np
 import production_study as ps
 import traffic_daily as td
-from _common import machine
+from _common import episode_starts, machine
 
 from specmon.core.settings import WINDOW_BLOCK_SECONDS
 from specmon.drift import calibration, detector
@@ -45,22 +45,28 @@ def points(w: td.Windows) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarra
     return (w.accepted.astype(float), w.checked.astype(float), ts // int(WINDOW_BLOCK_SECONDS * td.US), ts)
 
 
+def watch(a: np.ndarray, c: np.ndarray, blocks: np.ndarray, ts: np.ndarray, arl0: int) -> tuple[list[int], list]:
+    """A run watched from its first window as in use, the reference growing at the checkpoints: its alarms, and
+    every design in force as (its first window, design)."""
+    first = detector.REFERENCE_WINDOWS
+    design = calibration.design_for(a, c, blocks, K, BREAK_EVEN, arl0, first, unit="windows", ts_us=ts)
+    grow = calibration.redesigner(lambda _: (a, c, blocks, ts), K, BREAK_EVEN, arl0, "windows")
+    _, raw, _, taken = detector.run_cusum(a[first:], c[first:], first, detector.CusumState.start(design), grow)
+    return raw, [(first, design), *taken]
+
+
 def stream_figures(rng: np.random.Generator, mix: str, arl0: int) -> dict:
     """One run: windows watched and alarms counted while a rate is stated, and the designs' figures."""
     per_hour = 3600 / td.WINDOW_S
     span_h = (stated_from(per_hour, arl0) + 10 * arl0) / per_hour + 1
     a, c, blocks, ts = points(td.engine_windows(rng, ARRIVALS_PER_S, span_h, K, share=MIXES[mix]))
-    first = detector.REFERENCE_WINDOWS
-    design = calibration.design_for(a, c, blocks, K, BREAK_EVEN, arl0, first, unit="windows", ts_us=ts)
-    grow = calibration.redesigner(lambda _: (a, c, blocks, ts), K, BREAK_EVEN, arl0, "windows")
-    _, raw, _, taken = detector.run_cusum(a[first:], c[first:], first, detector.CusumState.start(design), grow)
-    spans = [(first, design), *taken]
+    raw, spans = watch(a, c, blocks, ts, arl0)
     stated_at = next((t for t, d in spans if d.states_a_rate), None)
     watched = len(a) - stated_at if stated_at is not None else 0
     alarms = [t for t in raw if stated_at is not None and t >= stated_at]
     hours = (ts[alarms] // td.HOUR_US % 24).tolist()
     return {"watched": watched, "alarms": len(alarms),
-            "episodes": sum(1 for i, t in enumerate(alarms) if i == 0 or t - alarms[i - 1] > detector.EPISODE_GAP),
+            "episodes": len(episode_starts(alarms, detector.EPISODE_GAP)),
             "alarm_hours": hours, "h": [d.h for _, d in spans], "stated_at": stated_at,
             "last_reference_hours": spans[-1][1].reference_hours}
 
@@ -107,14 +113,11 @@ def unstated_figures(hours: float, streams: int, arl0: int, seed: int, drops: li
             at = int(np.searchsorted(ts, int(hours / 2 * td.HOUR_US)))
             for name in counts:
                 calibration.least_h = least_h if name == "as used" else (lambda d, arl0: 0.0)
-                design = calibration.design_for(a, c, blocks, K, BREAK_EVEN, arl0, first, unit="windows", ts_us=ts)
-                grow = calibration.redesigner(lambda _, held=(a, c, blocks, ts): held, K, BREAK_EVEN, arl0, "windows")
-                _, raw, _, _ = detector.run_cusum(a[first:], c[first:], first, detector.CusumState.start(design),
-                                                  grow)
-                episodes = [t for i, t in enumerate(raw) if i == 0 or t - raw[i - 1] > detector.EPISODE_GAP]
+                raw, spans = watch(a, c, blocks, ts, arl0)
+                episodes = episode_starts(raw, detector.EPISODE_GAP)
                 after = [t for t in raw if t >= at] if drop else []
                 counts[name].append((len([t for t in episodes if not drop or t < at]),
-                                     after[0] - at if after else None, design.h))
+                                     after[0] - at if after else None, spans[0][1].h))
         calibration.least_h = least_h
         for name, runs in counts.items():
             delays = [d for _, d, _ in runs if d is not None and d <= per_hour]

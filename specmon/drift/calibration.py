@@ -906,8 +906,9 @@ def design_for(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, 
                     runs_z(a, ref_clusters) if unit == "steps" else None)
     if unit != "steps" and not design.states_a_rate:
         dispersion = window_dispersion(a, n, p0)
-        if least_h(dispersion, arl0_steps) > design.h:
-            design = replace(design, h=least_h(dispersion, arl0_steps), episode_points=None, dispersion=dispersion)
+        floor = least_h(dispersion, arl0_steps)
+        if floor > design.h:
+            design = replace(design, h=floor, episode_points=None, dispersion=dispersion)
     return design
 
 
