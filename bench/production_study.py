@@ -200,9 +200,10 @@ def tables(r: dict) -> str:
            "break-even) | P(healthy \\| at break-even) | replicates |", "|---|---|---|---|---|---|---|---|"]
     for key in (key for key in r if key.startswith("intervals_")):
         size = "hours" if key == "intervals_engine_windows" else "requests"
+        traffic = key.removeprefix("intervals_").split(":")[-1]  # a named model by its function's name
         for c in r[key]:
             pos = c["coverage_per_position"]
-            out.append(f"| {key.removeprefix('intervals_')} | {c[size]:g} {size} | {c['coverage_alpha']:.3f} "
+            out.append(f"| {traffic} | {c[size]:g} {size} | {c['coverage_alpha']:.3f} "
                        f"({c['se_alpha']:.3f}) | {c['coverage_L']:.3f} ({c['se_L']:.3f}) | {min(pos):.3f}-"
                        f"{max(pos):.3f} | {c['p_losing_at_break_even']:.3f} ({c['se_losing']:.3f}) | "
                        f"{c['p_healthy_at_break_even']:.3f} ({c['se_healthy']:.3f}) | {c['replicates']} |")

@@ -66,10 +66,15 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=9)
     ap.add_argument("--spans", action="store_true", help="also alpha's interval over 30 minutes, 1 and 6 hours of "
                     "windows over requests of a 20, 40 and 120 s median duration")
+    ap.add_argument("--independent-bins", action="store_true", help="specmon's variance with independent bins as "
+                    "the working model of its corrections (stats.MAX_BIN_CORRELATION 0), as it was before")
     args = ap.parse_args()
+    if args.independent_bins:
+        stats.MAX_BIN_CORRELATION = 0.0
     t0 = time.perf_counter()
     rng = np.random.default_rng(args.seed)
-    result = {"reps": args.reps, "seed": args.seed, "interval_24h": interval_spread(rng, args.reps),
+    result = {"reps": args.reps, "seed": args.seed, "independent_bins": args.independent_bins,
+              "interval_24h": interval_spread(rng, args.reps),
               "template_72h": template_spread(rng, args.reps)}
     if args.spans:  # last: the parts above keep their figures
         result["interval_spans"] = [interval_spread(rng, args.reps, hours=h, median_s=m)

@@ -259,8 +259,9 @@ def _grid(minutes: pd.DataFrame) -> WindowBins:
 
 def _mean_sums(minutes: pd.DataFrame, grid: WindowBins) -> stats.SerialSums:
     """A side's mean throughput over its windows, as throughput summed over windows / windows, with the variance
-    that pairs neighbouring bins. Its working model for the finite-sample corrections: windows independent and
-    alike (rho 0), since a throughput is no proportion whose binomial variance could measure their correlation."""
+    that pairs neighbouring bins. Its working model for the finite-sample corrections: a bin's windows independent
+    and alike (rho 0), since a throughput is no proportion whose binomial variance could measure their correlation;
+    bins correlated as the residuals show (stats.bin_persistence)."""
     return serial_sums(grid, minutes["throughput"].to_numpy(float), minutes["windows"].to_numpy(float), rho=0.0)
 
 

