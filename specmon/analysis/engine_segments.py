@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -64,8 +63,8 @@ SELECT rs.run, rs.template, w.segment_id, w.engine, w.source, w.end_ts, w.start_
 FROM engine_windows w JOIN run_segments rs USING (segment_id) JOIN ingests i USING (ingest_id)
 WHERE (? IS NULL OR rs.run = ?) ORDER BY w.end_ts, w.window_id
 """
-# The windows the drift detector watches (window_checks, in SQL): a million-line log's whole windows frame, lists and
-# load columns included, held about 0.6 GB where these columns hold a tenth of that.
+# The windows the drift detector watches (PositionCounts.checks, in SQL): a million-line log's whole windows frame,
+# lists and load columns included, held about 0.6 GB where these columns hold a tenth of that.
 _CHECKED_WINDOWS_SQL = f"""
 SELECT rs.template, w.end_ts, w.k, {_ENGINE_LABEL} AS labels, list_sum(w.accepted_per_position) AS accepted,
        w.drafts + coalesce(list_sum(w.accepted_per_position[1:len(w.accepted_per_position) - 1]), 0) AS checked
@@ -169,7 +168,7 @@ def windows(store: Store, run: str | None = None) -> pd.DataFrame:
 
 
 def checked_windows(store: Store, run: str) -> pd.DataFrame:
-    """A run's windows whose per-position counts give their accepted and checked positions (window_checks), in time
+    """A run's windows whose per-position counts give their accepted and checked positions (PositionCounts), in time
     order (log windows before counter windows at the same time, as windows() has them): columns template, end_ts,
     k, labels, accepted, checked."""
     cols = ["template", "end_ts", "k", "labels", "accepted", "checked"]
@@ -179,32 +178,17 @@ def checked_windows(store: Store, run: str) -> pd.DataFrame:
     if counted.empty:
         return logged[cols]
     counted = counted.merge(store.query_df(_SEGMENTS_SQL, [run, run]), on="segment_id")
-    checks = [window_checks(w) for w in check_rows(counted)]
-    keep = np.array([c is not None for c in checks], dtype=bool)
-    if not keep.any():
+    counts = position_counts(counted)
+    if not len(counts.rows):
         return logged[cols]
-    counted = counted[keep].assign(accepted=[c[0] for c in checks if c is not None],
-                                   checked=[c[1] for c in checks if c is not None])
+    accepted, checked = counts.checks()
+    counted = counted.iloc[counts.rows].assign(accepted=accepted, checked=checked)
     both = pd.concat([logged[cols], counted[cols]], ignore_index=True) if not logged.empty else counted[cols]
     return both.sort_values("end_ts", kind="stable").reset_index(drop=True)
 
 
 def _has_positions(value: object) -> bool:
     return isinstance(value, (list, np.ndarray)) and len(value) > 0
-
-
-def check_rows(windows: pd.DataFrame) -> list[dict[str, Any]]:
-    """What window_checks reads of each window, as dicts (a pandas Series per row costs tens of microseconds, and
-    a day of 5-second log lines is 17,280 windows)."""
-    return windows[["accepted_per_position", "drafts"]].to_dict("records")
-
-
-def window_checks(w: Mapping[str, Any]) -> tuple[float, float] | None:
-    """(accepted, checked) positions of one window, where its per-position counts allow it."""
-    if not _has_positions(w["accepted_per_position"]) or pd.isna(w["drafts"]):
-        return None
-    per_pos = list(w["accepted_per_position"])
-    return float(sum(per_pos)), float(w["drafts"] + sum(per_pos[:-1]))
 
 
 def summarize_engines(store: Store, by: str = "template", c: float | None = None, *, run: str | None = None,
@@ -245,7 +229,44 @@ LOAD_ONLY_NOTE = ("no acceptance figures: these windows carry the engine's load 
 def speculating(windows: pd.DataFrame) -> pd.Series:
     """Which windows carry speculative-decoding figures (the others carry the load alone)."""
     return (windows["drafts"].notna() | windows["draft_tokens"].notna() | windows["accepted_tokens"].notna()
-            | windows["mean_acceptance_length"].notna() | windows["accepted_per_position"].map(_has_positions))
+            | windows["mean_acceptance_length"].notna() | (position_lengths(windows) > 0))
+
+
+def position_lengths(windows: pd.DataFrame) -> np.ndarray:
+    """How many per-position counts each window holds (0 where none)."""
+    return np.fromiter((len(v) if _has_positions(v) else 0 for v in windows["accepted_per_position"]),
+                       dtype=np.int64, count=len(windows))
+
+
+class PositionCounts(NamedTuple):
+    rows: np.ndarray  # the windows (places in the frame) that give per-position counts and drafts
+    accepted: np.ndarray  # their accepted counts by position, a row per window, zeros past a window's own k
+    lengths: np.ndarray  # each window's own number of positions
+    drafts: np.ndarray
+
+    def checks(self) -> tuple[np.ndarray, np.ndarray]:
+        """Accepted and checked positions per window: checked = drafts + the accepted counts of every position but
+        the window's last."""
+        accepted = self.accepted.sum(axis=1)
+        last = self.accepted[np.arange(len(self.rows)), self.lengths - 1]
+        return accepted, self.drafts + accepted - last
+
+
+def position_counts(part: pd.DataFrame) -> PositionCounts:
+    """The per-position counts of the windows that give them and their drafts, as one matrix (a Python loop per
+    window cost seconds at a million windows)."""
+    lengths = position_lengths(part)
+    rows = np.flatnonzero((lengths > 0) & part["drafts"].notna().to_numpy())
+    lengths = lengths[rows]
+    values = part["accepted_per_position"].to_numpy(object)[rows]
+    width = int(lengths.max()) if len(rows) else 0
+    if len(rows) and (lengths == width).all():
+        accepted = np.array([np.asarray(v, dtype=float) for v in values]).reshape(len(rows), width)
+    else:
+        accepted = np.zeros((len(rows), width))
+        for row, v in enumerate(values):
+            accepted[row, :len(v)] = np.asarray(v, dtype=float)
+    return PositionCounts(rows, accepted, lengths, part["drafts"].to_numpy(float)[rows])
 
 
 def _tokens_per_step(part: pd.DataFrame, known: pd.DataFrame,
@@ -341,20 +362,18 @@ def _tokens_interval(known: pd.DataFrame, alpha: stats.Interval) -> tuple[float 
     return (None, None) if iv is None else (1 + max(iv[0], 0.0), 1 + iv[1])
 
 
-def _positions(part: pd.DataFrame, interval: bool) -> tuple[PositionSummary, ...]:
-    """Per-position rates summed over the windows that give per-position counts: position 1 is reached by every
-    draft, position i by the drafts accepted at i - 1; each position's interval its own stats.SerialSums, none where
-    alpha has none (interval=False)."""
-    with_pp = part[part["accepted_per_position"].map(_has_positions) & part["drafts"].notna()]
-    width = max(len(v) for v in with_pp["accepted_per_position"])
-    acc = np.zeros((len(with_pp), width))
-    for row, v in enumerate(with_pp["accepted_per_position"]):
-        acc[row, :len(v)] = np.asarray(v, dtype=float)
-    reached = np.column_stack([with_pp["drafts"].to_numpy(float), acc[:, :-1]])
-    bins = window_bins(with_pp)
-    drafts = float(with_pp["drafts"].sum())
+def _positions(part: pd.DataFrame, counts: PositionCounts, interval: bool) -> tuple[PositionSummary, ...]:
+    """Per-position rates summed over the windows that give per-position counts (`counts`): position 1 is reached by
+    every draft, position i by the drafts accepted at i - 1, in the windows whose draft has an i-th position (k can
+    change within a segment); each position's interval its own stats.SerialSums, none where alpha has none
+    (interval=False)."""
+    acc = counts.accepted
+    drafted = np.arange(acc.shape[1])[None, :] < counts.lengths[:, None]
+    reached = np.column_stack([counts.drafts, acc[:, :-1]]) * drafted
+    bins = window_bins(part.iloc[counts.rows])
+    drafts = float(counts.drafts.sum())
     return tuple(position_summary(i + 1, serial_sums(bins, acc[:, i], reached[:, i]), drafts, interval=interval)
-                 for i in range(width))
+                 for i in range(acc.shape[1]))
 
 
 def _sum_or_none(column: pd.Series) -> float | None:
@@ -369,14 +388,15 @@ def segment_of_windows(key: dict, part: pd.DataFrame, c: float | None, bucketed:
     n_drafts = float(counted["drafts"].sum()) if len(counted) else None
     known = counted[counted["accepted_tokens"].notna()]  # the windows L is counted from
     tokens_per_step, note = _tokens_per_step(part, known, n_drafts)
-    checks = [(i, *x) for i, x in enumerate(map(window_checks, check_rows(part))) if x is not None]
+    counts = position_counts(part)
+    checks = len(counts.rows) > 0
     k_values = part["k"].dropna()
     k = int(k_values.max()) if len(k_values) else None
     alpha, tokens = Estimate(), Estimate(tokens_per_step)
     iv = None
     if checks:
-        rows, a, n = np.array(checks).T
-        bins = window_bins(part.iloc[rows.astype(int)])
+        a, n = counts.checks()
+        bins = window_bins(part.iloc[counts.rows])
         if bins.minutes * 60 < MIN_WINDOW_SPAN_SECONDS:
             alpha = Estimate(float(a.sum() / n.sum()) if n.sum() else None)
             note = note or SHORT_SPAN_NOTE
@@ -389,12 +409,12 @@ def segment_of_windows(key: dict, part: pd.DataFrame, c: float | None, bucketed:
     drafted, accepted = _sum_or_none(part["draft_tokens"]), _sum_or_none(part["accepted_tokens"])
     mean_draft_len = drafted / n_drafts if drafted and n_drafts else None
     bucket = key.get("bucket")
-    per_position = _positions(part, iv is not None) if checks else ()
+    per_position = _positions(part, counts, iv is not None) if checks else ()
     return SegmentSummary(
         run=key["run"], template=key.get("template") or None, day=None,
         bucket_start=pd.Timestamp(bucket).isoformat() if bucketed and not pd.isna(bucket) else None,
         demo=False, k=k, steps=int(round(n_drafts)) if n_drafts else 0, requests=None, drafted=drafted,
-        checked=float(sum(x[1] for x in checks)) if checks else None, accepted=accepted, alpha=alpha,
+        checked=float(counts.checks()[1].sum()) if checks else None, accepted=accepted, alpha=alpha,
         design_effect=iv.design_effect if iv else None,
         interval_dof=None if iv is None or math.isinf(iv.dof) else iv.dof, beta=Estimate(), gap_z=None,
         agreement=None, tokens_per_step=tokens, mean_draft_len=mean_draft_len,

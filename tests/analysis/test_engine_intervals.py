@@ -147,3 +147,20 @@ def test_windows_without_accepted_totals_leave_tokens_per_step_unknown():
     w = _windows(np.random.default_rng(3), 1.0).assign(accepted_tokens=None)
     seg = segment_of_windows({"run": "r", "template": ""}, w, c=0.4)
     assert seg.tokens_per_step.value is None and seg.alpha.lo is not None
+
+
+def test_a_segment_counts_its_windows_positions_as_each_window_gives_them():
+    """Checked positions: each window's drafts and its accepted counts at every position but its own last; windows
+    of a shorter draft (k changed within the segment) and windows without per-position counts or drafts among them."""
+    end = pd.Timestamp("2026-12-01T00:00:10Z") + pd.to_timedelta(np.arange(5) * WINDOW_S, unit="s")
+    frame = pd.DataFrame({c: [None] * 5 for c in WINDOW_COLUMNS}).assign(
+        run="r", template="", engine="vllm", source="log", end_ts=end, start_ts=end - pd.Timedelta(seconds=WINDOW_S),
+        drafts=[10.0, 10.0, 8.0, None, 6.0], draft_tokens=[40.0, 40.0, 24.0, None, 24.0],
+        accepted_tokens=[17.0, 20.0, 9.0, None, 0.0], k=[4, 4, 3, None, 4], labels="{}", ingested_at=end[0],
+        accepted_per_position=[[8, 5, 3, 1], [9, 6, 4, 1], [6, 2, 1], None, []])
+    seg = segment_of_windows({"run": "r", "template": ""}, frame, c=0.4)
+    assert seg.checked == (10 + 8 + 5 + 3) + (10 + 9 + 6 + 4) + (8 + 6 + 2)
+    assert seg.alpha.value == pytest.approx((17 + 20 + 9) / seg.checked)
+    # position 4 is reached in the windows of k = 4 alone; every checked position is some position's
+    assert [(p.checked, p.accepted) for p in seg.per_position] == [(28, 23), (23, 13), (13, 8), (7, 2)]
+    assert sum(p.checked for p in seg.per_position) == seg.checked
