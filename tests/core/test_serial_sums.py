@@ -155,7 +155,7 @@ def test_the_interval_holds_where_noise_persists_for_minutes(memory):
 
 def test_noise_that_persists_beyond_the_bandwidth_is_understated():
     """The limit docs/math.md states: where acceptance wanders for 40 minutes, beyond what a 30-minute bandwidth
-    weighs fully, two hours of minutes under-cover (0.83 over 1,000 series)."""
+    weighs fully, two hours of minutes under-cover (0.835 over 1,000 series)."""
     rng = np.random.default_rng(40)
     a, n = _persistent_series(np.random.default_rng(99), 400_000, 40)
     truth = a.sum() / n.sum()
