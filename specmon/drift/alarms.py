@@ -78,8 +78,13 @@ class AlarmEvent:
 
     def describe(self) -> str:
         be = f" (break-even {self.break_even:.3f})" if self.break_even is not None else ""
-        text = (f"run {self.run!r}: acceptance fell from {self.alpha_before:.3f} to {self.alpha_after:.3f}{be} "
-                f"from about {self.change_ts:%Y-%m-%d %H:%M} UTC (template {self.template or '-'!r}")
+        if self.alpha_after < self.alpha_before:
+            what = f"acceptance fell from {self.alpha_before:.3f} to {self.alpha_after:.3f}{be}"
+        else:  # the CUSUM sums stretches of low acceptance, which an average from the change on can hide
+            what = (f"stretches of low acceptance set off the CUSUM, though on the whole it did not fall "
+                    f"({self.alpha_before:.3f} in the reference, {self.alpha_after:.3f} since){be}")
+        text = (f"run {self.run!r}: {what} from about {self.change_ts:%Y-%m-%d %H:%M} UTC (template "
+                f"{self.template or '-'!r}")
         if self.change_lo_ts is not None and self.change_hi_ts is not None:
             text += (f"; likely between {self.change_lo_ts:%Y-%m-%d %H:%M} and {self.change_hi_ts:%Y-%m-%d %H:%M}")
         text += ")"

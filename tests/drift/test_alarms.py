@@ -165,3 +165,18 @@ def test_an_alarm_names_the_hours_of_the_day_it_covers():
     assert "it covers the hours 22:00-02:00 UTC (across midnight)" in alarm(
         start.replace(hour=22), start.replace(hour=22) + timedelta(hours=3)).describe()
     assert "it covers every hour of the day" in alarm(start, start + timedelta(hours=30)).describe()
+
+
+def test_an_alarm_whose_acceptance_did_not_fall_on_the_whole_says_so():
+    # the CUSUM alarms on stretches of low acceptance; where acceptance from the change to the last alarm is not below
+    # the reference, "fell from 0.810 to 0.814" would contradict itself
+    from datetime import datetime, timedelta, timezone
+
+    design = detector.Design(0.81, 0.71, 37.0, 20_000, 3.7, 4, 120, "windows", 2_000, 1_200.0, 30.0)
+    change = datetime(2026, 3, 2, 2, 3, tzinfo=timezone.utc)
+    words = alarms.AlarmEvent("prod", "", change, change, change + timedelta(minutes=30), 2, True, 0.810, 0.814,
+                              design, None).describe()
+    assert words.startswith("run 'prod': stretches of low acceptance set off the CUSUM, though on the whole it did "
+                            "not fall (0.810 in the reference, 0.814 since) from about 2026-03-02 02:03 UTC")
+    fell = alarms.AlarmEvent("prod", "", change, change, change, 1, True, 0.810, 0.700, design, 0.6).describe()
+    assert fell.startswith("run 'prod': acceptance fell from 0.810 to 0.700 (break-even 0.600) from about")
