@@ -20,6 +20,7 @@ import tempfile
 from datetime import datetime
 
 import numpy as np
+import production_study as ps
 import traffic_daily as td
 from _common import machine
 
@@ -29,7 +30,7 @@ from engine_streams import vllm_window_lines  # noqa: E402 (the tests' writer of
 
 
 def write_log(path: str, seed: int, hours: float) -> int:
-    w = td.engine_windows(np.random.default_rng(seed), 0.2, hours, share=lambda h: np.full_like(h, 0.5, dtype=float))
+    w = td.engine_windows(np.random.default_rng(seed), 0.2, hours, share=ps._flat)
     with open(path, "w") as fh:
         fh.write(vllm_window_lines(datetime(2026, 3, 2), w.end_us, w.drafts, w.accepted_per_position, td.WINDOW_S))
     return len(w.drafts)

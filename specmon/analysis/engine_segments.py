@@ -390,12 +390,12 @@ def segment_of_windows(key: dict, part: pd.DataFrame, c: float | None, bucketed:
     tokens_per_step, note = _tokens_per_step(part, known, n_drafts)
     counts = position_counts(part)
     checks = len(counts.rows) > 0
+    a, n = counts.checks()
     k_values = part["k"].dropna()
     k = int(k_values.max()) if len(k_values) else None
     alpha, tokens = Estimate(), Estimate(tokens_per_step)
     iv = None
     if checks:
-        a, n = counts.checks()
         bins = window_bins(part.iloc[counts.rows])
         if bins.minutes * 60 < MIN_WINDOW_SPAN_SECONDS:
             alpha = Estimate(float(a.sum() / n.sum()) if n.sum() else None)
@@ -414,7 +414,7 @@ def segment_of_windows(key: dict, part: pd.DataFrame, c: float | None, bucketed:
         run=key["run"], template=key.get("template") or None, day=None,
         bucket_start=pd.Timestamp(bucket).isoformat() if bucketed and not pd.isna(bucket) else None,
         demo=False, k=k, steps=int(round(n_drafts)) if n_drafts else 0, requests=None, drafted=drafted,
-        checked=float(counts.checks()[1].sum()) if checks else None, accepted=accepted, alpha=alpha,
+        checked=float(n.sum()) if checks else None, accepted=accepted, alpha=alpha,
         design_effect=iv.design_effect if iv else None,
         interval_dof=None if iv is None or math.isinf(iv.dof) else iv.dof, beta=Estimate(), gap_z=None,
         agreement=None, tokens_per_step=tokens, mean_draft_len=mean_draft_len,
