@@ -15,10 +15,10 @@ from collections.abc import Callable
 import numpy as np
 import traffic_daily as td
 
-from specmon.analysis.engine_segments import window_bin_seconds
 from specmon.core import stats
 from specmon.core.segments import position_summary, segment_status
 from specmon.core.settings import WINDOW_BANDWIDTH_BINS
+from specmon.core.window_grid import window_bin_seconds
 from specmon.drift import detector
 
 K = 4

@@ -26,11 +26,9 @@ from specmon.core.settings import (
     BUCKETS,
     CONFIDENCE,
     MIN_WINDOW_SPAN_SECONDS,
-    WINDOW_BANDWIDTH_BINS,
-    WINDOW_BANDWIDTH_SECONDS,
-    WINDOW_BANDWIDTH_SPAN_SHARE,
     WINDOW_BLOCK_SECONDS,
 )
+from specmon.core.window_grid import WindowBins, grid_places, serial_sums
 from specmon.ingest.formats.prometheus_metrics import (
     COUNTERS,
     GAUGES,
@@ -303,55 +301,12 @@ def window_blocks(part: pd.DataFrame, seconds: float = WINDOW_BLOCK_SECONDS) -> 
     return engine_of(part["labels"]) + "@" + bucket
 
 
-class WindowBins(NamedTuple):
-    place: np.ndarray  # each window's bin on the grid of stats.SerialSums
-    minutes: float  # the minutes the engines' windows span, summed over engines
-
-
 def window_bins(part: pd.DataFrame) -> WindowBins:
     """Each window's place on the grid of stats.SerialSums (grid_places), and the minutes its windows span."""
     if part.empty:
         return WindowBins(np.zeros(0, dtype=np.int64), 0.0)
     return grid_places(pd.factorize(engine_of(part["labels"]))[0],
                        pd.DatetimeIndex(part["end_ts"]).as_unit("s").asi8)
-
-
-def grid_places(engine: np.ndarray, seconds: np.ndarray) -> WindowBins:
-    """The places on the grid of stats.SerialSums of points of time (`seconds` since the epoch) of engines numbered
-    0, 1, ..., and the minutes they span.
-
-    A bin is a WINDOW_BANDWIDTH_BINS-th of the bandwidth (window_bin_seconds; a minute up to four hours of windows) of
-    one engine; bins of one engine keep their order and distance, a gap longer than the bandwidth shrinks to just
-    over it (nothing pairs across it either way), and engines lie a bandwidth apart (requests do not move between
-    engines). An engine's span is its first to last clock minute, inclusive."""
-    if not len(seconds):
-        return WindowBins(np.zeros(0, dtype=np.int64), 0.0)
-    minute = seconds // 60
-    spans = pd.DataFrame({"engine": engine, "minute": minute}).groupby("engine")["minute"].agg(["min", "max"])
-    minutes = (spans["max"] - spans["min"] + 1).to_numpy()
-    bin_index = seconds // window_bin_seconds(float(minutes.max()))
-    order = np.lexsort((bin_index, engine))
-    gap = WINDOW_BANDWIDTH_BINS + 1
-    step = np.where(np.diff(engine[order]) != 0, gap, np.minimum(np.diff(bin_index[order]), gap))
-    place = np.empty(len(seconds), dtype=np.int64)
-    place[order] = np.concatenate([[0], np.cumsum(step)])
-    return WindowBins(place, float(minutes.sum()))
-
-
-def window_bin_seconds(longest_minutes: float) -> float:
-    """The bin of engine-window intervals for an engine whose windows span `longest_minutes`: a
-    WINDOW_BANDWIDTH_BINS-th of the bandwidth, WINDOW_BANDWIDTH_SECONDS or WINDOW_BANDWIDTH_SPAN_SHARE of the span
-    where that is longer (so the variance costs the same on a day as on an hour)."""
-    bandwidth = max(WINDOW_BANDWIDTH_SECONDS, longest_minutes * 60 * WINDOW_BANDWIDTH_SPAN_SHARE)
-    return bandwidth / WINDOW_BANDWIDTH_BINS
-
-
-def serial_sums(bins: WindowBins, a: np.ndarray, n: np.ndarray, rho: float | None = None) -> stats.SerialSums:
-    """The totals a / n of windows summed into their bins, paired up to the bandwidth (stats.SerialSums; `rho` as
-    there)."""
-    size = int(bins.place.max()) + 1 if len(bins.place) else 0
-    return stats.SerialSums.of(np.bincount(bins.place, weights=a, minlength=size),
-                               np.bincount(bins.place, weights=n, minlength=size), WINDOW_BANDWIDTH_BINS, rho)
 
 
 def _tokens_interval(known: pd.DataFrame, alpha: stats.Interval) -> tuple[float | None, float | None]:

@@ -8,7 +8,7 @@ Two kinds of measurement feed a run's load curve:
   a watched engine: binned by running requests (1, 2, 3-4, 5-8, 9-16, ...). A request outlives a 10-second log
   window, so neighbouring windows are not independent: the mean throughput of a side at a bin is a ratio of totals
   over time bins of one engine, with the variance of engine segments' intervals, which pairs bins up to the
-  bandwidth (stats.SerialSums; engine_segments.grid_places), and so is its acceptance.
+  bandwidth (stats.SerialSums; window_grid.grid_places), and so is its acceptance.
 The baseline (throughput without speculation at the same concurrency) is, in order: the run's own k = 0
 measurements; the measurements of a run declared its baseline (`--baseline-of`); the run's own windows in periods
 annotated as speculation off (`specmon annotate --speculation off`). An engine merely configured for speculation
@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from specmon.analysis.engine_segments import WindowBins, grid_places, serial_sums
 from specmon.core import load, stats
 from specmon.core.settings import CONFIDENCE, MIN_WINDOW_SPAN_SECONDS
+from specmon.core.window_grid import WindowBins, grid_places, serial_sums
 from specmon.store.database import Store
 
 # The load a run serves now: the mean requests running over its last windows, within this span of its last one.
@@ -253,7 +253,7 @@ def _window_points(spec: pd.DataFrame, base: pd.DataFrame) -> list[LoadPoint]:
 
 
 def _grid(minutes: pd.DataFrame) -> WindowBins:
-    """The minutes' places on the grid of engine-window intervals (engine_segments.grid_places)."""
+    """The minutes' places on the grid of engine-window intervals (window_grid.grid_places)."""
     return grid_places(pd.factorize(minutes["engine_key"])[0], minutes["minute_s"].to_numpy(np.int64))
 
 
