@@ -112,7 +112,7 @@ def unstated_figures(hours: float, streams: int, arl0: int, seed: int, drops: li
             a, c, blocks, ts = points(w)
             at = int(np.searchsorted(ts, int(hours / 2 * td.HOUR_US)))
             for name in counts:
-                calibration.least_h = least_h if name == "as used" else (lambda d, arl0: 0.0)
+                calibration.least_h = least_h if name == "as used" else (lambda *_: calibration.Floor(0.0, 0.0, 1, 0.0))
                 raw, spans = watch(a, c, blocks, ts, arl0)
                 episodes = episode_starts(raw, detector.EPISODE_GAP)
                 after = [t for t in raw if t >= at] if drop else []

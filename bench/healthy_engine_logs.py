@@ -7,7 +7,8 @@ over overlapping requests at a constant mix (traffic_daily.engine_windows: chat 
 acceptance from each type's beta, lognormal durations of median 40 s), seeds 0, 1, ..., stored by `specmon ingest`
 into a fresh DuckDB file and checked by `specmon check` once per --c (`none`: no --c, so break-even is unknown and
 the drift detector watches for a drop of 0.10 from the reference). Prints, and writes as JSON, each check's exit
-code and the first line it printed.
+code (0 healthy, 1 a problem, 2 c unknown), whether it raised DRIFT, and the first line it printed (where it printed
+none, its last line on stderr: why it cannot judge).
 """
 from __future__ import annotations
 
@@ -55,15 +56,17 @@ def main() -> None:
             specmon("ingest", log, "--db", db, "--run", "prod").check_returncode()
             for c in args.c:
                 done = specmon("check", "--db", db, *([] if c == "none" else ["--c", c]))
-                first = (done.stdout.strip().splitlines() or [""])[0]
-                checks.append({"seed": seed, "windows": windows, "c": c, "exit": done.returncode, "first_line": first})
+                first = (done.stdout.strip().splitlines() or done.stderr.strip().splitlines()[-1:] or [""])[0]
+                checks.append({"seed": seed, "windows": windows, "c": c, "exit": done.returncode,
+                               "drift": "DRIFT" in done.stdout, "first_line": first})
                 print(f"seed {seed} c {c}: exit {done.returncode}: {first[:150]}", flush=True)
-    failed = {c: sum(x["exit"] != 0 for x in checks if x["c"] == c) for c in args.c}
-    print("checks that failed, by c:", failed)
+    failed = {c: sum(x["exit"] == 1 for x in checks if x["c"] == c) for c in args.c}
+    drift = {c: sum(x["drift"] for x in checks if x["c"] == c) for c in args.c}
+    print("checks that found a problem (exit 1), by c:", failed, "; with DRIFT:", drift)
     if args.out:
         with open(args.out, "w") as fh:
             json.dump({"machine": machine(), "logs": args.logs, "hours": args.hours, "failed": failed,
-                       "checks": checks}, fh, indent=1)
+                       "drift": drift, "checks": checks}, fh, indent=1)
 
 
 if __name__ == "__main__":

@@ -19,9 +19,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from specmon.core import stats
+from specmon.core import stats, window_grid
 from specmon.core.settings import DEFAULT_ARL0_STEPS
-from specmon.drift.detector import EPISODE_GAP, REFERENCE_STEPS, Design, covers_a_day, llr_weights
+from specmon.drift.detector import EPISODE_GAP, FLOOR_CONFIDENCE, REFERENCE_STEPS, Design, covers_a_day, llr_weights
 
 DEFAULT_DELTA = 0.10  # the drop to watch for when break-even is unknown or already above the reference
 
@@ -50,7 +50,12 @@ SPREAD_TEST_STEPS = 2 * REFERENCE_STEPS
 
 # Raised whenever calibrate gives another threshold for the same input, so thresholds kept in a database
 # (specmon.drift.state) are calibrated again rather than reused.
-CALIBRATION_VERSION = 13
+CALIBRATION_VERSION = 14
+
+# least_h takes the in-control drift at least at MIN_DRIFT_SHARE of the drift at the reference's acceptance, and solves
+# h and the span it builds up over in at most FLOOR_ITERATIONS steps.
+MIN_DRIFT_SHARE = 0.1
+FLOOR_ITERATIONS = 60
 
 
 def first_seen(clusters: np.ndarray) -> np.ndarray:
@@ -905,35 +910,84 @@ def design_for(accepted: np.ndarray, checked: np.ndarray, clusters: np.ndarray, 
                     None if episodes is None or not math.isfinite(episodes) else float(episodes), hours,
                     runs_z(a, ref_clusters) if unit == "steps" else None)
     if unit != "steps" and not design.states_a_rate:
-        dispersion = window_dispersion(a, n, p0)
-        floor = least_h(dispersion, arl0_steps)
-        if floor > design.h:
-            design = replace(design, h=floor, episode_points=None, dispersion=dispersion)
+        floor = least_h(a, n, np.asarray(ts_us)[ref], p0, p1, arl0_steps)
+        if floor.h > design.h:
+            design = replace(design, h=floor.h, episode_points=None, dispersion=floor.dispersion,
+                             floor_windows=floor.windows, floor_margin=floor.margin)
     return design
 
 
-def window_dispersion(accepted: np.ndarray, checked: np.ndarray, p0: float) -> float:
-    """Pearson's dispersion of windows' accepted counts about p0, relative to binomial counts (at least 1): how much
-    more a window's count varies than if its checked positions were independent draws (a window of few requests
-    takes their acceptance)."""
-    held = checked > 0
-    if int(held.sum()) < 2 or not 0 < p0 < 1:
-        return 1.0
-    expected = p0 * checked[held]
-    pearson = float(np.sum((accepted[held] - expected) ** 2 / (expected * (1 - p0))))
-    return max(pearson / (int(held.sum()) - 1), 1.0)
+@dataclass(frozen=True)
+class Floor:
+    """calibration.least_h's threshold and what sized it."""
+
+    h: float
+    dispersion: float  # h / ln(arl0_steps)
+    windows: int  # the span an alarm builds up in (T), in windows
+    margin: float  # how far below the reference's acceptance the in-control drift is taken (its lower bound)
 
 
-def least_h(dispersion: float, arl0_steps: int) -> float:
-    """The least threshold for engine windows whose reference cannot state a rate: ln(arl0_steps) x the reference
-    windows' dispersion. The block bootstrap sees only the windows its reference holds; where none of them lies as low
-    as the level halfway to p1 its streams never alarm, h comes out near 0, and in use the first such window (a
-    quiet minute with one poor request) alarms alone. Divided by the dispersion, a window's increment is a
-    quasi-likelihood ratio, and a CUSUM of log-likelihood ratios of independent points alarms in control at most once
-    per e^h points (Lorden's bound). Neighbouring windows share requests, so this is a floor of the right size, not a
-    guarantee: on references long enough to state a rate the bootstrap's h at 20,000 windows was 34-42, and this
-    gives about 35 there (docs/drift.md, "Engine windows")."""
-    return dispersion * math.log(arl0_steps)
+def least_h(accepted: np.ndarray, checked: np.ndarray, ts_us: np.ndarray, p0: float, p1: float,
+            arl0_steps: int) -> Floor:
+    """The least threshold for engine windows whose reference cannot state a rate.
+
+    The block bootstrap sees only the windows its reference holds; where none of them lies as low as the level
+    halfway to p1 its streams never alarm, h comes out near 0, and in use the first such window (a quiet minute with
+    one poor request) alarms alone. A CUSUM whose increments drift by -mu per window, with variance V over the span it
+    takes to climb, alarms in control about once per e^(h 2 mu / V) windows (a Brownian motion's excursions), and the
+    log-likelihood ratios of independent binomial counts alarm at most once per e^h (Lorden's bound); so h =
+    ln(arl0_steps) x V / V_binomial x mu_p0 / mu, the increments' variance relative to binomial counts' and the drift
+    at p0 relative to the drift in control. The reference knows both only roughly. Its acceptance is off by a few
+    hundredths on a short reference, and in control the increments drift by mu_p0 only at p0 (at p0 - e by about
+    mu_p0 (1 - 2 e / (p0 - p1))); so mu is taken at the lower end of the reference acceptance's FLOOR_CONFIDENCE
+    interval (the variance of engine-window intervals, stats.SerialSums, the reference's windows as one series). And
+    a request spans several windows, so a run of poor windows climbs further than one window's variance says; so V is
+    the Bartlett variance of the reference's increments over T = h / mu windows, h and T solved together. At T = 1
+    and the bound at p0 this is the windows' Pearson dispersion. On healthy engine windows whose acceptance is known
+    it lies 3 or more times above the h that one false alarm per arl0_steps needs, the more the further p1 lies below
+    p0: it errs towards quiet (docs/drift.md, "Engine windows")."""
+    held = np.asarray(checked, dtype=float) > 0
+    a = np.asarray(accepted, dtype=float)[held]
+    n = np.asarray(checked, dtype=float)[held]
+    grid = window_grid.grid_places(np.zeros(len(a), dtype=np.int64), np.asarray(ts_us)[held] // 1_000_000)
+    low = stats.cluster_interval(window_grid.serial_sums(grid, a, n), FLOOR_CONFIDENCE).lo
+    margin = p0 - low if math.isfinite(low) and low < p0 else 0.0
+    wa, wr = llr_weights(p0, p1)
+    drift_at_p0 = -float(n.mean()) * (p0 * wa + (1 - p0) * wr)
+    # where the bound lies as low as the CUSUM's own balance point, the reference cannot tell a drop to p1 from its
+    # own error: the drift is kept at MIN_DRIFT_SHARE of the drift at p0, so a drop far past p1 still alarms
+    drift = max(-float(n.mean()) * ((p0 - margin) * wa + (1 - p0 + margin) * wr), MIN_DRIFT_SHARE * drift_at_p0)
+    binomial = float(n.mean()) * p0 * (1 - p0) * (wa - wr) ** 2
+    x = a * wa + (n - a) * wr
+    bartlett = _bartlett_variances(x)
+
+    def dispersion(span: int) -> float:
+        """The Bartlett variance over `span` windows relative to binomial counts' variance, over the share of the
+        drift at p0 left at the lower bound."""
+        return float(bartlett[min(span, len(x)) - 1]) / binomial * drift_at_p0 / drift
+
+    span, log_rate = 1, math.log(arl0_steps)
+    for _ in range(FLOOR_ITERATIONS):
+        h = log_rate * dispersion(span)
+        following = max(1, math.ceil(h / drift))
+        if following == span:
+            break
+        span = following
+    return Floor(h, h / log_rate, span, margin)
+
+
+def _bartlett_variances(x: np.ndarray) -> np.ndarray:
+    """gamma_0 + 2 sum_{k<T} (1 - k / T) gamma_k for T = 1 ... len(x), the autocovariances gamma_k of x divided by its
+    length (which keeps each sum positive), as a running maximum: centred on its own mean, a short series' sum
+    falls back towards 0 as T nears its length, which says nothing about longer spans."""
+    m = len(x)
+    c = x - x.mean()
+    size = 1 << (2 * m - 1).bit_length()
+    spectrum = np.fft.rfft(c, size)
+    gamma = np.fft.irfft(spectrum * np.conj(spectrum), size)[:m] / m
+    span = np.arange(1, m + 1)
+    lag_sum, lag_moment = np.cumsum(gamma), np.cumsum(np.arange(m) * gamma)
+    return np.maximum.accumulate(np.maximum(2 * lag_sum - gamma[0] - 2 * lag_moment / span, 0.0))
 
 
 def redesigner(head: Callable[[int], tuple[np.ndarray, ...]], k: int,

@@ -66,6 +66,13 @@ EPISODE_GAP = 1_000  # alarms within this many points of the previous one contin
 # (docs/drift.md, "Runs within requests").
 RUNS_Z = 3.0
 
+# Engine windows whose reference states no rate: calibration.least_h takes the in-control drift at the lower end of
+# the reference acceptance's interval of this two-sided confidence (a one-sided 99% bound). Each checkpoint's
+# reference is another chance for the bound to lie above the truth: at a one-sided 90% bound, 13 of 40 healthy
+# 3-hour runs of windows whose acceptance holds for runs of a few windows alarmed, most on a reference read a few
+# hundredths high; at 99%, 1 of 40 (bench/window_floor.py; docs/drift.md, "Engine windows").
+FLOOR_CONFIDENCE = 0.98
+
 CHANGE_CONFIDENCE = 0.99  # template change verdicts at the two-sided 1% level
 
 # A change time whose profile log-likelihood lies within this many (design-effect-scaled) units of the maximum is
@@ -97,8 +104,11 @@ class Design:
     reference_hours: float | None = None
     # the reference's test for runs of alike steps within requests (calibration.runs_z); None for engine windows
     runs_z: float | None = None
-    # engine windows with no stated rate: the reference windows' dispersion, where it set h (calibration.least_h)
+    # engine windows with no stated rate, where calibration.least_h set h: h / ln(arl0_steps), the windows its span
+    # takes and how far below p0 the in-control drift was taken
     dispersion: float | None = None
+    floor_windows: int | None = None
+    floor_margin: float | None = None
 
     @property
     def states_a_rate(self) -> bool:
@@ -145,8 +155,11 @@ class Design:
         calibrated = f"calibrated on the first {self.reference:,} {self.unit}"
         if self.states_a_rate:
             return f"threshold h = {self.h:.2f} for {self.rate_words()}, {calibrated}"
-        floor = (f" (the floor where no rate is stated: ln {self.arl0_steps:,} x the reference {self.unit}' "
-                 f"dispersion {self.dispersion:.1f})" if self.dispersion is not None else "")
+        floor = (f" (the floor where no rate is stated: ln {self.arl0_steps:,} x {self.dispersion:.1f}, the variance "
+                 f"of the reference's CUSUM increments over the {self.floor_windows:,} {self.unit} an alarm builds up "
+                 f"in, relative to binomial counts' and to their drift were acceptance {self.floor_margin:.3f} lower, "
+                 f"its one-sided {(1 + FLOOR_CONFIDENCE) / 2:.0%} bound)"
+                 if self.dispersion is not None else "")
         return (f"threshold h = {self.h:.2f}{floor}, {calibrated}; no false-alarm rate is stated: "
                 f"{self.no_rate_reason()}")
 

@@ -1,10 +1,13 @@
 """The drift threshold on engine windows whose reference is too short to state a rate: at least ln(stated figure) x
-the windows' dispersion, so one poor window among healthy ones does not alarm alone, while a drop to break-even
-still alarms within a window or two."""
+the variance of the CUSUM's increments over the span an alarm builds up in, over twice their drift were acceptance at
+the reference's lower bound; so one poor window among healthy ones does not alarm alone, nor a run of them, nor a
+reference that read acceptance a little high, while a drop to break-even still alarms within a few windows."""
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
+from persistent_windows import persistent_windows, watched_with_the_floor_alone
 
 from specmon.drift import calibration, detector
 
@@ -21,15 +24,43 @@ def windows(rng: np.random.Generator, count: int, mean: float, concentration: fl
     return rng.binomial(checked.astype(int), rate).astype(float), checked
 
 
-def test_the_dispersion_is_one_for_binomial_windows_and_the_beta_binomial_excess_otherwise():
+def test_on_independent_binomial_windows_with_a_long_reference_the_floor_is_about_ln_of_the_figure():
     rng = np.random.default_rng(3)
     checked = np.full(4000, 200.0)
-    binomial = rng.binomial(200, 0.8, 4000).astype(float)
-    assert 1.0 <= calibration.window_dispersion(binomial, checked, 0.8) < 1.1
-    rate = rng.beta(0.8 * 40, 0.2 * 40, 4000)
-    shared = rng.binomial(200, rate).astype(float)
-    expected = 1 + (200 - 1) / (40 + 1)  # a beta-binomial's variance over the binomial's
-    assert calibration.window_dispersion(shared, checked, 0.8) / expected == pytest.approx(1.0, rel=0.1)
+    accepted = rng.binomial(200, 0.8, 4000).astype(float)
+    ts = np.arange(4000, dtype=np.int64) * WINDOW_US
+    floor = calibration.least_h(accepted, checked, ts, accepted.sum() / checked.sum(), 0.7, ARL0)
+    assert floor.margin < 0.002
+    assert floor.dispersion == pytest.approx(1.0, abs=0.1)
+    assert floor.h == pytest.approx(floor.dispersion * math.log(ARL0))
+
+
+def test_windows_that_stay_alike_for_a_while_raise_the_floor_over_the_same_windows_in_another_order():
+    """Requests that span windows: a window's acceptance persists over about ten windows. The same windows shuffled
+    have the same one-window dispersion, but no runs of poor windows, and a smaller floor."""
+    rng = np.random.default_rng(5)
+    count = 2000
+    level = np.repeat(rng.beta(0.81 * 60, 0.19 * 60, count // 10), 10)
+    checked = rng.integers(80, 300, count).astype(float)
+    accepted = rng.binomial(checked.astype(int), level).astype(float)
+    ts = np.arange(count, dtype=np.int64) * WINDOW_US
+    p0 = accepted.sum() / checked.sum()
+    persistent = calibration.least_h(accepted, checked, ts, p0, p0 - 0.1, ARL0)
+    order = rng.permutation(count)
+    shuffled = calibration.least_h(accepted[order], checked[order], ts, p0, p0 - 0.1, ARL0)
+    assert persistent.windows > 5 and shuffled.windows < persistent.windows
+    assert persistent.h > 3 * shuffled.h, (persistent, shuffled)
+
+
+def test_a_short_references_uncertain_acceptance_raises_the_floor():
+    """The in-control drift is taken at the reference acceptance's lower bound: 30 windows leave it far wider than
+    3,000 of the same process, and the floor of the first is the higher per unit of dispersion."""
+    rng = np.random.default_rng(9)
+    a, n = windows(rng, 3000, 0.81, 200)
+    ts = np.arange(3000, dtype=np.int64) * WINDOW_US
+    short = calibration.least_h(a[:30], n[:30], ts[:30], a[:30].sum() / n[:30].sum(), 0.71, ARL0)
+    long = calibration.least_h(a, n, ts, a.sum() / n.sum(), 0.71, ARL0)
+    assert short.margin > 3 * long.margin > 0
 
 
 def test_one_poor_window_after_a_short_reference_does_not_alarm_and_a_drop_to_break_even_does():
@@ -43,9 +74,13 @@ def test_one_poor_window_after_a_short_reference_does_not_alarm_and_a_drop_to_br
     reference = 120
     design = calibration.design_for(a, n, blocks, K, BREAK_EVEN, ARL0, reference, unit="windows", ts_us=ts)
     assert not design.states_a_rate and design.dispersion is not None
-    assert design.h == calibration.least_h(design.dispersion, ARL0) == design.dispersion * math.log(ARL0)
-    assert f"h = {design.h:.2f} (the floor where no rate is stated: ln 20,000 x the reference windows' dispersion " \
-        f"{design.dispersion:.1f}), calibrated on the first 120 windows" in design.threshold_words()
+    ts_ref = ts[:reference]
+    floor = calibration.least_h(a[:reference], n[:reference], ts_ref, design.p0, design.p1, ARL0)
+    assert design.h == floor.h == pytest.approx(design.dispersion * math.log(ARL0))
+    assert f"h = {design.h:.2f} (the floor where no rate is stated: ln 20,000 x {design.dispersion:.1f}, the " \
+        f"variance of the reference's CUSUM increments over the {floor.windows} windows an alarm builds up in, " \
+        f"relative to binomial counts' and to their drift were acceptance {floor.margin:.3f} lower, its one-sided " \
+        "99% bound), calibrated on the first 120 windows" in design.threshold_words()
     wa, wr = detector.llr_weights(design.p0, design.p1)
     assert a[poor_at] * wa + (n[poor_at] - a[poor_at]) * wr > 5  # the window the bootstrap's h alarmed on
     _, found = detector.cusum(a[reference:], n[reference:], design)
@@ -59,3 +94,18 @@ def test_a_reference_that_states_a_rate_keeps_the_bootstraps_threshold():
     blocks = ts // 600_000_000
     design = calibration.design_for(a, n, blocks, K, BREAK_EVEN, 100, 900, unit="windows", ts_us=ts)
     assert design.states_a_rate and design.dispersion is None
+
+
+def test_healthy_windows_that_stay_alike_for_a_while_do_not_alarm_from_a_growing_reference():
+    """Three hours of such windows: no alarm in any of eight runs, where a floor of one window's dispersion, ln
+    20,000 x Pearson's dispersion of the whole run, alarms in most of them."""
+    first, count, pearson_alarmed = detector.REFERENCE_WINDOWS, 1080, 0
+    for seed in range(8):
+        a, n = persistent_windows(np.random.default_rng(seed), count)
+        alarms, designs = watched_with_the_floor_alone(a, n)
+        assert not alarms, (seed, [d.h for _, d in designs])
+        p = a.sum() / n.sum()
+        pearson = float(np.sum((a - p * n) ** 2 / (p * (1 - p) * n))) / (count - 1)
+        one_window = replace(designs[-1][1], h=pearson * math.log(ARL0))
+        pearson_alarmed += bool(detector.cusum(a[first:], n[first:], one_window)[1])
+    assert pearson_alarmed >= 5
