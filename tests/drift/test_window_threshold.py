@@ -1,7 +1,8 @@
 """The drift threshold on engine windows whose reference is too short to state a rate: at least ln(stated figure) x
-the variance of the CUSUM's increments over the span an alarm builds up in, over twice their drift were acceptance at
-the reference's lower bound; so one poor window among healthy ones does not alarm alone, nor a run of them, nor a
-reference that read acceptance a little high, while a drop to break-even still alarms within a few windows."""
+the variance of the CUSUM's increments over the span an alarm builds up in, relative to binomial counts' and to their
+drift at the lower bound of the reference's acceptance; so one poor window among healthy ones does not alarm alone,
+nor a run of them, nor a reference that read acceptance a little high, while a drop to break-even still alarms
+within a few windows."""
 import math
 from dataclasses import replace
 
@@ -53,8 +54,8 @@ def test_windows_that_stay_alike_for_a_while_raise_the_floor_over_the_same_windo
 
 
 def test_a_short_references_uncertain_acceptance_raises_the_floor():
-    """The in-control drift is taken at the reference acceptance's lower bound: 30 windows leave it far wider than
-    3,000 of the same process, and the floor of the first is the higher per unit of dispersion."""
+    """The in-control drift is taken at the reference acceptance's lower bound: 30 windows leave it much further below
+    their acceptance than 3,000 of the same process do."""
     rng = np.random.default_rng(9)
     a, n = windows(rng, 3000, 0.81, 200)
     ts = np.arange(3000, dtype=np.int64) * WINDOW_US
