@@ -23,6 +23,10 @@ def test_drift_page_shows_engine_alarm_and_marks_the_annotation(app_db, tmp_path
     errors = [e.value.replace("\\", "").replace("\u2060", "") for e in at.error]
     assert any(e.startswith("**Open:** run 'vllm-prod'") and "no false-alarm rate is stated" in e
                for e in errors), errors
+    # the caption says what set h, in the words of the alarm and `check`
+    captions = [c.value.replace("\\", "") for c in at.caption]
+    assert any("One-sided Bernoulli CUSUM over windows" in c and "(the floor where no rate is stated: ln 20,000 x" in c
+               and "a lead to check" in c for c in captions), captions
     # the rollout's sides cover different hours (09:14 splits one hour, 08:00 has no match after it): no verdict,
     # shown as information, not as a finding
     infos = [e.value.replace("\\", "").replace("\u2060", "") for e in at.info]

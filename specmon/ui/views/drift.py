@@ -106,14 +106,11 @@ def render() -> None:
                      "moved as a whole by a kernel"
                      if d.clusters >= calibration.MIN_BLOCKS else
                      f"{d.reference:,} windows one by one (they fill fewer than {calibration.MIN_BLOCKS} blocks)")
-        promise = (f"calibrated to {d.rate_words()}" if d.states_a_rate else
-                   f"calibrated, but with no false-alarm rate stated: {d.no_rate_reason()}, so read an alarm as a "
-                   "lead to check, not a measured risk,")
+        lead = "" if d.states_a_rate else " Read an alarm as a lead to check, not a measured risk."
         st.caption(f"One-sided Bernoulli CUSUM over {d.unit} from the reference acceptance p0 = {d.p0:.3f} (the "
-                   f"run's first {d.reference:,} {d.unit}) towards p1 = {d.p1:.3f}; threshold h = {d.h:.2f} (the "
-                   f"dashed line below), {promise} by resampling the "
-                   f"reference's {resampled} (design effect "
-                   f"{d.design_effect:.2f}).{grown} A drop "
+                   f"run's first {d.reference:,} {d.unit}) towards p1 = {d.p1:.3f}; {d.threshold_words()}.{lead} "
+                   f"The dashed line below is h; its calibration resamples the reference's {resampled} (design "
+                   f"effect {d.design_effect:.2f}).{grown} A drop "
                    "is dated by maximum likelihood; the shaded band is its likely range, blue dotted lines are "
                    "annotated rollouts (`specmon annotate`), black dashed lines templates first seen in the data.")
     found = findings.drift_findings([result], rows)
