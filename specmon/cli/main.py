@@ -794,8 +794,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "calibrated on the run's own first requests to one false alarm per "
                                    "--false-alarm-steps points (steps, or engine windows in 10-minute blocks); a "
                                    "rate is stated once the reference covers a day, its requests or blocks then "
-                                   "drawn by hour of day (engine windows: once it also holds 8 x the figure), and "
-                                   "each alarm says why where none is; template changes and annotations are judged "
+                                   "drawn by hour of day (engine windows: once it also holds 8 x the figure, and "
+                                   "until then the threshold is at least a floor sized from the reference's own "
+                                   "windows, which errs towards quiet), and each alarm says why where none is; "
+                                   "template changes and annotations are judged "
                                    "before/after on the hours both sides cover (where they cover different hours "
                                    "the data cannot tell, and only a new side below break-even is a problem).")
     p.add_argument("--since", help="only steps, alarms and template changes since then: 6h, 2d, 30m, 1w or ISO time")
