@@ -26,24 +26,28 @@ import numpy as np
 import production_study as ps
 import traffic_daily as td
 from _common import machine
+from drift_windows import ARRIVALS_PER_S, K, points
 
 from specmon.drift import calibration, detector
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
-from persistent_windows import persistent_windows, watched_with_the_floor_alone  # noqa: E402 (the tests' model)
+from persistent_windows import (  # noqa: E402 (the tests' model)
+    pearson_dispersion,
+    persistent_windows,
+    watched_with_the_floor_alone,
+)
 
-K = 4
-ARRIVALS_PER_S = 0.2
 GRID = [10, 20, 40, 60, 80, 120, 160, 240, 320, 480]
 
 
 def day(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    w = td.engine_windows(np.random.default_rng(seed), ARRIVALS_PER_S, 24, K, share=ps._flat)
-    return w.accepted.astype(float), w.checked.astype(float), w.end_us.astype(np.int64)
+    a, n, _, ts = points(td.engine_windows(np.random.default_rng(seed), ARRIVALS_PER_S, 24, K, share=ps._flat))
+    return a, n, ts
 
 
-def pearson(a: np.ndarray, n: np.ndarray, p: float) -> float:
-    return max(float(np.sum((a - p * n) ** 2 / (p * (1 - p) * n))) / (len(n) - 1), 1.0)
+def false_alarms(increments: list[np.ndarray], h: float) -> int:
+    """Alarms of the restarted CUSUM at h over each day's increments."""
+    return sum(len(detector.cusum_increments(x, h)[1]) for x in increments)
 
 
 def main() -> None:
@@ -66,18 +70,18 @@ def main() -> None:
     for target in args.p1:
         p1 = alpha + target if target < 0 else target
         wa, wr = detector.llr_weights(alpha, p1)
+        increments = [a * wa + (n - a) * wr for a, n, _ in days]
         per_alarm = {}
         for h in GRID:
-            alarms = sum(len(detector.cusum_increments(a * wa + (n - a) * wr, h)[1]) for a, n, _ in days)
+            alarms = false_alarms(increments, h)
             per_alarm[h] = windows / alarms if alarms else None
         floors = {m: float(np.median([calibration.least_h(a[:m], n[:m], t[:m], a[:m].sum() / n[:m].sum(), p1,
                                                           args.arl0).h for a, n, t in days]))
                   for m in args.references}
-        earlier = float(np.median([pearson(a, n, alpha) for a, n, _ in days])) * math.log(args.arl0)
+        earlier = float(np.median([pearson_dispersion(a, n, alpha) for a, n, _ in days])) * math.log(args.arl0)
         rows.append({"p1": p1, "windows_per_false_alarm_at_h": per_alarm, "floor_h_median": floors,
                      "pearson_floor_h": earlier,
-                     "windows_per_false_alarm_at_pearson_floor": windows / max(1, sum(
-                         len(detector.cusum_increments(a * wa + (n - a) * wr, earlier)[1]) for a, n, _ in days))})
+                     "windows_per_false_alarm_at_pearson_floor": windows / max(1, false_alarms(increments, earlier))})
     persistent = []
     for confidence in args.confidence:
         calibration.FLOOR_CONFIDENCE, kept = confidence, calibration.FLOOR_CONFIDENCE

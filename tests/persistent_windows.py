@@ -1,6 +1,6 @@
-"""Healthy engine windows whose acceptance holds for runs of a few windows, and the drift detector watching them with
-the floor of a reference that states no rate as its only threshold (tests/drift/test_window_threshold.py,
-bench/window_floor.py)."""
+"""Healthy engine windows whose acceptance holds for runs of a few windows, the drift detector watching them with
+the floor of a reference that states no rate as its only threshold, and the floor's earlier form, one window's
+dispersion (tests/drift/test_window_threshold.py, bench/window_floor.py)."""
 import numpy as np
 
 from specmon.drift import calibration, detector
@@ -26,3 +26,9 @@ def watched_with_the_floor_alone(a: np.ndarray, n: np.ndarray) -> tuple[list, li
     first = detector.REFERENCE_WINDOWS
     _, alarms, designs = detector.detect(a, n, grow(first), first, grow)
     return alarms, designs
+
+
+def pearson_dispersion(a: np.ndarray, n: np.ndarray, p: float) -> float:
+    """Pearson's dispersion of windows' accepted counts about p relative to binomial counts, at least 1: ln(stated
+    figure) x this was the floor's earlier form."""
+    return max(float(np.sum((a - p * n) ** 2 / (p * (1 - p) * n))) / (len(n) - 1), 1.0)

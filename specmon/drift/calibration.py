@@ -953,11 +953,16 @@ def least_h(accepted: np.ndarray, checked: np.ndarray, ts_us: np.ndarray, p0: fl
     low = stats.cluster_interval(window_grid.serial_sums(grid, a, n), FLOOR_CONFIDENCE).lo
     margin = p0 - low if math.isfinite(low) and low < p0 else 0.0
     wa, wr = llr_weights(p0, p1)
-    drift_at_p0 = -float(n.mean()) * (p0 * wa + (1 - p0) * wr)
+    per_window = float(n.mean())
+
+    def drift_at(p: float) -> float:  # how fast the CUSUM falls per window where acceptance is p
+        return -per_window * (p * wa + (1 - p) * wr)
+
     # where the bound lies as low as the CUSUM's own balance point, the reference cannot tell a drop to p1 from its
     # own error: the drift is kept at MIN_DRIFT_SHARE of the drift at p0, so a drop far past p1 still alarms
-    drift = max(-float(n.mean()) * ((p0 - margin) * wa + (1 - p0 + margin) * wr), MIN_DRIFT_SHARE * drift_at_p0)
-    binomial = float(n.mean()) * p0 * (1 - p0) * (wa - wr) ** 2
+    drift_at_p0 = drift_at(p0)
+    drift = max(drift_at(p0 - margin), MIN_DRIFT_SHARE * drift_at_p0)
+    binomial = per_window * p0 * (1 - p0) * (wa - wr) ** 2
     x = a * wa + (n - a) * wr
     bartlett = _bartlett_variances(x)
 

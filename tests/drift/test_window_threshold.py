@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from persistent_windows import persistent_windows, watched_with_the_floor_alone
+from persistent_windows import pearson_dispersion, persistent_windows, watched_with_the_floor_alone
 
 from specmon.drift import calibration, detector
 
@@ -105,8 +105,6 @@ def test_healthy_windows_that_stay_alike_for_a_while_do_not_alarm_from_a_growing
         a, n = persistent_windows(np.random.default_rng(seed), count)
         alarms, designs = watched_with_the_floor_alone(a, n)
         assert not alarms, (seed, [d.h for _, d in designs])
-        p = a.sum() / n.sum()
-        pearson = float(np.sum((a - p * n) ** 2 / (p * (1 - p) * n))) / (count - 1)
-        one_window = replace(designs[-1][1], h=pearson * math.log(ARL0))
+        one_window = replace(designs[-1][1], h=pearson_dispersion(a, n, a.sum() / n.sum()) * math.log(ARL0))
         pearson_alarmed += bool(detector.cusum(a[first:], n[first:], one_window)[1])
     assert pearson_alarmed >= 5
