@@ -1,5 +1,6 @@
-"""The Load page's queries over a database of 1,000,000 engine windows beside 10,000,000 drafted positions, cold and
-warm, and `specmon recommend` over it end to end.
+"""The Load page's queries and the Overview's summary over a database of 1,000,000 engine windows beside 10,000,000
+drafted positions, cold and warm, the engine segments by hour, and `specmon summary` and `specmon recommend` over it
+end to end.
 
     python bench/load_page.py [--windows 1000000] [--positions 10000000] [--db PATH]
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -47,7 +49,7 @@ FROM range(?) t(h)
 
 QUERIES = """
 import json, sys, time
-from specmon.analysis import load, summary
+from specmon.analysis import engine_segments, load, summary
 from specmon.verdicts import findings
 from specmon.verdicts.recommend import recommend
 from specmon.store.database import Store
@@ -56,7 +58,8 @@ def page():
     curves = load.curves(s)
     return curves, [recommend(c) for c in curves], findings.load_findings(curves)
 out = {}
-for name, fn in {"load page": page, "overview's summary": lambda: summary.summarize(s)}.items():
+for name, fn in {"load page": page, "overview's summary": lambda: summary.summarize(s),
+                 "engine segments by hour": lambda: engine_segments.summarize_engines(s, bucket="hour")}.items():
     t = time.perf_counter(); fn(); cold = time.perf_counter() - t
     warm = []
     for _ in range(5):
@@ -95,6 +98,11 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="specmon-bench-")
     db = args.db or os.path.join(work, "load.duckdb")
     built = build(db, args.windows, args.positions, work) if not os.path.exists(db) else {}
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "specmon", "summary", "--db", db, "--no-demo"], check=True,
+                   capture_output=True)
+    summary_s = time.perf_counter() - t
+    summary_peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # the only child so far
     out = subprocess.run([sys.executable, "-c", QUERIES, db], check=True, capture_output=True, text=True).stdout
     t = time.perf_counter()
     rec = subprocess.run([sys.executable, "-m", "specmon", "recommend", "--db", db, "--json"], check=True,
@@ -102,7 +110,8 @@ def main() -> None:
     recommend_s = time.perf_counter() - t
     [curve] = [c for c in json.loads(rec.stdout) if c["run"] == "prod"]
     print(json.dumps({"machine": machine(), "windows": args.windows, "positions": args.positions, "build": built,
-                      "queries": json.loads(out), "recommend_cli_s": recommend_s,
+                      "queries": json.loads(out), "summary_cli_s": summary_s, "summary_cli_peak_mb": summary_peak_mb,
+                      "recommend_cli_s": recommend_s,
                       "points": len(curve["points"]), "policy": curve["policy"]}, indent=2))
 
 

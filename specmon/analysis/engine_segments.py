@@ -6,20 +6,21 @@ counts (position 1 is checked on every draft, position i when i - 1 was accepted
 sum_{i<k} accepted_at_i. Where an engine gives only accepted and drafted tokens (early vLLM V1, llama.cpp's
 summaries), alpha stays null and its accepted/drafted rate is reported as draft_acceptance_rate. A request spans
 neighbouring windows, so windows are not independent: the intervals sum them into bins of one engine (a minute up to
-four hours of windows) and take the Bartlett (Newey-West) variance with a bandwidth of 30 minutes or an eighth of the
-span (stats.SerialSums, window_bins), and give none where the windows span under MIN_WINDOW_SPAN_SECONDS.
+four hours of windows; DuckDB sums them, window_sums) and take the Bartlett (Newey-West) variance with a bandwidth of
+30 minutes or an eighth of the span (stats.SerialSums), and give none where the windows span under
+MIN_WINDOW_SPAN_SECONDS.
 """
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
 from datetime import datetime
 from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 
+from specmon.analysis import window_sums
 from specmon.core import stats
 from specmon.core.segments import Estimate, PositionSummary, SegmentSummary, economics, position_summary
 from specmon.core.settings import (
@@ -28,7 +29,7 @@ from specmon.core.settings import (
     MIN_WINDOW_SPAN_SECONDS,
     WINDOW_BLOCK_SECONDS,
 )
-from specmon.core.window_grid import WindowBins, grid_places, serial_sums
+from specmon.core.window_grid import serial_sums
 from specmon.ingest.formats.prometheus_metrics import (
     COUNTERS,
     GAUGES,
@@ -192,42 +193,32 @@ def _has_positions(value: object) -> bool:
 def summarize_engines(store: Store, by: str = "template", c: float | None = None, *, run: str | None = None,
                       bucket: str | None = None, since: datetime | None = None,
                       declared: dict[str, float] | None = None) -> list[SegmentSummary]:
-    """Engine segments with the keys of summary.summarize (beta and the gap test null). Engines log no draft
-    timings, so c is the one given, else the one declared for the run (summary.declared_costs), else unknown."""
-    df = windows(store, run)
-    if df.empty:
-        return []
-    if since is not None:
-        df = df[df["end_ts"] >= since]
-    keys = ["run"] + ([] if by == "run" else ["template"])
-    df = df.assign(bucket=df["end_ts"].dt.floor(pd.Timedelta(BUCKETS[bucket])) if bucket else pd.NaT)
+    """Engine segments with the keys of summary.summarize (beta and the gap test null), summed in DuckDB
+    (window_sums). Engines log no draft timings, so c is the one given, else the one declared for the run
+    (summary.declared_costs), else unknown."""
+    samples = store.query_df(_SAMPLES_SQL, [run, run])
+    counted = counter_windows(samples) if not samples.empty else pd.DataFrame()
+    if not counted.empty:
+        counted = counted.merge(store.query_df(_SEGMENTS_SQL, [run, run]), on="segment_id")
+    bucket_seconds = pd.Timedelta(BUCKETS[bucket]).total_seconds() if bucket else None
     out = []
-    for key, part in df.groupby(keys + ["bucket"], dropna=False, sort=True):
-        key = dict(zip(keys + ["bucket"], key, strict=True))
-        declared_c = (declared or {}).get(key["run"])
+    for sums in window_sums.stored(store, by, run=run, bucket_seconds=bucket_seconds, since=since,
+                                   counted=None if counted.empty else counted):
+        key = {"run": sums.run, "template": sums.template, "bucket": sums.bucket}
+        declared_c = (declared or {}).get(sums.run)
         if c is not None:
             cost, source = c, "given"
         elif declared_c is not None:
             cost, source = declared_c, "declared"
         else:
             cost, source = None, None
-        spec = part[speculating(part)]
-        if len(spec):  # windows with the load alone do not dilute the acceptance figures
-            out.append(segment_of_windows(key, spec, cost, bucket is not None, source))
-        else:
-            out.append(replace(segment_of_windows(key, part, cost, bucket is not None, source), note=LOAD_ONLY_NOTE))
+        out.append(segment_of_sums(key, sums, cost, bucket is not None, source))
     return out
 
 
 LOAD_ONLY_NOTE = ("no acceptance figures: these windows carry the engine's load (requests running, throughput) and "
                   "no speculative-decoding figures; the engine ran without speculation (a baseline: declare it with "
                   "--baseline-of RUN) or drafted nothing")
-
-
-def speculating(windows: pd.DataFrame) -> pd.Series:
-    """Which windows carry speculative-decoding figures (the others carry the load alone)."""
-    return (windows["drafts"].notna() | windows["draft_tokens"].notna() | windows["accepted_tokens"].notna()
-            | windows["mean_acceptance_length"].notna() | (position_lengths(windows) > 0))
 
 
 def position_lengths(windows: pd.DataFrame) -> np.ndarray:
@@ -267,15 +258,13 @@ def position_counts(part: pd.DataFrame) -> PositionCounts:
     return PositionCounts(rows, accepted, lengths, part["drafts"].to_numpy(float)[rows])
 
 
-def _tokens_per_step(part: pd.DataFrame, known: pd.DataFrame,
-                     n_drafts: float | None) -> tuple[float | None, str | None]:
-    """L = 1 + accepted / drafts over the windows that count both (`known`, as its interval, _tokens_interval);
-    else the mean of the engine's own L gauge."""
-    if n_drafts and known["drafts"].sum() > 0:
-        return 1.0 + known["accepted_tokens"].sum() / known["drafts"].sum(), None
-    gauges = part["mean_acceptance_length"].dropna()
-    if len(gauges):
-        return float(gauges.mean()), "tokens per step is the unweighted mean of the engine's reported gauge"
+def _tokens_per_step(sums: window_sums.SegmentSums) -> tuple[float | None, str | None]:
+    """L = 1 + accepted / drafts over the windows that count both (as its interval, _tokens_interval); else the
+    mean of the engine's own L gauge."""
+    if sums.drafts and sums.counted_drafts and sums.counted_accepted is not None:
+        return 1.0 + sums.counted_accepted / sums.counted_drafts, None
+    if sums.mean_acceptance_length is not None:
+        return sums.mean_acceptance_length, "tokens per step is the unweighted mean of the engine's reported gauge"
     return None, None
 
 
@@ -301,91 +290,73 @@ def window_blocks(part: pd.DataFrame, seconds: float = WINDOW_BLOCK_SECONDS) -> 
     return engine_of(part["labels"]) + "@" + bucket
 
 
-def window_bins(part: pd.DataFrame) -> WindowBins:
-    """Each window's place on the grid of stats.SerialSums (grid_places), and the minutes its windows span."""
-    if part.empty:
-        return WindowBins(np.zeros(0, dtype=np.int64), 0.0)
-    return grid_places(pd.factorize(engine_of(part["labels"]))[0],
-                       pd.DatetimeIndex(part["end_ts"]).as_unit("s").asi8)
-
-
-def _tokens_interval(known: pd.DataFrame, alpha: stats.Interval) -> tuple[float | None, float | None]:
-    """L's interval from the windows that count both drafts and accepted tokens (`known`; stats.SerialSums), at
-    alpha's degrees of freedom."""
-    iv = stats.ratio_interval(serial_sums(window_bins(known), known["accepted_tokens"].to_numpy(float),
-                                           known["drafts"].to_numpy(float)), alpha.dof, CONFIDENCE)
+def _tokens_interval(tokens: window_sums.TokenBins, alpha: stats.Interval) -> tuple[float | None, float | None]:
+    """L's interval from the windows that count both drafts and accepted tokens (stats.SerialSums), at alpha's
+    degrees of freedom."""
+    iv = stats.ratio_interval(serial_sums(tokens.bins, tokens.accepted, tokens.drafts), alpha.dof, CONFIDENCE)
     return (None, None) if iv is None else (1 + max(iv[0], 0.0), 1 + iv[1])
 
 
-def _positions(part: pd.DataFrame, counts: PositionCounts, interval: bool) -> tuple[PositionSummary, ...]:
-    """Per-position rates summed over the windows that give per-position counts (`counts`): position 1 is reached by
-    every draft, position i by the drafts accepted at i - 1, in the windows whose draft has an i-th position (k can
-    change within a segment); each position's interval its own stats.SerialSums, none where alpha has none
+def _positions(checks: window_sums.CheckBins, interval: bool) -> tuple[PositionSummary, ...]:
+    """Per-position rates summed over the windows that give per-position counts: position 1 is reached by every
+    draft, position i by the drafts accepted at i - 1, in the windows whose draft has an i-th position (k can change
+    within a segment); each position's interval its own stats.SerialSums, none where alpha has none
     (interval=False)."""
-    acc = counts.accepted
-    drafted = np.arange(acc.shape[1])[None, :] < counts.lengths[:, None]
-    reached = np.column_stack([counts.drafts, acc[:, :-1]]) * drafted
-    bins = window_bins(part.iloc[counts.rows])
-    drafts = float(counts.drafts.sum())
-    return tuple(position_summary(i + 1, serial_sums(bins, acc[:, i], reached[:, i]), drafts, interval=interval)
-                 for i in range(acc.shape[1]))
-
-
-def _sum_or_none(column: pd.Series) -> float | None:
-    return float(column.sum()) if column.notna().any() else None
+    accepted, reached = checks.position_accepted, checks.position_reached
+    drafts = float(reached[:, 0].sum())
+    return tuple(position_summary(i + 1, serial_sums(checks.bins, accepted[:, i], reached[:, i]), drafts,
+                                  interval=interval) for i in range(accepted.shape[1]))
 
 
 def segment_of_windows(key: dict, part: pd.DataFrame, c: float | None, bucketed: bool = False,
                        c_source: str | None = None) -> SegmentSummary:
-    """One engine segment (key: run, and template and bucket where grouped) from its windows (WINDOW_COLUMNS), with
-    intervals whose variance pairs neighbouring windows (stats.SerialSums) where they span MIN_WINDOW_SPAN_SECONDS."""
-    counted = part[part["drafts"].notna()]
-    n_drafts = float(counted["drafts"].sum()) if len(counted) else None
-    known = counted[counted["accepted_tokens"].notna()]  # the windows L is counted from
-    tokens_per_step, note = _tokens_per_step(part, known, n_drafts)
-    counts = position_counts(part)
-    checks = len(counts.rows) > 0
-    a, n = counts.checks()
-    k_values = part["k"].dropna()
-    k = int(k_values.max()) if len(k_values) else None
+    """One engine segment (key: run, and template and bucket where grouped) from a frame of its windows
+    (WINDOW_COLUMNS), summed as the store's are (window_sums)."""
+    sums = window_sums.of_frame(part)
+    if sums is None:
+        raise ValueError("no windows to summarize")
+    return segment_of_sums(key, sums, c, bucketed, c_source)
+
+
+def segment_of_sums(key: dict, sums: window_sums.SegmentSums, c: float | None, bucketed: bool = False,
+                    c_source: str | None = None) -> SegmentSummary:
+    """One engine segment from its windows' sums, with intervals whose variance pairs neighbouring windows
+    (stats.SerialSums) where they span MIN_WINDOW_SPAN_SECONDS."""
+    tokens_per_step, note = _tokens_per_step(sums)
+    checks = sums.checks
     alpha, tokens = Estimate(), Estimate(tokens_per_step)
     iv = None
-    if checks:
-        bins = window_bins(part.iloc[counts.rows])
-        if bins.minutes * 60 < MIN_WINDOW_SPAN_SECONDS:
-            alpha = Estimate(float(a.sum() / n.sum()) if n.sum() else None)
+    if checks is not None:
+        a, n = float(checks.accepted.sum()), float(checks.checked.sum())
+        if checks.bins.minutes * 60 < MIN_WINDOW_SPAN_SECONDS:
+            alpha = Estimate(a / n if n else None)
             note = note or SHORT_SPAN_NOTE
         else:
-            iv = stats.cluster_interval(serial_sums(bins, a, n), CONFIDENCE)
+            iv = stats.cluster_interval(serial_sums(checks.bins, checks.accepted, checks.checked), CONFIDENCE)
             alpha = Estimate(iv.estimate, iv.lo, iv.hi)
-            tokens = Estimate(tokens_per_step, *(_tokens_interval(known, iv) if n_drafts else (None, None)))
+            tokens = Estimate(tokens_per_step, *(_tokens_interval(sums.tokens, iv) if sums.drafts and sums.tokens
+                                                 else (None, None)))
     elif note is None:
         note = "per-token alpha needs per-position counts, which this engine output does not give"
-    drafted, accepted = _sum_or_none(part["draft_tokens"]), _sum_or_none(part["accepted_tokens"])
+    if not sums.speculating:
+        note = LOAD_ONLY_NOTE
+    n_drafts, drafted, accepted = sums.drafts, sums.draft_tokens, sums.accepted_tokens
     mean_draft_len = drafted / n_drafts if drafted and n_drafts else None
     bucket = key.get("bucket")
-    per_position = _positions(part, counts, iv is not None) if checks else ()
+    per_position = _positions(checks, iv is not None) if checks is not None else ()
     return SegmentSummary(
         run=key["run"], template=key.get("template") or None, day=None,
         bucket_start=pd.Timestamp(bucket).isoformat() if bucketed and not pd.isna(bucket) else None,
-        demo=False, k=k, steps=int(round(n_drafts)) if n_drafts else 0, requests=None, drafted=drafted,
-        checked=float(n.sum()) if checks else None, accepted=accepted, alpha=alpha,
+        demo=False, k=sums.k, steps=int(round(n_drafts)) if n_drafts else 0, requests=None, drafted=drafted,
+        checked=float(checks.checked.sum()) if checks is not None else None, accepted=accepted, alpha=alpha,
         design_effect=iv.design_effect if iv else None,
         interval_dof=None if iv is None or math.isinf(iv.dof) else iv.dof, beta=Estimate(), gap_z=None,
         agreement=None, tokens_per_step=tokens, mean_draft_len=mean_draft_len,
-        economics=economics(k, c, c_source, alpha, tokens, mean_draft_len, per_position, n_drafts or 0),
-        first_ts=part["end_ts"].min().isoformat(), last_ts=part["end_ts"].max().isoformat(), source="engine",
-        costs=None, ts_inferred_steps=0, last_ingest=part["ingested_at"].max().isoformat(),
-        per_position=per_position,
-        engine=", ".join(sorted(part["engine"].unique())),
+        economics=economics(sums.k, c, c_source, alpha, tokens, mean_draft_len, per_position, n_drafts or 0),
+        first_ts=sums.first_ts.isoformat(), last_ts=sums.last_ts.isoformat(),
+        source="engine", costs=None, ts_inferred_steps=0, last_ingest=sums.last_ingest.isoformat(),
+        per_position=per_position, engine=", ".join(sums.engines),
         draft_acceptance_rate=accepted / drafted if accepted is not None and drafted else None,
-        windows=len(part), note=note, running_requests=_mean_or_none(part, "running_requests"),
-        generation_throughput=_mean_or_none(part, "generation_throughput"),
+        windows=sums.windows, note=note, running_requests=sums.running_requests,
+        generation_throughput=sums.generation_throughput,
     )
-
-
-def _mean_or_none(part: pd.DataFrame, column: str) -> float | None:
-    """A load column's mean over the windows that give it (None where none does, or the column is absent)."""
-    if column not in part or not part[column].notna().any():
-        return None
-    return float(part[column].mean())

@@ -37,14 +37,27 @@ def grid_places(engine: np.ndarray, seconds: np.ndarray) -> WindowBins:
     np.minimum.at(first, engine, minute)
     np.maximum.at(last, engine, minute)
     seen = last >= first
-    minutes = (last - first + 1)[seen]
+    minutes = minutes_spanned(first[seen], last[seen])
     bin_index = seconds // window_bin_seconds(float(minutes.max()))
+    return WindowBins(bin_places(engine, bin_index), float(minutes.sum()))
+
+
+def minutes_spanned(first_minute: np.ndarray, last_minute: np.ndarray) -> np.ndarray:
+    """An engine's span: its first to last clock minute (minutes since the epoch), inclusive."""
+    return np.asarray(last_minute) - np.asarray(first_minute) + 1
+
+
+def bin_places(engine: np.ndarray, bin_index: np.ndarray) -> np.ndarray:
+    """The places on the grid of bins `bin_index` (points of time over a bin's seconds) of engines numbered 0, 1,
+    ...: bins of one engine keep their order and distance, a gap longer than the bandwidth shrinks to just over it,
+    and engines lie a bandwidth apart."""
+    engine = np.asarray(engine, dtype=np.int64)
     order = np.lexsort((bin_index, engine))
     gap = WINDOW_BANDWIDTH_BINS + 1
     step = np.where(np.diff(engine[order]) != 0, gap, np.minimum(np.diff(bin_index[order]), gap))
-    place = np.empty(len(seconds), dtype=np.int64)
-    place[order] = np.concatenate([[0], np.cumsum(step)])
-    return WindowBins(place, float(minutes.sum()))
+    place = np.empty(len(engine), dtype=np.int64)
+    place[order] = np.concatenate([[0], np.cumsum(step)]).astype(np.int64)
+    return place
 
 
 def window_bin_seconds(longest_minutes: float) -> float:

@@ -12,13 +12,12 @@ import pandas as pd
 import pytest
 from engine_streams import vllm_window_lines
 
-from specmon.analysis import summary
+from specmon.analysis import summary, window_sums
 from specmon.analysis.engine_segments import (
     WINDOW_COLUMNS,
     checked_windows,
     engine_of,
     segment_of_windows,
-    window_bins,
     windows,
 )
 from specmon.core import stats
@@ -127,7 +126,8 @@ def test_a_logged_run_is_clustered_by_the_clock_not_by_each_line(store, tmp_path
     assert all("throughput" in labels for (labels,) in store.query("SELECT labels::VARCHAR FROM engine_windows"))
     logged = checked_windows(store, "r")
     assert set(logged["labels"]) == set(windows(store, "r")["labels"]) == {"{}"}
-    assert window_bins(logged).minutes == HOURS * 60  # one engine's minutes, not a minute per line
+    # one engine's minutes, not a minute per line
+    assert window_sums.stored(store, "run", run="r")[0].checks.bins.minutes == HOURS * 60
     seg = segment_of_windows({"run": "r", "template": ""}, w, c=0.4)
     row = summary.summarize(store, by="run", c=0.4, run="r")[0]
     # the same bins as the frame's, so the same interval but for the lines' rounding of per-position rates
