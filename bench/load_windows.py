@@ -20,9 +20,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
-from datetime import datetime, timedelta
 
 import numpy as np
 import pandas as pd
@@ -31,9 +31,10 @@ from _common import machine
 from specmon.analysis import load
 from specmon.core import load as core_load
 from specmon.store.database import Store
-from specmon.store.rows import add_ingest, get_or_create_run, get_or_create_segment
 
-START = datetime(2026, 11, 30)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+from load_days import speculating, store_day  # noqa: E402 (the tests' day of windows)
+
 WINDOWS = 8640  # a day of 10-second windows
 LEVELS = np.array([1, 2, 4, 8, 16, 32])
 TRUTH = {1: 1.6, 2: 1.45, 4: 1.3, 8: 1.15, 16: 1.0, 32: 0.85}
@@ -72,29 +73,11 @@ def wandering(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
 
 def write_day(store: Store, running: np.ndarray, noise: np.ndarray) -> pd.DataFrame:
     """Store a day of windows with speculation annotated off every other hour; returns them for the blocks."""
-    i = np.arange(WINDOWS)
-    speculating = (i // 360) % 2 == 0
+    on = speculating(WINDOWS)
     truth = np.array([TRUTH[int(n)] for n in running])
-    throughput = 100 * running ** 0.8 * np.where(speculating, truth, 1.0) * (1 + noise)
-    end_ts = [START + timedelta(seconds=10 * int(t)) for t in i]
-    with store.transaction() as cur:
-        run_id = get_or_create_run(cur, "prod", "engine", False, None)
-        segment = get_or_create_segment(cur, run_id, "")
-        ingest = add_ingest(cur, file_name="day", sha256="day", ingested_at=START, source_format="engine-log",
-                            run_id=run_id)
-        frame = pd.DataFrame({
-            "ingest_id": ingest, "segment_id": segment, "engine": "vllm", "source": "vllm-v1-log", "line": i,
-            "end_ts": end_ts, "ts_inferred": False, "drafts": np.where(speculating, 40.0 * running, np.nan),
-            "draft_tokens": np.where(speculating, 80.0 * running, np.nan),
-            "accepted_tokens": np.where(speculating, 60.0 * running, np.nan), "k": np.where(speculating, 2, None),
-            "labels": '{"engine": "0"}', "running_requests": running.astype(float),
-            "generation_throughput": throughput})
-        cur.register("frame", frame)
-        cur.execute("INSERT INTO engine_windows BY NAME SELECT * FROM frame")
-        cur.executemany("INSERT INTO speculation_periods (run_id, starts_at, speculation, created_at) "
-                        "VALUES (?, ?, ?, ?)", [(run_id, START + timedelta(hours=h), h % 2 == 0, START)
-                                                for h in range(24)])
-    return pd.DataFrame({"bin": running, "on": speculating, "block": i // 60, "throughput": throughput})
+    throughput = 100 * running ** 0.8 * np.where(on, truth, 1.0) * (1 + noise)
+    store_day(store, running, throughput)
+    return pd.DataFrame({"bin": running, "on": on, "block": np.arange(WINDOWS) // 60, "throughput": throughput})
 
 
 def blocks_speedups(day: pd.DataFrame) -> dict[int, core_load.Speedup]:

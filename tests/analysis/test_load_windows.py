@@ -1,18 +1,14 @@
 """Speedup by concurrency from engine windows: requests outlive a 10-second window, so neighbouring windows share
 their noise; the intervals, which pair neighbouring minutes of one engine, must still hold on such windows, and a
 speculation-off period of the same run must serve as its baseline."""
-from datetime import datetime, timedelta
-
 import numpy as np
-import pandas as pd
 import pytest
+from load_days import speculating, store_day
 
 from specmon.analysis import load
 from specmon.store.database import Store
-from specmon.store.rows import add_ingest, get_or_create_run, get_or_create_segment
 
 TRUTH = {2: 1.25, 8: 1.02, 32: 0.85}
-START = datetime(2026, 11, 30)
 
 
 def simulate_day(store: Store, rng: np.random.Generator, persistence_s: float = 60.0) -> None:
@@ -22,36 +18,14 @@ def simulate_day(store: Store, rng: np.random.Generator, persistence_s: float = 
     n_windows = 8640
     i = np.arange(n_windows)
     running = np.array([2, 8, 32])[(i // 120) % 3]
-    speculating = (i // 360) % 2 == 0
     phi = np.exp(-10.0 / persistence_s)
     noise = np.empty(n_windows)
     noise[0] = rng.standard_normal()
     for t in range(1, n_windows):
         noise[t] = phi * noise[t - 1] + np.sqrt(1 - phi ** 2) * rng.standard_normal()
     speedup = np.array([TRUTH[n] for n in running])
-    throughput = 100 * running ** 0.8 * np.where(speculating, speedup, 1.0) * (1 + 0.05 * noise)
-    with store.transaction() as cur:
-        run_id = get_or_create_run(cur, "prod", "engine", False, None)
-        segment = get_or_create_segment(cur, run_id, "")
-        ingest = add_ingest(cur, file_name="day", sha256=f"day-{rng.integers(1 << 60)}", ingested_at=START,
-                            source_format="engine-log", run_id=run_id)
-        frame = pd.DataFrame({
-            "ingest_id": ingest, "segment_id": segment, "engine": "vllm", "source": "vllm-v1-log", "line": i,
-            "end_ts": [START + timedelta(seconds=10 * int(t)) for t in i], "ts_inferred": False,
-            "drafts": np.where(speculating, 40.0 * running, np.nan),
-            "draft_tokens": np.where(speculating, 80.0 * running, np.nan),
-            "accepted_tokens": np.where(speculating, 60.0 * running, np.nan), "k": np.where(speculating, 2, None),
-            "accepted_per_position": [[35.0 * n, 25.0 * n] if on else None
-                                      for n, on in zip(running, speculating, strict=True)],
-            # as vLLM's lines give them: the engine, and the line's own throughputs, which change every line
-            "labels": [f'{{"accepted throughput": "{t:.2f} tokens/s", "engine": "0"}}' for t in throughput],
-            "running_requests": running.astype(float),
-            "generation_throughput": throughput})
-        cur.register("frame", frame)
-        cur.execute("INSERT INTO engine_windows BY NAME SELECT * FROM frame")
-        cur.executemany("INSERT INTO speculation_periods (run_id, starts_at, speculation, created_at) "
-                        "VALUES (?, ?, ?, ?)", [(run_id, START + timedelta(hours=h), h % 2 == 0, START)
-                                                for h in range(24)])
+    throughput = 100 * running ** 0.8 * np.where(speculating(n_windows), speedup, 1.0) * (1 + 0.05 * noise)
+    store_day(store, running, throughput, name=f"day-{rng.integers(1 << 60)}", per_position=True, line_labels=True)
 
 
 @pytest.mark.slow  # a Monte-Carlo coverage check
