@@ -70,7 +70,8 @@ def position_hits(acc_pos: np.ndarray, steps: np.ndarray, conditional: list[floa
     for i in range(len(acc_pos)):
         # a cluster the position never reached is none of its clusters; empty bins stay, they keep the grid's order
         held = reached[i] > 0 if sums is stats.ClusterSums.of else np.ones(len(steps), dtype=bool)
-        p = position_summary(i + 1, sums(acc_pos[i][held], reached[i][held]), float(steps.sum()))
+        found = sums(acc_pos[i][held], reached[i][held])
+        p = position_summary(i + 1, found.n, found.a, float(steps.sum()), sums=found)
         hits[i] = p.conditional_lo is not None and p.conditional_lo <= conditional[i] <= p.conditional_hi
     return hits
 

@@ -192,10 +192,12 @@ def _has_positions(value: object) -> bool:
 
 def summarize_engines(store: Store, by: str = "template", c: float | None = None, *, run: str | None = None,
                       bucket: str | None = None, since: datetime | None = None,
-                      declared: dict[str, float] | None = None) -> list[SegmentSummary]:
+                      declared: dict[str, float] | None = None,
+                      position_intervals: bool = True) -> list[SegmentSummary]:
     """Engine segments with the keys of summary.summarize (beta and the gap test null), summed in DuckDB
     (window_sums). Engines log no draft timings, so c is the one given, else the one declared for the run
-    (summary.declared_costs), else unknown."""
+    (summary.declared_costs), else unknown. position_intervals=False: each position's counts without its interval
+    (a timeline's buckets)."""
     samples = store.query_df(_SAMPLES_SQL, [run, run])
     counted = counter_windows(samples) if not samples.empty else pd.DataFrame()
     if not counted.empty:
@@ -212,7 +214,7 @@ def summarize_engines(store: Store, by: str = "template", c: float | None = None
             cost, source = declared_c, "declared"
         else:
             cost, source = None, None
-        out.append(segment_of_sums(key, sums, cost, bucket is not None, source))
+        out.append(segment_of_sums(key, sums, cost, bucket is not None, source, position_intervals))
     return out
 
 
@@ -300,12 +302,12 @@ def _tokens_interval(tokens: window_sums.TokenBins, alpha: stats.Interval) -> tu
 def _positions(checks: window_sums.CheckBins, interval: bool) -> tuple[PositionSummary, ...]:
     """Per-position rates summed over the windows that give per-position counts: position 1 is reached by every
     draft, position i by the drafts accepted at i - 1, in the windows whose draft has an i-th position (k can change
-    within a segment); each position's interval its own stats.SerialSums, none where alpha has none
-    (interval=False)."""
+    within a segment); each position's interval its own stats.SerialSums, or none (interval=False)."""
     accepted, reached = checks.position_accepted, checks.position_reached
     drafts = float(reached[:, 0].sum())
-    return tuple(position_summary(i + 1, serial_sums(checks.bins, accepted[:, i], reached[:, i]), drafts,
-                                  interval=interval) for i in range(accepted.shape[1]))
+    return tuple(position_summary(i + 1, float(reached[:, i].sum()), float(accepted[:, i].sum()), drafts,
+                                  sums=serial_sums(checks.bins, accepted[:, i], reached[:, i]) if interval else None)
+                 for i in range(accepted.shape[1]))
 
 
 def segment_of_windows(key: dict, part: pd.DataFrame, c: float | None, bucketed: bool = False,
@@ -319,9 +321,10 @@ def segment_of_windows(key: dict, part: pd.DataFrame, c: float | None, bucketed:
 
 
 def segment_of_sums(key: dict, sums: window_sums.SegmentSums, c: float | None, bucketed: bool = False,
-                    c_source: str | None = None) -> SegmentSummary:
+                    c_source: str | None = None, position_intervals: bool = True) -> SegmentSummary:
     """One engine segment from its windows' sums, with intervals whose variance pairs neighbouring windows
-    (stats.SerialSums) where they span MIN_WINDOW_SPAN_SECONDS."""
+    (stats.SerialSums) where they span MIN_WINDOW_SPAN_SECONDS; each position's too, unless position_intervals is
+    False."""
     tokens_per_step, note = _tokens_per_step(sums)
     checks = sums.checks
     alpha, tokens = Estimate(), Estimate(tokens_per_step)
@@ -343,7 +346,7 @@ def segment_of_sums(key: dict, sums: window_sums.SegmentSums, c: float | None, b
     n_drafts, drafted, accepted = sums.drafts, sums.draft_tokens, sums.accepted_tokens
     mean_draft_len = drafted / n_drafts if drafted and n_drafts else None
     bucket = key.get("bucket")
-    per_position = _positions(checks, iv is not None) if checks is not None else ()
+    per_position = _positions(checks, iv is not None and position_intervals) if checks is not None else ()
     return SegmentSummary(
         run=key["run"], template=key.get("template") or None, day=None,
         bucket_start=pd.Timestamp(bucket).isoformat() if bucketed and not pd.isna(bucket) else None,

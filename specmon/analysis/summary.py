@@ -138,9 +138,27 @@ WHERE st.segment_id IN (SELECT segment_id FROM rollup_requests WHERE timed > 0)
 GROUP BY ALL
 """
 
-# Per segment and position: the positions' counts and beta's bounds (rollup_positions), and the per-request sums of
-# the position's interval (rollup_request_positions: each request a cluster, as for alpha, with its CR2 leverage
-# weight 1 / (1 - n_j / N) within the segment's position).
+# Per segment and position: the positions' counts and beta's bounds (rollup_positions), named.
+_POSITION_COUNTS = """positions AS (
+    SELECT ss.{key} AS key, {bucket} AS bucket, rp.position,
+           sum(rp.checked) AS checked, sum(rp.accepted) AS accepted,
+           (sum(rp.beta_lo_sum) / sum(rp.beta_lo_n))::DOUBLE AS beta_lo,
+           (sum(rp.beta_hi_sum) / sum(rp.beta_hi_n))::DOUBLE AS beta_hi
+    FROM rp JOIN shown_segments ss USING (segment_id)
+    WHERE ? IS NULL OR ss.run = ?
+    GROUP BY ALL
+), named AS (
+    SELECT {key} AS key, any_value(run) AS run, any_value({template}) AS template
+    FROM shown_segments ss GROUP BY {key}
+)"""
+# The counts alone (a timeline's buckets: the profile's break-even needs no interval).
+_POSITION_COUNTS_SQL = """
+WITH rp AS ({rp_rows}
+), """ + _POSITION_COUNTS + """
+SELECT n.run, n.template, p.* EXCLUDE (key) FROM positions p JOIN named n USING (key) ORDER BY 1, 2, 3, 4
+"""
+# The counts with the per-request sums of each position's interval (rollup_request_positions: each request a
+# cluster, as for alpha, with its CR2 leverage weight 1 / (1 - n_j / N) within the segment's position).
 _POSITIONS_SQL = """
 WITH rp AS ({rp_rows}
 ), rc AS ({rc_rows}
@@ -165,18 +183,7 @@ WITH rp AS ({rp_rows}
 ), clusters AS (
     SELECT key, bucket, position, count(*) AS requests,""" + _CLUSTER_SUMS + """
     FROM leverage GROUP BY ALL
-), positions AS (
-    SELECT ss.{key} AS key, {bucket} AS bucket, rp.position,
-           sum(rp.checked) AS checked, sum(rp.accepted) AS accepted,
-           (sum(rp.beta_lo_sum) / sum(rp.beta_lo_n))::DOUBLE AS beta_lo,
-           (sum(rp.beta_hi_sum) / sum(rp.beta_hi_n))::DOUBLE AS beta_hi
-    FROM rp JOIN shown_segments ss USING (segment_id)
-    WHERE ? IS NULL OR ss.run = ?
-    GROUP BY ALL
-), named AS (
-    SELECT {key} AS key, any_value(run) AS run, any_value({template}) AS template
-    FROM shown_segments ss GROUP BY {key}
-)
+), """ + _POSITION_COUNTS + """
 SELECT n.run, n.template, p.* EXCLUDE (key), c.* EXCLUDE (key, bucket, position, requests),
        coalesce(c.requests, 0) AS requests  -- a position drafted and never checked has none
 FROM positions p JOIN named n USING (key)
@@ -237,7 +244,8 @@ def segments(store: Store, by: str = "template", c: float | None = None, *, run:
 
     by: "run", "template" (run and template) or "day" (run, template and UTC day). bucket (a key of BUCKETS)
     splits each run/template segment into time buckets instead, for timelines; run restricts to one run.
-    per_position=False skips the scan of every drafted position (per_position is then empty), for timelines.
+    per_position=False gives each position's counts without its interval, which needs the request-level sums, for
+    timelines: the counts still give the break-even alpha of the per-position profile.
     since keeps only steps at or after that UTC time.
     """
     if by not in GROUPINGS:
@@ -268,26 +276,31 @@ def _segments(store: Store, by: str, c: float | None, run: str | None, bucket: s
                                 [run, run, since, since]):
                 timings[(rec["run"], rec["template"], rec["bucket"])] = (rec["draft_step_ms"], rec["target_ms"])
         positions: dict[tuple, list[dict]] = {}
+        rp_rows, rp_params = _rows("rollup_positions", ROLLUP_POSITIONS_SELECT, since)
         if per_position:
-            rp_rows, rp_params = _rows("rollup_positions", ROLLUP_POSITIONS_SELECT, since)
             rc_rows, rc_params = _rows("rollup_request_positions", ROLLUP_REQUEST_POSITIONS_SELECT, since)
             sql = _POSITIONS_SQL.format(bucket=bucket_of.format("hour"), rp_rows=rp_rows, rc_rows=rc_rows, **fmt)
-            for rec in _records(cur, sql, [*rp_params, *rc_params, run, run, run, run]):
-                positions.setdefault((rec["run"], rec["template"], rec["bucket"]), []).append(rec)
+            params = [*rp_params, *rc_params, run, run, run, run]
+        else:
+            sql = _POSITION_COUNTS_SQL.format(bucket=bucket_of.format("hour"), rp_rows=rp_rows, **fmt)
+            params = [*rp_params, run, run]
+        for rec in _records(cur, sql, params):
+            positions.setdefault((rec["run"], rec["template"], rec["bucket"]), []).append(rec)
         others = _records(cur, _OTHER_SOURCES_SQL, [])[0] if not demo else {"engines": False, "replays": False}
     declared = declared_costs(store)
     rows: list[SegmentSummary] = []
     for row in step_rows:
         key = (row["run"], row["template"], row["bucket"])
         row["draft_step_ms"], row["target_ms"] = timings.get(key, (None, None))
-        rows.append(segment_of(row, positions.get(key, []), c, by, day_output, declared.get(row["run"])))
+        rows.append(segment_of(row, positions.get(key, []), c, by, day_output, declared.get(row["run"]),
+                               intervals=per_position))
     # Engine and replay data are the user's own, never mixed with the demo. Their summaries use pandas, which a
     # database of step logs alone never loads (a third of `specmon summary`'s time).
     if others["engines"]:
         from specmon.analysis import engine_segments
 
         rows += engine_segments.summarize_engines(store, by, c, run=run, bucket=bucket, since=since,
-                                                 declared=declared)
+                                                 declared=declared, position_intervals=per_position)
     if others["replays"] and bucket is None:
         from specmon.analysis import replay_segments
 
@@ -383,15 +396,18 @@ def _tokens(row: dict, dof: float) -> Estimate:
     return Estimate(1.0 + accepted / steps if steps else None, lo, hi)
 
 
-def _positions(positions: list[dict], steps: int) -> tuple[PositionSummary, ...]:
-    """The per-position rows (_POSITIONS_SQL) of one segment, each with its own interval, requests as clusters."""
-    return tuple(position_summary(int(p["position"]), _sums(p), steps, p["beta_lo"], p["beta_hi"])
+def _positions(positions: list[dict], steps: int, intervals: bool) -> tuple[PositionSummary, ...]:
+    """The per-position rows of one segment: with its own interval, requests as clusters (_POSITIONS_SQL), or their
+    counts alone (_POSITION_COUNTS_SQL)."""
+    return tuple(position_summary(int(p["position"]), float(p["checked"] or 0.0), float(p["accepted"] or 0.0), steps,
+                                  p["beta_lo"], p["beta_hi"], sums=_sums(p) if intervals else None)
                  for p in positions)
 
 
 def segment_of(row: dict, positions: list[dict], c_given: float | None, by: str, day_output: bool,
-             c_declared: float | None = None) -> SegmentSummary:
-    """One step-log segment from its aggregated row (_STEPS_SQL) and its per-position rows (_POSITIONS_SQL)."""
+             c_declared: float | None = None, intervals: bool = True) -> SegmentSummary:
+    """One step-log segment from its aggregated row (_STEPS_SQL) and its per-position rows (_POSITIONS_SQL, or
+    _POSITION_COUNTS_SQL where intervals=False)."""
     steps = int(row["steps"])
     k = int(row["k"]) if row["k"] else None
     interval = stats.cluster_interval(_sums(row), CONFIDENCE)
@@ -399,7 +415,7 @@ def segment_of(row: dict, positions: list[dict], c_given: float | None, by: str,
     tokens = _tokens(row, interval.dof)
     gap_z, agreement = _gap(row)
     c, c_source = _cost(row, c_given, c_declared)
-    per_position = _positions(positions, steps)
+    per_position = _positions(positions, steps, intervals)
     return SegmentSummary(
         run=row["run"],
         template=(row["template"] or None) if by != "run" else None,

@@ -164,17 +164,17 @@ class PositionSummary:
     beta_hi: float | None
 
 
-def position_summary(position: int, sums: stats.RatioSums, steps: float, beta_lo: float | None = None,
-                     beta_hi: float | None = None, interval: bool = True) -> PositionSummary:
-    """A position's rates from its counts (sums: accepted over checked at this position, per request, or per
-    bin of engine windows, stats.SerialSums): conditional = accepted / checked with alpha's interval
-    (stats.cluster_interval) on this position's own clusters, since requests differ more at some positions than at
-    others (EAGLE-style drafts most deep in the draft), so a design effect borrowed from alpha would be too wide at
-    some positions and too narrow at others; cumulative = accepted / steps (vLLM's and llama.cpp's per-position
-    rate). interval=False: none (engine windows spanning too short a time)."""
-    checked, accepted = sums.n, sums.a
+def position_summary(position: int, checked: float, accepted: float, steps: float, beta_lo: float | None = None,
+                     beta_hi: float | None = None, sums: stats.RatioSums | None = None) -> PositionSummary:
+    """A position's rates from its counts: conditional = accepted / checked, with alpha's interval
+    (stats.cluster_interval) on this position's own clusters where `sums` gives them (accepted over checked at this
+    position, per request, or per bin of engine windows, stats.SerialSums), since requests differ more at some
+    positions than at others (EAGLE-style drafts most deep in the draft), so a design effect borrowed from alpha
+    would be too wide at some positions and too narrow at others; cumulative = accepted / steps (vLLM's and
+    llama.cpp's per-position rate). Without `sums`, no interval (a timeline's buckets, engine windows spanning too
+    short a time); the counts still give the profile's break-even (economics)."""
     lo = hi = None
-    if checked and interval:
+    if checked and sums is not None:
         iv = stats.cluster_interval(sums, CONFIDENCE)
         lo, hi = iv.lo, iv.hi
     return PositionSummary(position, checked, accepted, accepted / checked if checked else None, finite(lo),

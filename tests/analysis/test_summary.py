@@ -83,6 +83,12 @@ def test_the_headline_status_holds_at_break_even_where_acceptance_falls_along_th
     assert row["tokens_per_step_lo"] < row["break_even_tokens"] < row["tokens_per_step_hi"]
     assert row["break_even_alpha_basis"] == segments.PROFILE
     assert row["alpha_lo"] < row["break_even_alpha"] < row["alpha_hi"]
+    # a timeline's buckets (the Drift page's break-even line) read the profile's counts without their intervals
+    (bucket,) = summary.summarize(store, c=float(c), bucket="day", per_position=False)
+    assert bucket["break_even_alpha_basis"] == segments.PROFILE
+    assert bucket["break_even_alpha"] == pytest.approx(row["break_even_alpha"])
+    assert [p["checked"] for p in bucket["per_position"]] == [p["checked"] for p in row["per_position"]]
+    assert all(p["conditional_lo"] is None for p in bucket["per_position"])
 
 
 def test_each_position_has_its_own_interval_with_requests_as_clusters(store):
@@ -150,8 +156,8 @@ def test_per_position_intervals_cover_where_requests_differ_most_deep_in_the_dra
         alpha = stats.cluster_robust_interval(acc_pos.sum(axis=0), reached.sum(axis=0))
         for i in range(4):
             held = reached[i] > 0
-            p = segments.position_summary(i + 1, stats.ClusterSums.of(acc_pos[i][held], reached[i][held]),
-                                          float(sizes.sum()))
+            sums = stats.ClusterSums.of(acc_pos[i][held], reached[i][held])
+            p = segments.position_summary(i + 1, sums.n, sums.a, float(sizes.sum()), sums=sums)
             hits[i] += p.conditional_lo <= truth[i] <= p.conditional_hi
             n_eff = reached[i].sum() / alpha.design_effect
             lo, hi = stats.wilson_interval(acc_pos[i].sum() / reached[i].sum() * n_eff, n_eff, 0.95, alpha.dof)

@@ -98,3 +98,10 @@ def test_a_stored_log_and_its_windows_as_a_frame_give_one_segment(store, tmp_pat
     framed_later = segment_of_windows({"run": "r"}, frame[frame["end_ts"] >= since], 0.3, c_source="given")
     assert later.to_dict() == framed_later.to_dict()
     assert later.windows < stored.windows
+    # a timeline's buckets: each position's counts without its interval, enough for the profile's break-even
+    counts = summarize_engines(store, "run", 0.3, position_intervals=False)[0]
+    assert [(p.checked, p.accepted) for p in counts.per_position] == [(p.checked, p.accepted)
+                                                                       for p in stored.per_position]
+    assert all(p.conditional_lo is None for p in counts.per_position)
+    assert counts.economics.break_even_alpha == stored.economics.break_even_alpha
+    assert counts.economics.break_even_alpha_basis == "per-position profile"

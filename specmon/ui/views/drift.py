@@ -69,8 +69,12 @@ def drift_chart(df: pd.DataFrame, changes: pd.DataFrame, alarm_marks: pd.DataFra
 def render() -> None:
     st.title("Drift")
     st.caption("Each point is one time bucket of one template: alpha with its 95% interval (widened for "
-               "correlation within requests). Red dashed line: break-even alpha* for the bucket's k and c. "
-               "Healthy: the whole interval is above it; losing: below it; at risk: it straddles it.")
+               "correlation within requests, or between neighbouring engine windows). Red dashed line: the alpha at "
+               "which the bucket breaks even at its k and c, from its own per-position profile (every position's "
+               "rate scaled by one factor until L = 1 + g·c), or the i.i.d. alpha* where a position went uncounted. "
+               "A point's colour is its status: tokens per step L's 95% interval against 1 + g·c (healthy above, "
+               "losing below, at risk across), which assumes nothing about how acceptance varies along the draft; "
+               "the table below has both, and alpha's status under the i.i.d. assumption.")
     runs = data.run_names()
     if not runs:
         st.info(EMPTY)
