@@ -77,7 +77,7 @@ SELECT segment, any_value(run) AS run, any_value(template) AS template, any_valu
        sum(accepted_tokens) FILTER (WHERE {tokens}) AS counted_accepted,
        avg(mean_acceptance_length) AS mean_acceptance_length, avg(running_requests) AS running_requests,
        avg(generation_throughput) AS generation_throughput,
-       coalesce(max(len(positions)) FILTER (WHERE {checks}), 0) AS positions
+       coalesce(max(len(positions)) FILTER (WHERE {checks}), 0) AS width
 FROM part GROUP BY segment ORDER BY segment
 """
 _SPANS = """
@@ -187,7 +187,7 @@ def _segments(cur: duckdb.DuckDBPyConnection, part: str) -> list[SegmentSums]:
     totals = cur.execute(part + _TOTALS.format(checks=_CHECKS, tokens=_TOKENS)).df()
     if totals.empty:
         return []
-    width = int(totals["positions"].max())
+    width = int(totals["width"].max())
     position_sums = [f"sum(positions[{i}]) AS accepted_{i}" for i in range(1, width + 1)] + [
         "sum(drafts) AS reached_1", *(f"sum(CASE WHEN len(positions) >= {i} THEN positions[{i - 1}] END) AS reached_{i}"
                                       for i in range(2, width + 1))]
@@ -195,7 +195,7 @@ def _segments(cur: duckdb.DuckDBPyConnection, part: str) -> list[SegmentSums]:
     tokens = _binned(cur, part, _TOKENS, _TOKEN_SUMS)
     out = []
     for row in totals.itertuples(index=False):
-        own = range(1, int(row.positions) + 1)
+        own = range(1, int(row.width) + 1)
         check = checks.get(row.segment)
         token = tokens.get(row.segment)
         out.append(SegmentSums(
