@@ -1,6 +1,6 @@
 """The Load page's queries and the Overview's summary over a database of 1,000,000 engine windows beside 10,000,000
-drafted positions, cold and warm, the engine segments by hour, and `specmon summary` and `specmon recommend` over it
-end to end.
+drafted positions, cold and warm, the engine segments by hour and the Drift page's 6-hour timeline, and `specmon
+summary` and `specmon recommend` over it end to end.
 
     python bench/load_page.py [--windows 1000000] [--positions 10000000] [--db PATH]
 
@@ -58,8 +58,10 @@ def page():
     curves = load.curves(s)
     return curves, [recommend(c) for c in curves], findings.load_findings(curves)
 out = {}
+timeline = lambda: summary.summarize(s, run="prod", bucket="6 hours", per_position=False)  # as the Drift page asks
 for name, fn in {"load page": page, "overview's summary": lambda: summary.summarize(s),
-                 "engine segments by hour": lambda: engine_segments.summarize_engines(s, bucket="hour")}.items():
+                 "engine segments by hour": lambda: engine_segments.summarize_engines(s, bucket="hour"),
+                 "drift page's 6-hour timeline": timeline}.items():
     t = time.perf_counter(); fn(); cold = time.perf_counter() - t
     warm = []
     for _ in range(5):
