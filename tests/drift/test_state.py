@@ -262,8 +262,9 @@ def test_a_template_first_seen_at_the_time_of_the_last_step_taken_in(store, tmp_
 
 
 def test_the_break_even_the_detector_uses_is_the_summary_s(store, tmp_path, lines):
-    """alarms.break_even_alpha reads only k and c (summary.step_cost); it must equal summarize(by="run")'s break-even:
-    c measured from timings, declared for a watched run, given, or unknown."""
+    """alarms.break_even_alpha reads only k and c (summary.step_cost); on a step log it must equal the i.i.d. alpha*
+    that summarize(by="run") reports (break_even_alpha_iid): c measured from timings, declared for a watched run,
+    given, or unknown."""
     timed = [json.loads(line) for line in lines[:600]]
     for i, rec in enumerate(timed):
         rec.update(target_ms=30.0 + i % 7, draft_ms=4.0 + i % 5)
@@ -279,8 +280,8 @@ def test_the_break_even_the_detector_uses_is_the_summary_s(store, tmp_path, line
     seen = set()
     for run in ("timed", "plain", "declared"):
         for c in (None, 0.2):
-            want = [r["break_even_alpha"] for r in summary.summarize(store, by="run", c=c, run=run,
-                                                                      per_position=False)]
+            want = [r["break_even_alpha_iid"] for r in summary.summarize(store, by="run", c=c, run=run,
+                                                                          per_position=False)]
             assert alarms.break_even_alpha(store, run, c, 4) == want[0]
             seen.add(want[0] is None)
     assert seen == {True, False}
