@@ -148,18 +148,24 @@ def counter_windows(samples: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
+def counted_windows(store: Store, run: str | None = None) -> pd.DataFrame:
+    """The windows of Prometheus counter samples (counter_windows) with their segment's run, template and latest
+    ingest time; empty where none is stored."""
+    samples = store.query_df(_SAMPLES_SQL, [run, run])
+    counted = counter_windows(samples) if not samples.empty else pd.DataFrame()
+    return counted if counted.empty else counted.merge(store.query_df(_SEGMENTS_SQL, [run, run]), on="segment_id")
+
+
 def windows(store: Store, run: str | None = None) -> pd.DataFrame:
     """Every engine window: log lines and per-request JSON as stored, Prometheus counters differenced. Columns:
     WINDOW_COLUMNS (the load columns are NULL where a source gives no load; a window with load and no speculative
     figures is an engine without speculation, or an interval that drafted nothing)."""
     logged = store.query_df(_WINDOWS_SQL, [run, run])
-    samples = store.query_df(_SAMPLES_SQL, [run, run])
-    counted = counter_windows(samples) if not samples.empty else pd.DataFrame()
+    counted = counted_windows(store, run)
     if counted.empty:
         return logged[list(WINDOW_COLUMNS)]
-    segs = store.query_df(_SEGMENTS_SQL, [run, run])
-    counted = counted.merge(segs, on="segment_id").assign(engine="prometheus", source="prometheus",
-                                                          mean_acceptance_length=None, reported_rate=None)
+    counted = counted.assign(engine="prometheus", source="prometheus", mean_acceptance_length=None,
+                             reported_rate=None)
     counted = counted[list(WINDOW_COLUMNS)]
     if logged.empty:
         return counted.reset_index(drop=True)
@@ -172,11 +178,9 @@ def checked_windows(store: Store, run: str) -> pd.DataFrame:
     k, labels, accepted, checked."""
     cols = ["template", "end_ts", "k", "labels", "accepted", "checked"]
     logged = store.query_df(_CHECKED_WINDOWS_SQL, [run])
-    samples = store.query_df(_SAMPLES_SQL, [run, run])
-    counted = counter_windows(samples) if not samples.empty else pd.DataFrame()
+    counted = counted_windows(store, run)
     if counted.empty:
         return logged[cols]
-    counted = counted.merge(store.query_df(_SEGMENTS_SQL, [run, run]), on="segment_id")
     counts = position_counts(counted)
     if not len(counts.rows):
         return logged[cols]
@@ -198,10 +202,7 @@ def summarize_engines(store: Store, by: str = "template", c: float | None = None
     (window_sums). Engines log no draft timings, so c is the one given, else the one declared for the run
     (summary.declared_costs), else unknown. position_intervals=False: each position's counts without its interval
     (a timeline's buckets)."""
-    samples = store.query_df(_SAMPLES_SQL, [run, run])
-    counted = counter_windows(samples) if not samples.empty else pd.DataFrame()
-    if not counted.empty:
-        counted = counted.merge(store.query_df(_SEGMENTS_SQL, [run, run]), on="segment_id")
+    counted = counted_windows(store, run)
     bucket_seconds = pd.Timedelta(BUCKETS[bucket]).total_seconds() if bucket else None
     out = []
     for sums in window_sums.stored(store, by, run=run, bucket_seconds=bucket_seconds, since=since,

@@ -17,6 +17,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 
+from specmon.core.segments import finite
 from specmon.core.window_grid import WindowBins, bin_places, minutes_spanned, window_bin_seconds
 from specmon.store.database import Store, connect
 
@@ -148,7 +149,7 @@ def stored(store: Store, by: str = "template", *, run: str | None = None, bucket
     ones."""
     windows = _STORED if counted is None else f"{_STORED} UNION ALL BY NAME {_COUNTED}"
     source = _source(windows, _STORED_ENGINE, "run", "NULL" if by == "run" else "template", bucket_seconds)
-    with store.cursor() as cur, _registered(cur, counted):
+    with store.cursor() as cur, _registered(cur, counted, "counted_windows"):
         return _sums(cur, source, [run, run, since, since])
 
 
@@ -203,10 +204,10 @@ def _segments(cur: duckdb.DuckDBPyConnection, part: str) -> list[SegmentSums]:
             bucket=None if pd.isna(row.bucket) else row.bucket, windows=int(row.windows),
             first_ts=row.first_ts, last_ts=row.last_ts, last_ingest=row.last_ingest,
             engines=tuple(sorted(row.engines)), k=None if pd.isna(row.k) else int(row.k),
-            speculating=bool(row.speculating), drafts=_number(row.drafts), draft_tokens=_number(row.draft_tokens),
-            accepted_tokens=_number(row.accepted_tokens), counted_drafts=_number(row.counted_drafts),
-            counted_accepted=_number(row.counted_accepted), mean_acceptance_length=_number(row.mean_acceptance_length),
-            running_requests=_number(row.running_requests), generation_throughput=_number(row.generation_throughput),
+            speculating=bool(row.speculating), drafts=finite(row.drafts), draft_tokens=finite(row.draft_tokens),
+            accepted_tokens=finite(row.accepted_tokens), counted_drafts=finite(row.counted_drafts),
+            counted_accepted=finite(row.counted_accepted), mean_acceptance_length=finite(row.mean_acceptance_length),
+            running_requests=finite(row.running_requests), generation_throughput=finite(row.generation_throughput),
             checks=None if check is None else CheckBins(
                 check[0], check[1]["accepted"], check[1]["checked"],
                 np.column_stack([check[1][f"accepted_{i}"] for i in own]),
@@ -237,14 +238,8 @@ def _binned(cur: duckdb.DuckDBPyConnection, part: str, subset: str,
             for segment, a, b in zip(segments, starts, ends, strict=True)}
 
 
-def _number(x: object) -> float | None:
-    """None for SQL NULL (pandas' NaN)."""
-    return None if x is None or pd.isna(x) else float(x)  # type: ignore[arg-type]
-
-
 @contextmanager
-def _registered(cur: duckdb.DuckDBPyConnection, frame: pd.DataFrame | None,
-                name: str = "counted_windows") -> Iterator[None]:
+def _registered(cur: duckdb.DuckDBPyConnection, frame: pd.DataFrame | None, name: str) -> Iterator[None]:
     """`frame` as a view of `cur` for the block."""
     if frame is None:
         yield
