@@ -26,7 +26,6 @@ import pandas as pd
 from specmon.analysis import engine_segments, summary
 from specmon.core import stats, theory
 from specmon.core.faults import SpecmonError
-from specmon.core.segments import finite
 from specmon.core.settings import DEFAULT_ARL0_STEPS
 from specmon.drift import calibration, detector
 from specmon.drift import state as drift_state
@@ -287,17 +286,12 @@ def _chart_frame(ts_us: np.ndarray, w: np.ndarray) -> pd.DataFrame:
 
 
 def break_even_alpha(store: Store, run: str, c: float | None, k: int) -> float | None:
-    """The run's break-even alpha*: its step log's (or engine windows') where the summary knows k and c, else from
-    the c given and the stream's k."""
+    """The run's break-even alpha*, as its summary shows it (from the measured per-position profile of its step log,
+    or else its engine windows), else from the c given and the stream's k."""
     found = summary.step_cost(store, run, c)
-    if found is not None:
-        step_k, step_c = found
-        if step_c is None:
-            return None  # the step log's c is unknown, and so is its engine and replay rows' (given or declared)
-        be = finite(theory.break_even_alpha(step_k, step_c)) if step_k else None
-        if be is not None:
-            return be
-    elif c is None and run not in summary.declared_costs(store):
+    if found is not None and found[1] is None:
+        return None  # the step log's c is unknown, and so is its engine and replay rows' (given or declared)
+    if found is None and c is None and run not in summary.declared_costs(store):
         return None  # engine and replay rows take c only as given or declared: spare their summary (every window)
     rows = summary.summarize(store, by="run", c=c, run=run, per_position=False)
     for row in rows:

@@ -167,7 +167,7 @@ def test_names_show_as_text_and_fetch_nothing(start_app, browser, tmp_path):
         if path == "overview":
             # what the reader sees; U+2060 is the invisible word joiner markdown_literal puts in
             alert = page.locator('[data-testid="stAlertContentError"]').first.inner_text().replace("\u2060", "")
-            assert alert.startswith(f"{EVIL_RUN} / v2 is losing"), alert
+            assert alert.startswith(f"Losing. run {EVIL_RUN!r}, template 'v2': tokens per step L"), alert
         if path == "drift":
             heading = page.locator("strong").filter(has_text="Template **").first.inner_text().replace("\u2060", "")
             assert heading == f"Template {EVIL_TEMPLATE}", heading

@@ -10,11 +10,12 @@ import pytest
 from paths import APP
 from streamlit.testing.v1 import AppTest
 
-from specmon.analysis import lossless, summary
+from specmon.analysis import load, lossless, summary
 from specmon.core import theory
 from specmon.core.settings import LIVE_DEFAULTS, PROPOSER_LABELS
 from specmon.store.database import Store
 from specmon.ui.widgets import md_text, sentence
+from specmon.verdicts import findings
 
 PAGES = ["overview", "load", "acceptance", "economics", "drift", "ingest", "live", "losslessness"]
 
@@ -51,7 +52,12 @@ def test_overview_shows_the_summary(app_db):
     assert list(table["template"]) == [r["template"] for r in rows]
     assert list(table["alpha"].round(9)) == [round(r["alpha"], 9) for r in rows]
     assert list(table["break-even alpha*"].round(9)) == [round(r["break_even_alpha"], 9) for r in rows]
-    assert any("v2" in e.value and "losing" in e.value for e in at.error)
+    # the status is L's, in the words `check` prints for the same segment
+    with Store(app_db) as store:
+        said = [f for f in findings.segment_findings(rows, load.curves(store)) if f.problem]
+    assert [f.state for f in said] == ["losing"]
+    assert f"**Losing.** {md_text(said[0].detail)}" in [e.value for e in at.error]
+    assert "tokens per step L" in said[0].detail
     assert not any("cannot be judged" in i.value for i in at.info)  # the demo's c is measured
 
 

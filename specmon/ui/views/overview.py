@@ -13,10 +13,10 @@ from specmon.ui.widgets import (
     STATUS_BADGE,
     STATUS_COLOURS,
     demo_banner,
-    fmt,
     guarded,
     md_text,
     segment_label,
+    sentence,
     table,
 )
 from specmon.verdicts import findings
@@ -78,10 +78,8 @@ def render() -> None:
     cols[0].metric("segments", len(rows))
     cols[1].metric("losing or at risk", len(problems))
     cols[2].metric("steps", f"{sum(r['steps'] for r in rows):,}")
-    for f in problems:
-        st.error(f"**{md_text(segment_label(f.facts))}** is {f.state}: alpha = {fmt(f.alpha)} "
-                 f"(95% CI {fmt(f.alpha_lo)}–{fmt(f.alpha_hi)}) against break-even alpha* = "
-                 f"{fmt(f.break_even)} at k = {f.facts['k']}, c = {fmt(f.facts['c'])}.")
+    for f in problems:  # the words `check` prints and the webhooks send: the status is L's, alpha's a diagnostic
+        st.error(f"**{sentence(f.state)}.** {md_text(f.detail)}")
     at_load = {f.run: f for f in findings.load_findings(curves)}
     for curve in curves:
         if not curve.known:
@@ -101,13 +99,17 @@ def render() -> None:
     st.altair_chart(acceptance_chart(rows), width="stretch")
     st.caption("Point: per-token acceptance alpha (accepted / checked positions); bar: its 95% interval, widened "
                "for correlation within a request (engine windows: between neighbouring windows). Black tick: "
-               "break-even alpha* for the segment's k and c.")
+               "break-even alpha*, the acceptance at which the segment's own per-position profile, lowered alike at "
+               "every position, just pays for its k and c (the i.i.d. formula where no profile is logged). Colour: "
+               "the status, from the interval of tokens per step L against 1 + g c; alpha against alpha* is a "
+               "diagnostic that assumes the profile keeps its shape.")
     table(segments_frame(rows), missing="unknown", hide_index=True, width="stretch", column_config={
         "alpha": st.column_config.NumberColumn(format="%.3f", help="accepted / checked draft positions"),
         "tokens/step L": st.column_config.NumberColumn(format="%.2f", help="1 + mean accepted prefix per step"),
         "c": st.column_config.NumberColumn(format="%.3f", width="small",  # wide enough for "unknown"
                                            help="draft step time / target verification time"),
-        "break-even alpha*": st.column_config.NumberColumn(format="%.3f", help="alpha at which speedup = 1"),
+        "break-even alpha*": st.column_config.NumberColumn(
+            format="%.3f", help="alpha at which speedup = 1, from the measured per-position profile"),
         "speedup (measured)": st.column_config.NumberColumn(format="%.2fx", help="L / (1 + mean draft length x c)"),
         "speedup (i.i.d. model)": st.column_config.NumberColumn(
             format="%.2fx", help="(1 - alpha^(k+1)) / ((1 - alpha)(1 + k c)): what alpha predicts"),
