@@ -20,7 +20,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from specmon.analysis import window_sums
+from specmon.analysis import engine_label, window_sums
 from specmon.core import stats
 from specmon.core.segments import Estimate, PositionSummary, SegmentSummary, economics, position_summary
 from specmon.core.settings import (
@@ -50,11 +50,11 @@ LOAD_COLUMNS = ("running_requests", "waiting_requests", "generation_throughput",
 WINDOW_COLUMNS = ("run", "template", "segment_id", "engine", "source", "end_ts", "start_ts", "drafts", "draft_tokens",
                   "accepted_tokens", "accepted_per_position", "k", "mean_acceptance_length", "reported_rate",
                   "ingested_at", *LOAD_COLUMNS, "labels")
-# Of a stored window's labels only the `engine` entry is read (engine_of); a vLLM line's labels also hold its own
+# Of a stored window's labels only the engine_label entry is read; a vLLM line's labels also hold its own
 # throughputs, a different text on every line, which at a million lines cost seconds to parse and most of the
 # frame's memory.
-_ENGINE_LABEL = ("CASE WHEN w.labels->>'engine' IS NULL THEN '{}' "
-                 "ELSE json_object('engine', w.labels->>'engine')::VARCHAR END")
+_ENGINE_LABEL = (f"CASE WHEN w.labels->>'{engine_label.KEY}' IS NULL THEN '{{}}' "
+                 f"ELSE json_object('{engine_label.KEY}', w.labels->>'{engine_label.KEY}')::VARCHAR END")
 _WINDOWS_SQL = f"""
 SELECT rs.run, rs.template, w.segment_id, w.engine, w.source, w.end_ts, w.start_ts, w.drafts, w.draft_tokens,
        w.accepted_tokens, w.accepted_per_position, w.k, w.mean_acceptance_length, w.reported_rate, i.ingested_at,
@@ -65,7 +65,8 @@ WHERE (? IS NULL OR rs.run = ?) ORDER BY w.end_ts, w.window_id
 # The windows the drift detector watches (PositionCounts.checks, in SQL): a million-line log's whole windows frame,
 # lists and load columns included, held about 0.6 GB where these columns hold a tenth of that.
 _CHECKED_WINDOWS_SQL = f"""
-SELECT rs.template, w.end_ts, w.k, {_ENGINE_LABEL} AS labels, list_sum(w.accepted_per_position) AS accepted,
+SELECT rs.template, w.end_ts, w.k, {engine_label.stored_sql('w.labels')} AS engine_label,
+       list_sum(w.accepted_per_position) AS accepted,
        w.drafts + coalesce(list_sum(w.accepted_per_position[1:len(w.accepted_per_position) - 1]), 0) AS checked
 FROM engine_windows w JOIN run_segments rs USING (segment_id)
 WHERE rs.run = ? AND len(w.accepted_per_position) > 0 AND w.drafts IS NOT NULL AND NOT isnan(w.drafts)
@@ -175,8 +176,8 @@ def windows(store: Store, run: str | None = None) -> pd.DataFrame:
 def checked_windows(store: Store, run: str) -> pd.DataFrame:
     """A run's windows whose per-position counts give their accepted and checked positions (PositionCounts), in time
     order (log windows before counter windows at the same time, as windows() has them): columns template, end_ts,
-    k, labels, accepted, checked."""
-    cols = ["template", "end_ts", "k", "labels", "accepted", "checked"]
+    k, engine_label, accepted, checked."""
+    cols = ["template", "end_ts", "k", "engine_label", "accepted", "checked"]
     logged = store.query_df(_CHECKED_WINDOWS_SQL, [run])
     counted = counted_windows(store, run)
     if counted.empty:
@@ -186,6 +187,7 @@ def checked_windows(store: Store, run: str) -> pd.DataFrame:
         return logged[cols]
     accepted, checked = counts.checks()
     counted = counted.iloc[counts.rows].assign(accepted=accepted, checked=checked)
+    counted["engine_label"] = engine_label.of_labels(counted["labels"])
     both = pd.concat([logged[cols], counted[cols]], ignore_index=True) if not logged.empty else counted[cols]
     return both.sort_values("end_ts", kind="stable").reset_index(drop=True)
 
@@ -276,21 +278,11 @@ SHORT_SPAN_NOTE = (f"no interval yet: the windows span under {MIN_WINDOW_SPAN_SE
                    "how much requests differ")
 
 
-def engine_of(labels: pd.Series) -> pd.Series:
-    """The engine instance each window comes from: its labels' `engine` entry (a data-parallel rank in a log, the
-    `engine` label of a Prometheus series), "" where there is none. Never the whole label set: a log window's labels
-    also hold the line's own figures (vLLM's throughputs), which would make every window an engine of its own. Two
-    instances that share the entry fall into one series, which only pairs more bins."""
-    texts = labels.fillna("").astype(str)
-    found = {t: str(json.loads(t).get("engine", "")) if t.startswith("{") else "" for t in texts.unique()}
-    return texts.map(found)
-
-
 def window_blocks(part: pd.DataFrame, seconds: float = WINDOW_BLOCK_SECONDS) -> pd.Series:
-    """Each window's block: its engine (engine_of) and the bucket of `seconds` it ends in, the cluster of drift's
+    """Each window's block: its engine (engine_label) and the bucket of `seconds` it ends in, the cluster of drift's
     block bootstrap and of template comparisons on engine windows."""
     bucket = part["end_ts"].dt.floor(pd.Timedelta(seconds=seconds)).astype(str)
-    return engine_of(part["labels"]) + "@" + bucket
+    return part["engine_label"] + "@" + bucket
 
 
 def _tokens_interval(tokens: window_sums.TokenBins, alpha: stats.Interval) -> tuple[float | None, float | None]:

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from specmon.analysis import engine_label
 from specmon.core import load, stats
 from specmon.core.settings import CONFIDENCE, MIN_WINDOW_SPAN_SECONDS
 from specmon.core.window_grid import WindowBins, grid_places, serial_sums
@@ -163,12 +164,12 @@ def _sweep_points(spec: pd.DataFrame, base: pd.DataFrame) -> list[LoadPoint]:
 
 _BIN = "CASE WHEN {n} <= 1 THEN 1 ELSE (2 ** ceil(log2({n})))::INTEGER END"
 # The windows that carry their load (requests running above 0 and a generation throughput) are summed by the minute:
-# one engine (its labels' `engine` entry, engine_segments.engine_of: a log line's labels also hold its own figures),
+# one engine (engine_label: a log line's labels also hold its own figures),
 # one run, one draft length, one concurrency bin. Each minute's speculation period (specmon annotate --speculation)
 # is found afterwards (_with_periods).
 _WINDOW_MINUTES_SQL = f"""
 WITH w AS (
-    SELECT rs.run_id, w.k, coalesce(w.labels->>'engine', '') AS engine_key, w.end_ts, w.running_requests,
+    SELECT rs.run_id, w.k, {engine_label.stored_sql('w.labels')} AS engine_key, w.end_ts, w.running_requests,
            w.generation_throughput, w.accepted_tokens, w.draft_tokens, w.drafts, w.accepted_per_position,
            (w.draft_tokens IS NOT NULL OR w.mean_acceptance_length IS NOT NULL) AS speculating
     FROM engine_windows w JOIN shown_segments rs USING (segment_id)

@@ -17,6 +17,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 
+from specmon.analysis import engine_label
 from specmon.core.segments import finite
 from specmon.core.window_grid import WindowBins, bin_places, minutes_spanned, window_bin_seconds
 from specmon.store.database import Store, connect
@@ -24,13 +25,9 @@ from specmon.store.database import Store, connect
 # A window's figures with DuckDB's NULL where an engine gives none (a frame from pandas writes NaN).
 _NUMBERS = ("drafts", "draft_tokens", "accepted_tokens", "mean_acceptance_length", "running_requests",
             "generation_throughput")
-# A window's engine instance is its labels' `engine` entry alone (engine_segments.engine_of): stored labels are JSON,
-# a frame's are text, JSON or not.
-_STORED_ENGINE = "labels->>'engine'"
-_FRAME_ENGINE = "CASE WHEN json_valid(labels::VARCHAR) THEN labels::VARCHAR::JSON->>'engine' END"
 _SOURCE = """
 SELECT {run} AS run, {template} AS template, {bucket} AS bucket, engine, end_ts, ingested_at, k,
-       coalesce({engine_label}, '') AS engine_label, accepted_per_position::DOUBLE[] AS positions,
+       {engine_of} AS engine_label, accepted_per_position::DOUBLE[] AS positions,
        floor(epoch(end_ts))::BIGINT AS second, {numbers}
 FROM ({windows}) WHERE (?::TIMESTAMP IS NULL OR end_ts >= ?::TIMESTAMP)
 """
@@ -148,7 +145,8 @@ def stored(store: Store, by: str = "template", *, run: str | None = None, bucket
     counter samples (engine_segments.counter_windows, with run, template and ingested_at), read beside the stored
     ones."""
     windows = _STORED if counted is None else f"{_STORED} UNION ALL BY NAME {_COUNTED}"
-    source = _source(windows, _STORED_ENGINE, "run", "NULL" if by == "run" else "template", bucket_seconds)
+    template = "NULL" if by == "run" else "template"
+    source = _source(windows, engine_label.stored_sql("labels"), "run", template, bucket_seconds)
     with store.cursor() as cur, _registered(cur, counted, "counted_windows"):
         return _sums(cur, source, [run, run, since, since])
 
@@ -156,16 +154,17 @@ def stored(store: Store, by: str = "template", *, run: str | None = None, bucket
 def of_frame(part: pd.DataFrame) -> SegmentSums | None:
     """A frame of windows (engine_segments.WINDOW_COLUMNS) as one segment; None where it holds none."""
     with _memory() as cur, _registered(cur, part, "frame_windows"):
-        found = _sums(cur, _source("SELECT * FROM frame_windows", _FRAME_ENGINE, "''", "NULL", None), [None, None])
+        source = _source("SELECT * FROM frame_windows", engine_label.text_sql("labels"), "''", "NULL", None)
+        found = _sums(cur, source, [None, None])
     return found[0] if found else None
 
 
-def _source(windows: str, engine_label: str, run: str, template: str, bucket_seconds: float | None) -> str:
+def _source(windows: str, engine_of: str, run: str, template: str, bucket_seconds: float | None) -> str:
     bucket = "NULL::TIMESTAMP" if bucket_seconds is None else (
         f"make_timestamp((epoch_us(end_ts) // {int(bucket_seconds * 1e6)}) * {int(bucket_seconds * 1e6)})")
     numbers = ", ".join(f"CASE WHEN isnan({c}::DOUBLE) THEN NULL ELSE {c}::DOUBLE END AS {c}" for c in _NUMBERS)
     return _SOURCE.format(run=run, template=template, bucket=bucket, numbers=numbers, windows=windows,
-                          engine_label=engine_label)
+                          engine_of=engine_of)
 
 
 def _sums(cur: duckdb.DuckDBPyConnection, source: str, params: list) -> list[SegmentSums]:

@@ -16,7 +16,6 @@ from specmon.analysis import summary, window_sums
 from specmon.analysis.engine_segments import (
     WINDOW_COLUMNS,
     checked_windows,
-    engine_of,
     segment_of_windows,
     windows,
 )
@@ -124,8 +123,8 @@ def test_a_logged_run_is_clustered_by_the_clock_not_by_each_line(store, tmp_path
                                       np.stack(w["accepted_per_position"].to_numpy()), WINDOW_S))
     assert ingest_file(store, str(path), run="r").status == "stored"
     assert all("throughput" in labels for (labels,) in store.query("SELECT labels::VARCHAR FROM engine_windows"))
-    logged = checked_windows(store, "r")
-    assert set(logged["labels"]) == set(windows(store, "r")["labels"]) == {"{}"}
+    assert set(checked_windows(store, "r")["engine_label"]) == {""}
+    assert set(windows(store, "r")["labels"]) == {"{}"}
     # one engine's minutes, not a minute per line
     assert window_sums.stored(store, "run", run="r")[0].checks.bins.minutes == HOURS * 60
     seg = segment_of_windows({"run": "r", "template": ""}, w, c=0.4)
@@ -133,13 +132,6 @@ def test_a_logged_run_is_clustered_by_the_clock_not_by_each_line(store, tmp_path
     # the same bins as the frame's, so the same interval but for the lines' rounding of per-position rates
     assert row["alpha_lo"] == pytest.approx(seg.alpha.lo, abs=2e-3) and row["alpha_hi"] == pytest.approx(
         seg.alpha.hi, abs=2e-3)
-
-
-def test_the_engine_of_a_window_is_its_engine_entry_alone():
-    labels = pd.Series(['{"accepted throughput": "16.40 tokens/s", "engine": "1"}',
-                        '{"accepted throughput": "44.00 tokens/s", "engine": "1"}',
-                        '{"engine": "0", "model_name": "m"}', None, "{}"])
-    assert engine_of(labels).tolist() == ["1", "1", "0", "", ""]
 
 
 def test_windows_without_accepted_totals_leave_tokens_per_step_unknown():

@@ -13,7 +13,7 @@ from engine_lines import (
     REAL_V1_LOAD_ALONE,
 )
 
-from specmon.analysis import engine_segments
+from specmon.analysis import engine_label, engine_segments
 from specmon.analysis.summary import summarize
 from specmon.drift import alarms
 from specmon.ingest.formats.engine_log import EngineLogReader, vllm_load
@@ -61,8 +61,9 @@ def test_data_parallel_engines_pair_each_speculative_line_with_its_own_load_line
 def test_the_windows_frames_keep_data_parallel_engines_apart(store, tmp_path):
     path = write(tmp_path, "dp.log", REAL_V1_DP + [later(line, 10) for line in REAL_V1_DP])
     assert ingest_file(store, path, run="dp").status == "stored"
-    for frame in (engine_segments.windows(store, "dp"), engine_segments.checked_windows(store, "dp")):
-        assert sorted(engine_segments.engine_of(frame["labels"])) == ["000", "000", "001", "001"]
+    assert sorted(engine_label.of_labels(engine_segments.windows(store, "dp")["labels"])) == ["000", "000", "001",
+                                                                                            "001"]
+    assert sorted(engine_segments.checked_windows(store, "dp")["engine_label"]) == ["000", "000", "001", "001"]
 
 
 def test_a_load_line_without_a_speculative_line_is_a_window_with_the_load_alone(store, tmp_path):

@@ -110,3 +110,18 @@ def test_log_windows_and_counter_windows_share_their_columns(store, tmp_path):
     both = engine_segments.windows(store)
     assert list(both.columns) == list(WINDOW_COLUMNS) and len(both) == len(logged) + 1
     assert both["running_requests"].tolist()[:3] == [2.0, 3.0, 3.0] and both["running_requests"].iloc[-1] == 2.0
+
+
+def test_the_windows_drift_watches_keep_each_engine_of_a_counter_series(store):
+    samples = []
+    for engine in ("0", "1"):
+        labels = {"engine": engine, "model_name": "m"}
+        samples += scrapes("vllm:spec_decode_num_drafts_total", labels, [0, 40, 80])
+        samples += scrapes("vllm:spec_decode_num_accepted_tokens_total", labels, [0, 50, 100])
+        for pos, counts in (("0", [0, 30, 60]), ("1", [0, 20, 40])):
+            samples += scrapes("vllm:spec_decode_num_accepted_tokens_per_pos_total", {**labels, "position": pos},
+                               counts)
+    ingest_samples(store, samples, "prometheus", "dp")
+    checked = engine_segments.checked_windows(store, "dp")
+    assert sorted(checked["engine_label"]) == ["0", "0", "1", "1"]
+    assert list(checked["accepted"]) == [50.0] * 4 and list(checked["checked"]) == [70.0] * 4
