@@ -48,18 +48,21 @@ class OperatingPoint:
     best_k: int
     best_speedup: float
     gain_from_best_k: float     # best_speedup / speedup_iid
+    best_speedup_hi: float | None  # the best k's S at the top of alpha's interval (None: no interval)
     tokens_measured: float | None
     tokens_iid: float           # expected_tokens(alpha, k)
     tokens_break_even: float    # 1 + k c
     iid_error: float | None     # (tokens_iid - tokens_measured) / tokens_measured
 
 
-def operating_point(alpha: float, k: int, c: float, tokens_measured: float | None,
+def operating_point(alpha: float, k: int, c: float, tokens_measured: float | None, alpha_hi: float | None = None,
                     k_max: int = SURFACE_K_MAX) -> OperatingPoint:
-    """Where a segment stands, what the best k would give, and how far the i.i.d. model is from measured L."""
+    """Where a segment stands, what the best k would give (at alpha and at the top of its interval, `alpha_hi`),
+    and how far the i.i.d. model is from measured L."""
     s = float(theory.speedup(alpha, k, c))
     kb, sb = theory.best_k(alpha, c, k_max)
+    sb_hi = float(theory.best_k(alpha_hi, c, k_max)[1]) if alpha_hi is not None else None
     e = float(theory.expected_tokens(alpha, k))
     err = (e - tokens_measured) / tokens_measured if tokens_measured else None
-    return OperatingPoint(alpha, k, c, s, kb, sb, sb / s if s > 0 else math.inf, tokens_measured, e,
+    return OperatingPoint(alpha, k, c, s, kb, sb, sb / s if s > 0 else math.inf, sb_hi, tokens_measured, e,
                           float(theory.break_even_tokens(k, c)), err)

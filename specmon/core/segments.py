@@ -149,6 +149,15 @@ def economics(k: int | None, c: float | None, c_source: str | None, alpha: Estim
                      status_iid)
 
 
+def at_cost(row: dict, c: float) -> Economics:
+    """A summary row (SegmentSummary.to_dict) judged at another draft cost c, by the rule its own status came from
+    (economics): what the Economics page's slider asks."""
+    positions = tuple(PositionSummary(**p) for p in row.get("per_position") or ())
+    return economics(row.get("k"), c, "given", Estimate(row.get("alpha"), row.get("alpha_lo"), row.get("alpha_hi")),
+                     Estimate(row.get("tokens_per_step"), row.get("tokens_per_step_lo"), row.get("tokens_per_step_hi")),
+                     row.get("mean_draft_len"), positions, row.get("steps") or 0)
+
+
 @dataclass(frozen=True)
 class PositionSummary:
     """One draft position of a segment: observed conditional and cumulative acceptance, predicted beta."""

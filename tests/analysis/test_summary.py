@@ -89,6 +89,11 @@ def test_the_headline_status_holds_at_break_even_where_acceptance_falls_along_th
     assert bucket["break_even_alpha"] == pytest.approx(row["break_even_alpha"])
     assert [p["checked"] for p in bucket["per_position"]] == [p["checked"] for p in row["per_position"]]
     assert all(p["conditional_lo"] is None for p in bucket["per_position"])
+    # the Economics page judges a row at another c by the same rule
+    same = segments.at_cost(row, float(c))
+    assert (same.status, same.break_even_tokens, same.break_even_alpha, same.break_even_alpha_iid) == (
+        row["status"], row["break_even_tokens"], row["break_even_alpha"], row["break_even_alpha_iid"])
+    assert segments.at_cost(row, 0.8 * c).status == "healthy" and segments.at_cost(row, 1.2 * c).status == "losing"
 
 
 def test_each_position_has_its_own_interval_with_requests_as_clusters(store):

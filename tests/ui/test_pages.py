@@ -11,9 +11,10 @@ from paths import APP
 from streamlit.testing.v1 import AppTest
 
 from specmon.analysis import load, lossless, summary
-from specmon.core import theory
+from specmon.core import segments, theory
 from specmon.core.settings import LIVE_DEFAULTS, PROPOSER_LABELS
 from specmon.store.database import Store
+from specmon.ui.views import economics as economics_view
 from specmon.ui.widgets import md_text, sentence
 from specmon.verdicts import findings
 
@@ -88,8 +89,13 @@ def test_economics_uses_the_segment_operating_point(app_db):
               for row in pa.ipc.open_stream(d.data.data).read_all().to_pylist() if row.get("segment") == "your segment"]
     cell = round(round(seg["alpha"] / 0.02) * 0.02, 2)
     assert [(r["alpha"], r.get("k"), r.get("c")) for r in marked] == [(cell, seg["k"], None), (cell, None, c)]
-    at.slider[0].set_value(0.9).run()  # expensive draft: everything loses
-    assert any("every k from 1 to 12 loses" in e.value for e in at.error)
+    # measured L against 1 + g c, judged as the summary judges it at the chosen c
+    said = next(m.value for m in at.markdown if m.value.startswith("**Measured against the model.**"))
+    assert "(95% CI " in said and economics_view._PAYS[segments.at_cost(seg, c).status] in said
+    at.slider[0].set_value(0.9).run()  # expensive draft: everything loses, even at the top of alpha's interval
+    assert any("every k from 1 to 12 loses at c = 0.90, even at the top" in e.value for e in at.error)
+    said = next(m.value for m in at.markdown if m.value.startswith("**Measured against the model.**"))
+    assert economics_view._PAYS["losing"] in said
 
 
 def test_drift_buckets_match_the_summary(app_db):

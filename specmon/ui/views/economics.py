@@ -5,7 +5,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from specmon.core import economics, theory
+from specmon.core import display, economics, segments, theory
 from specmon.core.settings import DEFAULT_K, EXAMPLE_C, REFERENCE_KS, SURFACE_K_MAX
 from specmon.ui import data
 from specmon.ui.widgets import demo_banner, fmt, guarded, pick_segment
@@ -103,29 +103,45 @@ def render() -> None:
     if seg is None or seg["alpha"] is None:
         st.info("Ingest a step log to see your own operating point on these charts.")
         return
-    op = economics.operating_point(seg["alpha"], k, c, seg["tokens_per_step"])
+    op = economics.operating_point(seg["alpha"], k, c, seg["tokens_per_step"], seg["alpha_hi"])
     st.subheader("Your operating point")
     m1, m2, m3, m4 = st.columns(4)
     m1.metric("speedup at this k", f"{op.speedup_iid:.2f}x", help="i.i.d. model, measured alpha, chosen c")
     m2.metric("best k", op.best_k, help="argmax over k = 1..12 of S(alpha, k, c)")
     m3.metric("speedup at best k", f"{op.best_speedup:.2f}x", delta=f"{(op.gain_from_best_k - 1) * 100:+.0f}%")
     m4.metric("break-even tokens 1 + k·c", f"{op.tokens_break_even:.2f}")
-    if op.best_speedup < 1:
-        st.error(f"At alpha = {seg['alpha']:.3f} and c = {c:.2f} every k from 1 to 12 loses: turn speculation off "
-                 "for this segment, or find a cheaper or better-matched draft.")
+    if op.best_speedup_hi is not None and op.best_speedup_hi < 1:
+        st.error(f"Under the i.i.d. model every k from 1 to {SURFACE_K_MAX} loses at c = {c:.2f}, even at the top "
+                 f"of alpha's 95% interval ({seg['alpha_hi']:.3f}): turn speculation off for this segment, or find "
+                 "a cheaper or better-matched draft.")
+    elif op.best_speedup < 1:
+        st.warning(f"Under the i.i.d. model every k from 1 to {SURFACE_K_MAX} loses at alpha = {seg['alpha']:.3f} "
+                   f"and c = {c:.2f}, " + ("but some k pays at the top of alpha's 95% interval "
+                                           f"({seg['alpha_hi']:.3f}): the data cannot tell yet."
+                                           if op.best_speedup_hi is not None else
+                                           "but alpha has no interval yet, so the data cannot tell."))
     if seg.get("costs"):
         _costs(seg["costs"])
     if seg["k"] == k and op.tokens_measured is not None:
+        judged = segments.at_cost(seg, c)
         st.markdown(
-            f"**Measured against the model.** Measured tokens per step L = {op.tokens_measured:.2f} against the "
-            f"model-free break-even 1 + k·c = {op.tokens_break_even:.2f}: speculation "
-            f"{'pays' if op.tokens_measured > op.tokens_break_even else 'does not pay'} at this c. "
+            f"**Measured against the model.** Measured tokens per step L = {op.tokens_measured:.2f} (95% CI "
+            f"{display.interval(seg['tokens_per_step_lo'], seg['tokens_per_step_hi'], '.2f', display.PAGE)}) "
+            f"against the model-free break-even 1 + g·c = {fmt(judged.break_even_tokens, '.2f')} (g, the mean "
+            f"draft length, {fmt(seg['mean_draft_len'], '.2f')}): at this c, {_PAYS[judged.status]}. "
             f"The i.i.d. model predicts L = {op.tokens_iid:.2f} from alpha, "
             f"{fmt(op.iid_error * 100 if op.iid_error is not None else None, '+.1f')}% from the measurement "
             "(acceptance that varies by request or position makes the i.i.d. model err).")
     else:
         st.caption(f"The segment ran at k = {seg['k']}; set k to {seg['k']} to compare with its measured L.")
     _draft_lengths(seg, c)
+
+
+# A segment's status at the chosen c (core.segments.economics: L's interval against 1 + g c), in words.
+_PAYS = {"healthy": "speculation pays, its whole interval above it",
+         "losing": "speculation does not pay, its whole interval below it",
+         "at risk": "the interval straddles it, so the data cannot tell whether speculation pays",
+         "unknown": "whether speculation pays is unknown without an interval of L"}
 
 
 def draft_lengths_frame(seg: dict, c: float) -> pd.DataFrame:
