@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -191,9 +191,9 @@ _RUNS_SQL = "SELECT run_id, name, demo FROM runs"
 _PERIODS_SQL = "SELECT run_id, starts_at, speculation FROM speculation_periods ORDER BY run_id, starts_at, period_id"
 
 
-def _with_periods(minutes: pd.DataFrame, periods: pd.DataFrame) -> pd.DataFrame:
-    """Each minute's windows with `off`: whether its run had annotated speculation off when they ran. A minute whose
-    first and last windows fall in different periods straddles a switch and is left out: an engine changing its
+def _periods(minutes: pd.DataFrame, periods: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Each minute's `off` (its run had annotated speculation off when its windows ran) and `keep`: a minute whose
+    first and last windows fall in different periods straddles a switch and is left out, as an engine changing its
     configuration is not steady."""
     off = np.zeros(len(minutes), dtype=bool)
     keep = np.ones(len(minutes), dtype=bool)
@@ -207,7 +207,7 @@ def _with_periods(minutes: pd.DataFrame, periods: pd.DataFrame) -> pd.DataFrame:
         speculation = mine["speculation"].to_numpy(dtype=bool)
         off[rows] = (first >= 0) & ~speculation[np.maximum(first, 0)]
         keep[rows] = first == last
-    return minutes.assign(off=off)[keep]
+    return off, keep
 
 
 _CURRENT_SQL = """
@@ -221,49 +221,118 @@ FROM w JOIN last USING (run) WHERE w.end_ts >= last.last_ts - ?::INTERVAL GROUP 
 """
 
 
-def _window_points(spec: pd.DataFrame, base: pd.DataFrame) -> list[LoadPoint]:
-    """Points of engine windows: per draft length and bin, the speculative windows' mean throughput against the
-    baseline's windows' in the same bin, each mean with the variance that pairs neighbouring windows (_mean_sums).
-    A side whose windows span under MIN_WINDOW_SPAN_SECONDS gives no interval, as engine segments do."""
+class _Side(NamedTuple):
+    """Minutes of engine windows as arrays: a side of a load point (pandas copied every column of every group)."""
+
+    engine: np.ndarray  # the engine_key's code
+    minute_s: np.ndarray
+    throughput: np.ndarray
+    windows: np.ndarray
+    running: np.ndarray
+    accepted_tokens: np.ndarray
+    draft_tokens: np.ndarray
+    drafts: np.ndarray
+    pos_accepted: np.ndarray
+    pos_checked: np.ndarray
+    counted: np.ndarray  # every window of the minute counts its positions (NULL, as pandas' all() skips it, is True)
+
+    def take(self, rows: np.ndarray) -> _Side:
+        return _Side(*(column[rows] for column in self))
+
+
+class _Minutes(NamedTuple):
+    """The minutes of engine windows (_WINDOW_MINUTES_SQL's rows): what picks a side's rows, and their figures."""
+
+    run: np.ndarray  # run_id
+    k: np.ndarray  # NaN: the draft length unknown
+    bin: np.ndarray
+    speculating: np.ndarray
+    off: np.ndarray  # the run had annotated speculation off
+    figures: _Side
+
+    @classmethod
+    def of(cls, frame: pd.DataFrame, periods: pd.DataFrame) -> _Minutes:
+        """The query's minutes, those that straddle a switch of speculation left out (_periods)."""
+        off, keep = _periods(frame, periods)
+        if not keep.all():
+            frame, off = frame[keep], off[keep]
+
+        def number(column: str) -> np.ndarray:
+            return frame[column].to_numpy(float, na_value=np.nan)
+
+        figures = _Side(pd.factorize(frame["engine_key"])[0], frame["minute_s"].to_numpy(np.int64),
+                        number("throughput"), number("windows"), number("running"), number("accepted_tokens"),
+                        number("draft_tokens"), number("drafts"), number("pos_accepted"), number("pos_checked"),
+                        frame["counted"].fillna(True).to_numpy(bool))
+        return cls(frame["run_id"].to_numpy(np.int64), number("k"), number("bin"),
+                   frame["speculating"].to_numpy(bool), off, figures)
+
+
+def _groups(rows: np.ndarray, *keys: np.ndarray) -> list[tuple[tuple, np.ndarray]]:
+    """`rows` by the values of `keys` there, in ascending order of the keys, a missing (NaN) key last."""
+    if not len(rows):
+        return []
+    values = [np.where(np.isnan(key[rows]), np.inf, key[rows]) for key in keys]
+    order = np.lexsort(values[::-1])
+    sorted_values = [v[order] for v in values]
+    starts = np.flatnonzero(np.concatenate([[True], np.any([np.diff(v) != 0 for v in sorted_values], axis=0)]))
+    ends = np.append(starts[1:], len(order))
+    return [(tuple(key[rows[order[a]]] for key in keys), rows[order[a:b]]) for a, b in zip(starts, ends, strict=True)]
+
+
+def _total(values: np.ndarray) -> float | None:
+    """The sum of the known values, None where none is known."""
+    known = values[~np.isnan(values)]
+    return float(known.sum()) if len(known) else None
+
+
+def _window_points(minutes: _Minutes, spec: np.ndarray, base: np.ndarray) -> list[LoadPoint]:
+    """Points of engine windows: per draft length and bin, the speculative windows' mean throughput (the rows
+    `spec` of `minutes`) against the baseline's windows' (`base`) in the same bin, each mean with the variance that
+    pairs neighbouring windows (_mean_sums). A side whose windows span under MIN_WINDOW_SPAN_SECONDS gives no
+    interval, as engine segments do."""
     out = []
-    base_at = {b: (g, _grid(g)) for b, g in base.groupby("bin")}
-    for (k, b), g in spec.groupby(["k", "bin"], dropna=False, sort=True):
-        if b not in base_at or base_at[b][0]["throughput"].sum() <= 0:
+    base_at = {}
+    for (b,), rows in _groups(base, minutes.bin):
+        side = minutes.figures.take(rows)
+        base_at[b] = (side, _grid(side))
+    for (k, b), rows in _groups(spec, minutes.k, minutes.bin):
+        if b not in base_at or np.nansum(base_at[b][0].throughput) <= 0:
             continue
+        g = minutes.figures.take(rows)
         (y, y_grid), x_grid = base_at[b], _grid(g)
         x_sums, y_sums = _mean_sums(g, x_grid), _mean_sums(y, y_grid)
         speedup = load.speedup_of_means(x_sums, y_sums)
         if min(x_grid.minutes, y_grid.minutes) * 60 < MIN_WINDOW_SPAN_SECONDS:  # too short to show how noise persists
             speedup = replace(speedup, lo=None, hi=None, dof=None)
         alpha = alpha_lo = alpha_hi = None
-        if g["counted"].all() and g["pos_checked"].sum() > 0:
-            iv = stats.cluster_interval(serial_sums(x_grid, g["pos_accepted"].to_numpy(float),
-                                                    g["pos_checked"].to_numpy(float)), CONFIDENCE)
+        if g.counted.all() and np.nansum(g.pos_checked) > 0:
+            iv = stats.cluster_interval(serial_sums(x_grid, g.pos_accepted, g.pos_checked), CONFIDENCE)
             alpha = iv.estimate
             if x_grid.minutes * 60 >= MIN_WINDOW_SPAN_SECONDS:
                 alpha_lo, alpha_hi = iv.lo, iv.hi
-        acc, drafts, drafted = g["accepted_tokens"].sum(min_count=1), g["drafts"].sum(min_count=1), \
-            g["draft_tokens"].sum(min_count=1)
-        rate = float(acc / drafted) if pd.notna(acc) and pd.notna(drafted) and drafted > 0 else None
-        tps = 1 + float(acc / drafts) if pd.notna(acc) and pd.notna(drafts) and drafts > 0 else None
-        windows = int(g["windows"].sum())
-        out.append(LoadPoint(None if pd.isna(k) else int(k), float(g["running"].sum() / windows),
-                             x_sums.a / x_sums.n, y_sums.a / y_sums.n, speedup, windows, int(y["windows"].sum()),
+        acc, drafts, drafted = _total(g.accepted_tokens), _total(g.drafts), _total(g.draft_tokens)
+        rate = acc / drafted if acc is not None and drafted is not None and drafted > 0 else None
+        tps = 1 + acc / drafts if acc is not None and drafts is not None and drafts > 0 else None
+        windows = int(g.windows.sum())
+        out.append(LoadPoint(None if np.isnan(k) else int(k), float(g.running.sum() / windows),
+                             x_sums.a / x_sums.n, y_sums.a / y_sums.n, speedup, windows, int(y.windows.sum()),
                              alpha, alpha_lo, alpha_hi, rate, tps))
     return out
 
 
-def _grid(minutes: pd.DataFrame) -> WindowBins:
-    """The minutes' places on the grid of engine-window intervals (window_grid.grid_places)."""
-    return grid_places(pd.factorize(minutes["engine_key"])[0], minutes["minute_s"].to_numpy(np.int64))
+def _grid(minutes: _Side) -> WindowBins:
+    """The minutes' places on the grid of engine-window intervals (window_grid.grid_places), their engines numbered
+    in order of appearance."""
+    return grid_places(pd.factorize(minutes.engine)[0], minutes.minute_s)
 
 
-def _mean_sums(minutes: pd.DataFrame, grid: WindowBins) -> stats.SerialSums:
+def _mean_sums(minutes: _Side, grid: WindowBins) -> stats.SerialSums:
     """A side's mean throughput over its windows, as throughput summed over windows / windows, with the variance
     that pairs neighbouring bins. Its working model for the finite-sample corrections: a bin's windows independent
     and alike (rho 0), since a throughput is no proportion whose binomial variance could measure their correlation;
     bins correlated as the residuals show (stats.bin_persistence)."""
-    return serial_sums(grid, minutes["throughput"].to_numpy(float), minutes["windows"].to_numpy(float), rho=0.0)
+    return serial_sums(grid, minutes.throughput, minutes.windows, rho=0.0)
 
 
 def _crossings(points: list[LoadPoint]) -> tuple[dict[int | None, load.Crossing], load.Crossing | None,
@@ -286,21 +355,24 @@ def curves(store: Store, run: str | None = None) -> list[LoadCurve]:
     with store.reading():
         points = store.query_df(_POINTS_SQL)
         baselines = store.query_df(_BASELINES_SQL)
-        minutes = _with_periods(store.query_df(_WINDOW_MINUTES_SQL, [run, run, run]), store.query_df(_PERIODS_SQL))
         runs = store.query(_RUNS_SQL)
+        minutes = _Minutes.of(store.query_df(_WINDOW_MINUTES_SQL, [run, run, run]), store.query_df(_PERIODS_SQL))
         current = store.query_df(_CURRENT_SQL.format(bin=_BIN.format(n="w.running_requests")),
                                  [run, run, f"{CURRENT_SPAN.total_seconds():g} seconds"])
-    minutes = minutes.assign(run=minutes["run_id"].map({run_id: name for run_id, name, _ in runs}))
     demo = {name for _, name, is_demo in runs if is_demo}
     baseline_of = baselines.groupby("of_run")["baseline"].apply(list).to_dict() if not baselines.empty else {}
     is_baseline = set(baselines["baseline"]) if not baselines.empty else set()
-    names = sorted((set(points["run"].unique()) | set(minutes["run"].unique())) - is_baseline)
+    run_id = {name: run_id for run_id, name, _ in runs}
+    windowed = {name for name, i in run_id.items() if i in set(pd.unique(minutes.run))}
+    names = sorted((set(points["run"].unique()) | windowed) - is_baseline)
     now = {r.run: r for r in current.itertuples()}
-    return [replace(_curve(name, points, minutes, baseline_of.get(name, []), now.get(name)), demo=name in demo)
+    return [replace(_curve(name, points, minutes, run_id, baseline_of.get(name, []), now.get(name)),
+                    demo=name in demo)
             for name in (names if run is None else [n for n in names if n == run])]
 
 
-def _curve(run: str, points: pd.DataFrame, minutes: pd.DataFrame, baseline_runs: list[str], now) -> LoadCurve:
+def _curve(run: str, points: pd.DataFrame, minutes: _Minutes, run_id: dict[str, int], baseline_runs: list[str],
+           now) -> LoadCurve:
     current = None if now is None else float(now.running)
     template = "" if now is None else str(now.template)
     seen = [] if now is None else [float(b) for b in now.seen]
@@ -318,14 +390,14 @@ def _curve(run: str, points: pd.DataFrame, minutes: pd.DataFrame, baseline_runs:
             crossings, best, bands = _crossings(measured)
             return LoadCurve(run, how, REPEAT_OBSERVATIONS, measured, crossings, best, bands, template, current, None,
                              seen)
-    own = minutes[minutes["run"] == run]
-    if not own.empty:
-        spec, base = own[own["speculating"] & ~own["off"]], own[own["off"]]
+    own = np.flatnonzero(minutes.run == run_id.get(run, -1))
+    if len(own):
+        spec, base = own[minutes.speculating[own] & ~minutes.off[own]], own[minutes.off[own]]
         how = "the run's windows in periods annotated as speculation off"
-        if base.empty and baseline_runs:
-            base = minutes[minutes["run"].isin(baseline_runs)]
+        if not len(base) and baseline_runs:
+            base = np.flatnonzero(np.isin(minutes.run, [run_id[b] for b in baseline_runs if b in run_id]))
             how = f"the windows of {', '.join(map(repr, baseline_runs))}, declared its baseline"
-        measured = _window_points(spec, base) if not spec.empty and not base.empty else []
+        measured = _window_points(minutes, spec, base) if len(spec) and len(base) else []
         if measured:
             crossings, best, bands = _crossings(measured)
             return LoadCurve(run, how, WINDOW_OBSERVATIONS, measured, crossings, best, bands, template, current,

@@ -53,11 +53,12 @@ def test_the_windows_of_one_engine_lie_on_one_grid_whatever_else_their_lines_car
         simulate_day(store, np.random.default_rng(0))
         [curve] = load.curves(store)
         with store.reading():
-            minutes = store.query_df(load._WINDOW_MINUTES_SQL, [None, None, None])
+            frame = store.query_df(load._WINDOW_MINUTES_SQL, [None, None, None])
+            minutes = load._Minutes.of(frame, store.query_df(load._PERIODS_SQL))
     assert [(p.observations, p.baseline_observations) for p in curve.points] == [(1440, 1440)] * 3
     # every line's labels differ (its own throughputs); the engine is their `engine` entry alone
-    assert set(minutes["engine_key"]) == {"0"} and set(minutes["windows"]) == {6}
-    grid = load._grid(minutes[minutes["bin"] == 8])
+    assert set(frame["engine_key"]) == {"0"} and set(frame["windows"]) == {6}
+    grid = load._grid(minutes.figures.take(np.flatnonzero(minutes.bin == 8)))
     assert grid.minutes == 24 * 60 - 40  # first to last minute at 8 running: one engine's span
 
 
