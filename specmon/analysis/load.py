@@ -166,7 +166,7 @@ _BIN = "CASE WHEN {n} <= 1 THEN 1 ELSE (2 ** ceil(log2({n})))::INTEGER END"
 # The windows that carry their load (requests running above 0 and a generation throughput) are summed by the minute:
 # one engine (engine_label: a log line's labels also hold its own figures),
 # one run, one draft length, one concurrency bin. Each minute's speculation period (specmon annotate --speculation)
-# is found afterwards (_with_periods).
+# is found afterwards (_periods).
 _WINDOW_MINUTES_SQL = f"""
 WITH w AS (
     SELECT rs.run_id, w.k, {engine_label.stored_sql('w.labels')} AS engine_key, w.end_ts, w.running_requests,
@@ -222,7 +222,8 @@ FROM w JOIN last USING (run) WHERE w.end_ts >= last.last_ts - ?::INTERVAL GROUP 
 
 
 class _Side(NamedTuple):
-    """Minutes of engine windows as arrays: a side of a load point (pandas copied every column of every group)."""
+    """Minutes of engine windows as arrays, the figures of a side of a load point: each side and group takes its
+    rows from them, and only these columns."""
 
     engine: np.ndarray  # the engine_key's code
     minute_s: np.ndarray
@@ -241,7 +242,8 @@ class _Side(NamedTuple):
 
 
 class _Minutes(NamedTuple):
-    """The minutes of engine windows (_WINDOW_MINUTES_SQL's rows): what picks a side's rows, and their figures."""
+    """The minutes of engine windows (_WINDOW_MINUTES_SQL's rows): what picks the rows of a side (_curve) and of
+    its groups (_window_points), and their figures."""
 
     run: np.ndarray  # run_id
     k: np.ndarray  # NaN: the draft length unknown
@@ -363,7 +365,8 @@ def curves(store: Store, run: str | None = None) -> list[LoadCurve]:
     baseline_of = baselines.groupby("of_run")["baseline"].apply(list).to_dict() if not baselines.empty else {}
     is_baseline = set(baselines["baseline"]) if not baselines.empty else set()
     run_id = {name: run_id for run_id, name, _ in runs}
-    windowed = {name for name, i in run_id.items() if i in set(pd.unique(minutes.run))}
+    seen_ids = set(pd.unique(minutes.run))
+    windowed = {name for name, i in run_id.items() if i in seen_ids}
     names = sorted((set(points["run"].unique()) | windowed) - is_baseline)
     now = {r.run: r for r in current.itertuples()}
     return [replace(_curve(name, points, minutes, run_id, baseline_of.get(name, []), now.get(name)),
