@@ -50,7 +50,7 @@ LOAD_COLUMNS = ("running_requests", "waiting_requests", "generation_throughput",
 WINDOW_COLUMNS = ("run", "template", "segment_id", "engine", "source", "end_ts", "start_ts", "drafts", "draft_tokens",
                   "accepted_tokens", "accepted_per_position", "k", "mean_acceptance_length", "reported_rate",
                   "ingested_at", *LOAD_COLUMNS, "labels")
-# Of a stored window's labels only the engine_label entry is read; a vLLM line's labels also hold its own
+# Of a stored window's labels only the `engine` entry (engine_label) is read; a vLLM line's labels also hold its own
 # throughputs, a different text on every line, which at a million lines cost seconds to parse and most of the
 # frame's memory.
 _ENGINE_LABEL = (f"CASE WHEN w.labels->>'{engine_label.KEY}' IS NULL THEN '{{}}' "
