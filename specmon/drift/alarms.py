@@ -288,10 +288,13 @@ def _chart_frame(ts_us: np.ndarray, w: np.ndarray) -> pd.DataFrame:
 def break_even_alpha(store: Store, run: str, c: float | None, k: int) -> float | None:
     """The run's break-even alpha*, as its summary shows it (from the measured per-position profile of its step log,
     or else its engine windows), else from the c given and the stream's k."""
-    found = summary.step_cost(store, run, c)
-    if found is not None and found[1] is None:
-        return None  # the step log's c is unknown, and so is its engine and replay rows' (given or declared)
-    if found is None and c is None and run not in summary.declared_costs(store):
+    found = summary.step_economics(store, run, c)
+    if found is not None:
+        if found.c is None:
+            return None  # the step log's c is unknown, and so is its engine and replay rows' (given or declared)
+        if found.break_even_alpha is not None:
+            return found.break_even_alpha
+    elif c is None and run not in summary.declared_costs(store):
         return None  # engine and replay rows take c only as given or declared: spare their summary (every window)
     rows = summary.summarize(store, by="run", c=c, run=run, per_position=False)
     for row in rows:
