@@ -786,11 +786,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-demo", action="store_true", help="do not load the demo data into an empty database")
     p.set_defaults(func=cmd_summary)
 
-    p = sub.add_parser("check", parents=[db, design], help="exit 1 on a losing segment, a drift alarm or a template "
-                       "change that hurt (for cron and CI)",
-                       description="Exit 0: every segment healthy, no drift alarm, no template change that hurt. "
+    p = sub.add_parser("check", parents=[db, design], help="exit 1 on a losing segment, a run losing at its load, a "
+                       "drift alarm or a template change that hurt (for cron and CI)",
+                       description="Exit 0: every segment healthy, no drift alarm, no template change that hurt, "
+                                   "no run losing or at risk at the load it serves now. "
                                    "1: a problem (one line each). 2: error, or c unknown for a segment (pass --c). "
-                                   "Drift: a one-sided Bernoulli CUSUM per run (step logs, engine logs, Prometheus), "
+                                   "A segment's status: the 95% interval of its tokens per step L against the "
+                                   "break-even 1 + g c (healthy above, losing below, at risk across it; g the mean "
+                                   "draft length), at batch 1; at load, the measured speedup's interval against 1 "
+                                   "at the current concurrency, where a baseline was measured. "
+                                   "Drift: a one-sided Bernoulli CUSUM per run (step logs, engine logs, Prometheus) "
+                                   "towards the run's break-even alpha (its per-position profile's), "
                                    "calibrated on the run's own first requests to one false alarm per "
                                    "--false-alarm-steps points (steps, or engine windows in 10-minute blocks); a "
                                    "rate is stated once the reference covers a day, its requests or blocks then "
