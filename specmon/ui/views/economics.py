@@ -95,7 +95,8 @@ def render() -> None:
     if mine is not None:
         st.caption(f"◆ your segment: alpha = {mine['alpha']:.3f} at the chosen k and c.")
 
-    st.markdown("**Break-even alpha\\*(c)**: above its curve, a draft length pays for itself")
+    st.markdown("**Break-even alpha\\*(c) under the i.i.d. model**: above its curve, a draft length pays for itself "
+                "where every position accepts alike (the Overview's alpha\\* is the segment's own profile's)")
     ks = tuple(sorted(set(REFERENCE_KS) | {k}))
     point = pd.DataFrame([mine]) if mine is not None else None
     st.altair_chart(_break_even_chart(economics.break_even_curves(ks), point), width="stretch")
