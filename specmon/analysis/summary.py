@@ -322,12 +322,8 @@ def _records(cur: duckdb.DuckDBPyConnection, sql: str, params: list) -> list[dic
 
 
 _RUN_COST_SQL = """
-SELECT max(rq.k) AS k, sum(rq.timed) AS timed, any_value(ss.meta)::VARCHAR AS meta, sum(rq.steps)::DOUBLE AS steps,
-       sum(rq.drafted)::DOUBLE AS drafted,
-       (SELECT list(p ORDER BY p.position) FROM (
-            SELECT rp.position, sum(rp.checked)::DOUBLE AS checked, sum(rp.accepted)::DOUBLE AS accepted
-            FROM rollup_positions rp JOIN shown_segments s2 USING (segment_id) WHERE s2.run = ? GROUP BY ALL) p
-       ) AS positions
+SELECT max(rq.k) AS k, sum(rq.timed) AS timed, any_value(ss.meta)::VARCHAR AS meta, sum(rq.steps) AS steps,
+       sum(rq.drafted) AS drafted
 FROM rollup_requests rq JOIN shown_segments ss USING (segment_id) WHERE ss.run = ?
 """
 
@@ -336,21 +332,21 @@ def step_economics(store: Store, run: str, c: float | None = None) -> Economics 
     """The economics of a run's step log as summarize(by="run") has them, by the same rules (_cost, and core
     economics on its per-position counts), without the intervals it computes: the drift analysis needs only its
     break-even, for every run a `check` reads. None where no such row is shown."""
+    fmt = dict(template="NULL::VARCHAR", bucket=_NO_BUCKET)
     with store.cursor() as cur:
-        row = _records(cur, _RUN_COST_SQL, [run, run])[0]
+        row = _records(cur, _RUN_COST_SQL, [run])[0]
         if row["k"] is None:
             return None
         row["draft_step_ms"] = row["target_ms"] = None
         if row["timed"]:
-            fmt = dict(template="NULL::VARCHAR", bucket=_NO_BUCKET)
             for rec in _records(cur, _TIMINGS_SQL.format(**fmt), [run, run, None, None]):
                 row["draft_step_ms"], row["target_ms"] = rec["draft_step_ms"], rec["target_ms"]
-    steps = row["steps"] or 0.0
-    positions = tuple(position_summary(p["position"], p["checked"], p["accepted"], steps)
-                      for p in row["positions"] or ())
+        rp_rows, _ = _rows("rollup_positions", ROLLUP_POSITIONS_SELECT, None)
+        counts = _records(cur, _POSITION_COUNTS_SQL.format(rp_rows=rp_rows, key="run_id", **fmt), [run, run])
+    steps = int(row["steps"])
     cost, source = _cost(row, c, declared_costs(store).get(run))
     return economics(int(row["k"]), cost, source, Estimate(), Estimate(), row["drafted"] / steps if steps else None,
-                     positions, steps)
+                     _positions(counts, steps, intervals=False), steps)
 
 
 def declared_costs(store: Store) -> dict[str, float]:
