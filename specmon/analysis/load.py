@@ -364,17 +364,17 @@ def curves(store: Store, run: str | None = None) -> list[LoadCurve]:
     demo = {name for _, name, is_demo in runs if is_demo}
     baseline_of = baselines.groupby("of_run")["baseline"].apply(list).to_dict() if not baselines.empty else {}
     is_baseline = set(baselines["baseline"]) if not baselines.empty else set()
-    run_id = {name: run_id for run_id, name, _ in runs}
+    ids = {name: run_id for run_id, name, _ in runs}
     seen_ids = set(pd.unique(minutes.run))
-    windowed = {name for name, i in run_id.items() if i in seen_ids}
+    windowed = {name for name, i in ids.items() if i in seen_ids}
     names = sorted((set(points["run"].unique()) | windowed) - is_baseline)
     now = {r.run: r for r in current.itertuples()}
-    return [replace(_curve(name, points, minutes, run_id, baseline_of.get(name, []), now.get(name)),
+    return [replace(_curve(name, points, minutes, ids, baseline_of.get(name, []), now.get(name)),
                     demo=name in demo)
             for name in (names if run is None else [n for n in names if n == run])]
 
 
-def _curve(run: str, points: pd.DataFrame, minutes: _Minutes, run_id: dict[str, int], baseline_runs: list[str],
+def _curve(run: str, points: pd.DataFrame, minutes: _Minutes, ids: dict[str, int], baseline_runs: list[str],
            now) -> LoadCurve:
     current = None if now is None else float(now.running)
     template = "" if now is None else str(now.template)
@@ -393,12 +393,12 @@ def _curve(run: str, points: pd.DataFrame, minutes: _Minutes, run_id: dict[str, 
             crossings, best, bands = _crossings(measured)
             return LoadCurve(run, how, REPEAT_OBSERVATIONS, measured, crossings, best, bands, template, current, None,
                              seen)
-    own = np.flatnonzero(minutes.run == run_id.get(run, -1))
+    own = np.flatnonzero(minutes.run == ids.get(run, -1))
     if len(own):
         spec, base = own[minutes.speculating[own] & ~minutes.off[own]], own[minutes.off[own]]
         how = "the run's windows in periods annotated as speculation off"
         if not len(base) and baseline_runs:
-            base = np.flatnonzero(np.isin(minutes.run, [run_id[b] for b in baseline_runs if b in run_id]))
+            base = np.flatnonzero(np.isin(minutes.run, [ids[b] for b in baseline_runs if b in ids]))
             how = f"the windows of {', '.join(map(repr, baseline_runs))}, declared its baseline"
         measured = _window_points(minutes, spec, base) if len(spec) and len(base) else []
         if measured:
