@@ -263,9 +263,9 @@ def test_a_template_first_seen_at_the_time_of_the_last_step_taken_in(store, tmp_
 
 def test_the_break_even_the_detector_uses_is_the_summary_s(store, tmp_path, lines):
     """The break-even the detector watches for and its alarms show is the run's summary's: on a step log the measured
-    per-position profile's, as summarize(by="run") reports it (alarms reads it through summary.step_economics, one
-    query, since `check` asks for every run), with c measured from timings, declared for a watched run, given, or
-    unknown."""
+    per-position profile's, as summarize(by="run") reports it (alarms reads it through summary.step_economics,
+    its rollups without the intervals, since `check` asks for every run), with c measured from timings, declared
+    for a watched run, given, or unknown."""
     timed = [json.loads(line) for line in lines[:600]]
     for i, rec in enumerate(timed):
         rec.update(target_ms=30.0 + i % 7, draft_ms=4.0 + i % 5)
