@@ -138,11 +138,6 @@ class LoadCurve:
         }
 
 
-def concurrency_bin(running: float) -> int:
-    """The bin of a window's requests running: 1, 2, then powers of two (3-4 -> 4, 5-8 -> 8, ...)."""
-    return 1 if running <= 1 else 2 ** math.ceil(math.log2(running))
-
-
 def _sweep_points(spec: pd.DataFrame, base: pd.DataFrame) -> list[LoadPoint]:
     """Points of load measurements: at each (k, concurrency) the spec rows' repeats against the baseline's at the
     same concurrency."""

@@ -293,7 +293,3 @@ def json_keys() -> set[str]:
 
 def position_keys() -> set[str]:
     return {f.name for f in fields(PositionSummary)}
-
-
-def draft_length_keys() -> set[str]:
-    return {f.name for f in fields(load.DraftLength)}

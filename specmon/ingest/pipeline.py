@@ -78,10 +78,6 @@ def detect_format(path: str) -> str:
     return formats.detect(path)
 
 
-def file_sha256(path: str) -> str:
-    return _hashed(path)[0]
-
-
 Identity = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns
 
 

@@ -20,8 +20,6 @@ from specmon.core.settings import KS_LEVEL, LiveSettings
 from specmon.pair import batched, live
 from specmon.pair.live import Pair
 
-PROPOSERS = ("draft model", "n-gram")
-
 
 @dataclass(frozen=True)
 class Mismatch:
