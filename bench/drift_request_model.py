@@ -1,9 +1,8 @@
 """Which part of the calibration's picture of a request costs the stated false-alarm rate on position-dependent
 traffic (traffic_models.py: acceptance falling along the draft, requests differing the more the deeper the
 position). Each reference is calibrated once and kept (no checkpoints), then the plain CUSUM watches --watched x the
-stated figure of fresh steps of the same traffic; references of each size are independent draws, so a figure is the
-mean over references' luck, which one reference alone does not give (at 100,000 steps one reference read 1.2 x where
-eight read 1.57 x).
+stated figure of fresh steps of the same traffic; references of each size are independent draws, so a figure is
+taken over the references' luck, which one reference alone (drift_likelihood.py) leaves in.
 
 Variants, each replacing one part of the model by the truth it estimates (oracles: the traffic's own parameters):
 - as used: the per-position profile pooled over the reference's steps, every position's log-odds shifted alike by a
@@ -18,7 +17,10 @@ Variants, each replacing one part of the model by the truth it estimates (oracle
 
     cd bench && nice python drift_request_model.py --out A.json
     nice python drift_request_model.py --arl0 20000 --references 20 8 --seed 18 --out B.json
-    python drift_request_model.py --merge A.json B.json --out drift_request_model.json
+    nice python drift_request_model.py --unsmoothed --variants "as used" "true slopes and base profile" --out C.json
+    nice python drift_request_model.py --unsmoothed --variants "as used" "true slopes and base profile" \\
+        --arl0 20000 --references 20 8 --seed 18 --out D.json
+    python drift_request_model.py --merge A.json B.json C.json D.json --out drift_request_model.json
     python drift_request_model.py --table drift_request_model.json
 """
 from __future__ import annotations
