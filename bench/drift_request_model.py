@@ -13,14 +13,19 @@ Variants, each replacing one part of the model by the truth it estimates (oracle
   one (the pooled rates of deep positions are those of the better requests, which reach them more often);
 - true steps: each simulated request's steps drawn from the traffic's own model (a standard normal request effect),
   only the lengths and the reference's p0 taken from the reference.
---unsmoothed draws request acceptance from the fitted weights alone, without the kernel (calibration.Rates, b = 0).
+--kernel says how the fitted weights of request acceptance are smoothed: "log-odds", as used (a kernel on the
+log-odds of r that keeps the weights' variance there, calibration.Rates); "shift", the same kernel on the scale of a
+request's shift theta under the variant's profile; "none", the weights alone.
 
     cd bench && nice python drift_request_model.py --out A.json
     nice python drift_request_model.py --arl0 20000 --references 20 8 --seed 18 --out B.json
-    nice python drift_request_model.py --unsmoothed --variants "as used" "true slopes and base profile" --out C.json
-    nice python drift_request_model.py --unsmoothed --variants "as used" "true slopes and base profile" \\
-        --arl0 20000 --references 20 8 --seed 18 --out D.json
-    python drift_request_model.py --merge A.json B.json C.json D.json --out drift_request_model.json
+    for kernel in none shift; do
+      nice python drift_request_model.py --kernel $kernel --variants "as used" "true slopes and base profile" \\
+          --out C_$kernel.json
+      nice python drift_request_model.py --kernel $kernel --variants "as used" "true slopes and base profile" \\
+          --arl0 20000 --references 20 8 --seed 18 --out D_$kernel.json
+    done
+    python drift_request_model.py --merge A.json B.json C_*.json D_*.json --out drift_request_model.json
     python drift_request_model.py --table drift_request_model.json
 """
 from __future__ import annotations
@@ -28,8 +33,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import traffic_models
@@ -40,18 +47,68 @@ from specmon.drift import calibration, detector
 BREAK_EVEN = 0.45
 CELL = "position_dependent"
 VARIANTS = ("as used", "true slopes", "true slopes and base profile", "true steps")
+KERNELS = ("log-odds", "shift", "none")
+
+
+@dataclass(frozen=True)
+class ShiftRates:
+    """Draws of request acceptance from the fitted weights on the grid's shifts theta, moved to
+    center + scale (theta - center + b z) + shift (calibration.Rates' kernel, on theta's scale), read as r."""
+
+    profile: calibration.Profile
+    theta: np.ndarray
+    weights: np.ndarray
+    b: float
+    center: float
+    scale: float
+    shift: float
+
+    def draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        g = rng.choice(len(self.theta), size=size, p=self.weights)
+        theta = self.center + self.scale * (self.theta[g] - self.center + self.b * rng.standard_normal(size))
+        return self.profile.rate(np.clip(theta + self.shift, calibration.TILT_GRID[0], calibration.TILT_GRID[-1]))
+
+
+def shift_kernel(mixing: calibration.Mixing, w: np.ndarray, clusters: float) -> ShiftRates:
+    """calibration.Mixing.smoothed with theta for the log-odds of r: Silverman's bandwidth from the weights' spread
+    of theta, shrunk to keep their variance, then moved to keep the mean of r (Newton on Gauss-Hermite nodes)."""
+    profile = mixing.profile  # type: ignore[attr-defined]
+    theta = profile.theta(mixing.grid)
+    mean = float(w @ theta)
+    var = max(float(w @ (theta - mean) ** 2), 0.0)
+    cdf = np.cumsum(w)
+    iqr = theta[np.searchsorted(cdf, 0.75)] - theta[np.searchsorted(cdf, 0.25)]
+    b = 0.9 * (min(math.sqrt(var), iqr / 1.34) if iqr > 0 else math.sqrt(var)) * clusters ** -0.2
+    if b <= 0:
+        return ShiftRates(profile, theta, w, 0.0, mean, 1.0, 0.0)
+    scale = 1 / math.sqrt(1 + b * b / var)
+    nodes, node_w = np.polynomial.hermite_e.hermegauss(20)
+    node_w = node_w / node_w.sum()
+    base = mean + scale * (theta[:, None] - mean + b * nodes[None, :])
+    shift = 0.0
+    for _ in range(8):
+        rate, slope = (x.reshape(base.shape) for x in profile.rate_and_slope((base + shift).ravel()))
+        shift += (float(w @ mixing.grid) - w @ rate @ node_w) / (w @ slope @ node_w)
+    return ShiftRates(profile, theta, w, b, mean, scale, shift)
 
 
 @contextlib.contextmanager
-def variant(name: str, unsmoothed: bool = False) -> Iterator[None]:
-    """The calibration with one part of its request model replaced by the traffic's truth, for the block; its
-    request acceptance drawn without the kernel where unsmoothed."""
+def variant(name: str, kernel: str = "log-odds") -> Iterator[None]:
+    """The calibration with one part of its request model replaced by the traffic's truth, for the block, its
+    request acceptance smoothed by `kernel` (KERNELS)."""
     profile, steps_tilt, rates_draw = calibration.Profile, calibration.StepProcess.tilt, calibration.Rates.draw
-    smoothed = calibration.Mixing.smoothed
+    smoothed, of_steps = calibration.Mixing.smoothed, vars(calibration.Mixing)["of_steps"]  # the classmethod itself
     slopes = np.array(traffic_models.DEPTH_EFFECT) / traffic_models.DEPTH_EFFECT[0]
     base = np.array(traffic_models.POSITION_ACCEPT)
 
-    class SlopedProfile(profile):
+    class MeasuredProfile(profile):
+        def rate(self, theta: np.ndarray) -> np.ndarray:
+            return self._acceptance(theta)[0]
+
+        def rate_and_slope(self, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            return self._acceptance(theta)
+
+    class SlopedProfile(MeasuredProfile):
         def accept(self, theta: np.ndarray) -> np.ndarray:
             s = slopes[:len(self.logodds)]
             return 1 / (1 + np.exp(-(self.logodds[:, None] + s[:, None] * theta[None, :])))
@@ -65,9 +122,21 @@ def variant(name: str, unsmoothed: bool = False) -> Iterator[None]:
         found = smoothed(self, w, clusters)
         return calibration.Rates(found.grid, found.weights, 0.0, found.center, 1.0, 0.0)
 
+    def with_profile(accepted: np.ndarray, checked: np.ndarray, inverse: np.ndarray) -> calibration.Mixing:
+        """The fit, with the profile its grid was read under (the pooled one, or the variant's)."""
+        fitted = of_steps.__func__(calibration.Mixing, accepted, checked, inverse)
+        passed, reached = calibration._position_counts(accepted, checked, inverse, max(int(checked.max()), 1))
+        fitted.profile = calibration.Profile.of_counts(passed.sum(axis=0), reached.sum(axis=0))
+        if not isinstance(fitted.profile, MeasuredProfile):
+            fitted.profile = MeasuredProfile(fitted.profile.logodds)
+        return fitted
+
     try:
-        if unsmoothed:
+        if kernel == "none":
             calibration.Mixing.smoothed = weights_alone  # type: ignore[method-assign]
+        elif kernel == "shift":
+            calibration.Mixing.of_steps = staticmethod(with_profile)  # type: ignore[method-assign,assignment]
+            calibration.Mixing.smoothed = shift_kernel  # type: ignore[method-assign]
         if name == "true slopes":
             calibration.Profile = SlopedProfile  # type: ignore[misc]
         elif name == "true slopes and base profile":
@@ -82,17 +151,18 @@ def variant(name: str, unsmoothed: bool = False) -> Iterator[None]:
         calibration.StepProcess.tilt = steps_tilt  # type: ignore[method-assign]
         calibration.Rates.draw = rates_draw  # type: ignore[method-assign]
         calibration.Mixing.smoothed = smoothed  # type: ignore[method-assign]
+        calibration.Mixing.of_steps = of_steps  # type: ignore[method-assign]
 
 
 def cell_figures(name: str, size: int, references: int, arl0: int, watched: int, seed: int,
-                 unsmoothed: bool = False) -> dict:
+                 kernel: str = "log-odds") -> dict:
     rng = np.random.default_rng(seed)
     alarms, hs = [], []
     for _ in range(references):
         a, c, req = traffic_models.steps(rng, CELL, size)
         p0 = float(a.sum() / c.sum())
         p1 = calibration.target_p1(p0, BREAK_EVEN)
-        with variant(name, unsmoothed):
+        with variant(name, kernel):
             h = calibration.calibrate(a, c, req, p0, p1, arl0)
         fresh_a, fresh_c, _ = traffic_models.steps(rng, CELL, watched * arl0)
         alarms.append(len(detector.cusum(fresh_a, fresh_c, detector.Design(p0, p1, h, arl0, 1.0, 4))[1]))
@@ -100,19 +170,20 @@ def cell_figures(name: str, size: int, references: int, arl0: int, watched: int,
     n = np.array(alarms)
     boot = n[rng.integers(0, references, (2000, references))].sum(axis=1)
     lo, hi = np.quantile(references * watched / np.maximum(boot, 1), [0.025, 0.975])
-    return {"variant": name, "unsmoothed": unsmoothed, "reference_steps": size, "references": references,
+    return {"variant": name, "kernel": kernel, "reference_steps": size, "references": references,
             "stated": arl0, "watched_steps_per_reference": watched * arl0, "alarms": int(n.sum()),
             "ratio_to_stated": references * watched / n.sum() if n.sum() else None, "ci95": [float(lo), float(hi)],
             "median_h": float(np.median(hs))}
 
 
 def print_table(found: dict) -> None:
-    """A row per stated figure and reference size, a column per variant (with the kernel, then without)."""
-    columns = [(name, False) for name in VARIANTS] + [(name, True) for name in VARIANTS]
-    cells = {(c["stated"], c["reference_steps"], c["variant"], c.get("unsmoothed", False)): c for c in found["cells"]}
+    """A row per stated figure and reference size, a column per variant and kernel (the kernel as used first)."""
+    columns = [(name, kernel) for kernel in KERNELS for name in VARIANTS]
+    cells = {(c["stated"], c["reference_steps"], c["variant"], c["kernel"]): c for c in found["cells"]}
     shown = [col for col in columns if any(key[2:] == col for key in cells)]
     print("| stated | reference (steps) | references | "
-          + " | ".join(name + (", unsmoothed" if flat else "") for name, flat in shown) + " |")
+          + " | ".join(name + ("" if kernel == "log-odds" else f", kernel: {kernel}") for name, kernel in shown)
+          + " |")
     print("|---" * (3 + len(shown)) + "|")
     for stated, size in sorted({key[:2] for key in cells}):
         row = [cells.get((stated, size, *col)) for col in shown]
@@ -131,7 +202,7 @@ def main() -> None:
     ap.add_argument("--arl0", type=int, default=2000)
     ap.add_argument("--watched", type=int, default=20, help="watched steps per reference, x the stated figure")
     ap.add_argument("--seed", type=int, default=17)
-    ap.add_argument("--unsmoothed", action="store_true", help="request acceptance from the fitted weights alone")
+    ap.add_argument("--kernel", choices=KERNELS, default="log-odds", help="how request acceptance is smoothed")
     ap.add_argument("--out")
     ap.add_argument("--merge", nargs="+", help="join these JSON files (to --out) instead of running")
     ap.add_argument("--table", help="print the docs' table from this JSON instead of running")
@@ -150,7 +221,7 @@ def main() -> None:
         for name in args.variants:  # every variant on the same references and fresh steps
             t0 = time.time()
             figures = cell_figures(name, size, references, args.arl0, args.watched, args.seed + size,
-                                   args.unsmoothed)
+                                   args.kernel)
             figures["wall_s"] = round(time.time() - t0, 1)
             out["cells"].append(figures)
             print(json.dumps(figures), flush=True)
