@@ -1,4 +1,5 @@
-"""Shared helpers for the benchmarks: machine description and peak memory of a child process."""
+"""Shared helpers for the benchmarks: machine description, peak memory of a child process, and results kept as cells
+of JSON (run one by one, joined from several runs)."""
 from __future__ import annotations
 
 import json
@@ -8,6 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable, Iterable
 
 
 def machine() -> str:
@@ -23,6 +25,32 @@ def machine() -> str:
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return (f"{cpu}, {os.cpu_count()} cores, {mem:.0f} GiB; Python {platform.python_version()}, "
             f"numpy {numpy.__version__}, duckdb {duckdb.__version__}")
+
+
+def run_cells(header: dict, cells: Iterable[Callable[[], dict]], out: str | None) -> dict:
+    """header with its "cells": each cell's figures with its wall seconds, printed as a JSON line as it ends (a long
+    run shows its progress), and the whole written to out where given."""
+    result = {**header, "cells": []}
+    for cell in cells:
+        t0 = time.time()
+        figures = cell()
+        figures["wall_s"] = round(time.time() - t0, 1)
+        result["cells"].append(figures)
+        print(json.dumps(figures), flush=True)
+    if out:
+        with open(out, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+def merge_cells(paths: list[str], out: str) -> None:
+    """The results at paths joined into one at out: the first's header, every result's cells."""
+    parts = []
+    for path in paths:
+        with open(path) as f:
+            parts.append(json.load(f))
+    with open(out, "w") as f:
+        json.dump({**parts[0], "cells": [cell for part in parts for cell in part["cells"]]}, f, indent=1)
 
 
 def episode_starts(alarms: list[int], gap: int) -> list[int]:

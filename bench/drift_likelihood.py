@@ -12,13 +12,11 @@ deep in it) and two of the study's (streams.py: one acceptance per request at ev
 from __future__ import annotations
 
 import argparse
-import json
-import time
 
 import numpy as np
 import streams
 import traffic_models
-from _common import machine
+from _common import machine, run_cells
 
 from specmon.drift import calibration, detector
 
@@ -72,17 +70,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--out")
     args = ap.parse_args()
-    out = {"machine": machine(), "calibration_version": calibration.CALIBRATION_VERSION, "cells": []}
-    for i, cell in enumerate(CELLS):
-        for arl0 in (2000, 20000):
-            t0 = time.time()
-            figures = cell_figures(cell, arl0, args.reference, args.watched, args.seed + i)
-            figures["wall_s"] = round(time.time() - t0, 1)
-            out["cells"].append(figures)
-            print(json.dumps(figures), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
+    run_cells({"machine": machine(), "calibration_version": calibration.CALIBRATION_VERSION},
+              (lambda cell=cell, arl0=arl0, i=i: cell_figures(cell, arl0, args.reference, args.watched, args.seed + i)
+               for i, cell in enumerate(CELLS) for arl0 in (2000, 20000)), args.out)
 
 
 if __name__ == "__main__":

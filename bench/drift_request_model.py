@@ -34,13 +34,12 @@ import argparse
 import contextlib
 import json
 import math
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import traffic_models
-from _common import machine
+from _common import machine, merge_cells, run_cells
 
 from specmon.drift import calibration, detector
 
@@ -211,23 +210,14 @@ def main() -> None:
         print_table(json.load(open(args.table)))
         return
     if args.merge:
-        parts = [json.load(open(path)) for path in args.merge]
-        joined = parts[0] | {"cells": [cell for part in parts for cell in part["cells"]]}
-        with open(args.out, "w") as f:
-            json.dump(joined, f, indent=1)
+        merge_cells(args.merge, args.out)
         return
-    out = {"machine": machine(), "calibration_version": calibration.CALIBRATION_VERSION, "cells": []}
-    for size, references in zip(args.sizes, args.references, strict=True):
-        for name in args.variants:  # every variant on the same references and fresh steps
-            t0 = time.time()
-            figures = cell_figures(name, size, references, args.arl0, args.watched, args.seed + size,
-                                   args.kernel)
-            figures["wall_s"] = round(time.time() - t0, 1)
-            out["cells"].append(figures)
-            print(json.dumps(figures), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
+    # every variant on the same references and fresh steps
+    run_cells({"machine": machine(), "calibration_version": calibration.CALIBRATION_VERSION},
+              (lambda name=name, size=size, references=references: cell_figures(
+                  name, size, references, args.arl0, args.watched, args.seed + size, args.kernel)
+               for size, references in zip(args.sizes, args.references, strict=True) for name in args.variants),
+              args.out)
 
 
 if __name__ == "__main__":

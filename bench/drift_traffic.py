@@ -13,12 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import time
 
 import numpy as np
 import streams
 import traffic_models
-from _common import episode_starts, machine
+from _common import episode_starts, machine, merge_cells, run_cells
 
 from specmon.drift import calibration, detector
 
@@ -92,22 +91,12 @@ def main() -> None:
             print(table(json.load(f)))
         return
     if args.merge:
-        parts = [json.load(open(p)) for p in args.merge]
-        merged = {**parts[0], "cells": [c for p in parts for c in p["cells"]]}
-        with open(args.out, "w") as f:
-            json.dump(merged, f, indent=1)
+        merge_cells(args.merge, args.out)
         return
-    out = {"machine": machine(), "calibration_version": calibration.CALIBRATION_VERSION, "cells": []}
-    for cell in args.cells:
-        t0 = time.time()
-        figures = cell_figures(cell, args.windows, args.arl0, args.seed + CELLS.index(cell))
-        figures["wall_s"] = round(time.time() - t0, 1)
-        out["cells"].append(figures)
-        print(json.dumps(figures), flush=True)
+    out = run_cells({"machine": machine(), "calibration_version": calibration.CALIBRATION_VERSION},
+                    (lambda cell=cell: cell_figures(cell, args.windows, args.arl0, args.seed + CELLS.index(cell))
+                     for cell in args.cells), args.out)
     print(json.dumps(out, indent=1))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
 
 
 if __name__ == "__main__":
