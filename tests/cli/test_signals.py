@@ -2,6 +2,7 @@
 or an exception, and the next ingest sweeps the copy of one killed outright; `specmon serve` ends on a signal with
 its status and leaves no bound port, and beside a watcher (where Streamlit runs as its child) forwards the signal,
 waits for the child and takes it along when killed outright. All with real processes."""
+import contextlib
 import ctypes
 import errno
 import os
@@ -25,6 +26,27 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 LINE = b'{"request_id": "a", "draft_tokens": [1, 2], "accepted": 1}\n'
 
 
+@pytest.fixture
+def started():
+    """Popen for the test's processes: whatever the test's outcome, each one still running at its end is killed,
+    with its children (a failed assertion would otherwise leave a dashboard serving and a watcher polling)."""
+    procs: list[subprocess.Popen] = []
+
+    def start(*args, **kwargs) -> subprocess.Popen:
+        procs.append(subprocess.Popen(*args, **kwargs))
+        return procs[-1]
+
+    yield start
+    for proc in procs:
+        kids: list[int] = []
+        if proc.poll() is None:
+            with contextlib.suppress(FileNotFoundError):  # it may end in between
+                kids = children(proc.pid)
+            proc.kill()
+            for kid in kids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(kid, signal.SIGKILL)
+        proc.communicate()
 
 
 def as_from_a_terminal() -> None:
@@ -37,11 +59,11 @@ def spools(folder: Path) -> list[Path]:
     return sorted(folder.glob(f"{pipeline.SPOOL_PREFIX}*"))
 
 
-def start_ingest(specmon_cmd, tmp_path):
+def start_ingest(started, specmon_cmd, tmp_path):
     """`specmon ingest -` with its temp folder in tmp_path, fed a little and then kept waiting for more."""
     folder = tmp_path / "tmp"
     folder.mkdir(exist_ok=True)
-    proc = subprocess.Popen([*specmon_cmd, "ingest", "--db", str(tmp_path / "s.duckdb"), "-"],
+    proc = started([*specmon_cmd, "ingest", "--db", str(tmp_path / "s.duckdb"), "-"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, "TMPDIR": str(folder)}, preexec_fn=as_from_a_terminal)
     proc.stdin.write(LINE * 1000)
@@ -51,8 +73,8 @@ def start_ingest(specmon_cmd, tmp_path):
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_a_signalled_ingest_removes_its_spooled_copy(specmon_cmd, tmp_path, sig, code):
-    proc, folder = start_ingest(specmon_cmd, tmp_path)
+def test_a_signalled_ingest_removes_its_spooled_copy(started, specmon_cmd, tmp_path, sig, code):
+    proc, folder = start_ingest(started, specmon_cmd, tmp_path)
     assert spools(folder)[0].name.startswith(f"{pipeline.SPOOL_PREFIX}{proc.pid}-")
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
@@ -61,8 +83,8 @@ def test_a_signalled_ingest_removes_its_spooled_copy(specmon_cmd, tmp_path, sig,
     assert spools(folder) == []
 
 
-def test_the_spool_of_a_killed_ingest_is_swept_by_the_next(specmon_cmd, tmp_path):
-    proc, folder = start_ingest(specmon_cmd, tmp_path)
+def test_the_spool_of_a_killed_ingest_is_swept_by_the_next(started, specmon_cmd, tmp_path):
+    proc, folder = start_ingest(started, specmon_cmd, tmp_path)
     proc.kill()
     proc.communicate(timeout=60)
     left = spools(folder)
@@ -113,7 +135,7 @@ def port_free(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) != 0
 
 
-def start_serve(specmon_cmd, tmp_path, watch: bool):
+def start_serve(started, specmon_cmd, tmp_path, watch: bool):
     """`specmon serve`, with a watcher or without; returns the process, its child (the Streamlit server, which
     runs in a child only beside a watcher) or None, and the port."""
     port = free_port()
@@ -122,7 +144,7 @@ def start_serve(specmon_cmd, tmp_path, watch: bool):
         (tmp_path / "empty.log").write_text("")
         (tmp_path / "watch.toml").write_text(f'interval = 0.2\n[[log]]\npath = "{tmp_path / "empty.log"}"\n')
         extra = ["--watch", str(tmp_path / "watch.toml")]
-    proc = subprocess.Popen([*specmon_cmd, "serve", "--db", str(tmp_path / "serve.duckdb"), "--demo",
+    proc = started([*specmon_cmd, "serve", "--db", str(tmp_path / "serve.duckdb"), "--demo",
                              "--port", str(port),
                              *extra], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=as_from_a_terminal)
 
@@ -140,8 +162,8 @@ def start_serve(specmon_cmd, tmp_path, watch: bool):
 
 @pytest.mark.parametrize("watch", [False, True], ids=["serve", "serve --watch"])
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_serve_ends_on_a_signal_and_leaves_no_child(specmon_cmd, tmp_path, sig, watch):
-    proc, child, port = start_serve(specmon_cmd, tmp_path, watch)
+def test_serve_ends_on_a_signal_and_leaves_no_child(started, specmon_cmd, tmp_path, sig, watch):
+    proc, child, port = start_serve(started, specmon_cmd, tmp_path, watch)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     assert b"Traceback" not in err, err
@@ -154,10 +176,10 @@ _TGKILL = {"x86_64": 234, "aarch64": 131}.get(platform.machine())  # the syscall
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or _TGKILL is None, reason="tgkill is Linux's")
-def test_serve_watch_ends_when_the_signal_lands_on_the_watcher_thread(specmon_cmd, tmp_path):
+def test_serve_watch_ends_when_the_signal_lands_on_the_watcher_thread(started, specmon_cmd, tmp_path):
     # The kernel may hand a process's signal to any of its threads; one taken by the watcher's thread must still
     # end serve (it once hung in a blocking wait for its child until a second signal came)
-    proc, child, port = start_serve(specmon_cmd, tmp_path, watch=True)
+    proc, child, port = start_serve(started, specmon_cmd, tmp_path, watch=True)
     def takes_sigterm(task: Path) -> bool:  # not blocked there (allocators' own threads block every signal)
         try:
             status = (task / "status").read_text()
@@ -189,8 +211,8 @@ def test_serve_watch_ends_when_the_signal_lands_on_the_watcher_thread(specmon_cm
     until(lambda: port_free(port), timeout=10, what="the port to be free")
 
 
-def test_serve_killed_outright_takes_its_child_along(specmon_cmd, tmp_path):
-    proc, child, port = start_serve(specmon_cmd, tmp_path, watch=True)
+def test_serve_killed_outright_takes_its_child_along(started, specmon_cmd, tmp_path):
+    proc, child, port = start_serve(started, specmon_cmd, tmp_path, watch=True)
     proc.kill()
     proc.communicate(timeout=60)
     try:
@@ -202,7 +224,7 @@ def test_serve_killed_outright_takes_its_child_along(specmon_cmd, tmp_path):
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_a_signal_during_a_duckdb_query_ends_cleanly(specmon_cmd, tmp_path, sig, code):
+def test_a_signal_during_a_duckdb_query_ends_cleanly(started, specmon_cmd, tmp_path, sig, code):
     """A flat file is loaded by DuckDB itself, so the signal lands inside a query, where DuckDB turns the
     handler's exception into its own error: the exit status, the message and the rollback must not change."""
     big = tmp_path / "big.csv"
@@ -211,7 +233,7 @@ def test_a_signal_during_a_duckdb_query_ends_cleanly(specmon_cmd, tmp_path, sig,
         f"i % 997 AS draft_token,"
         f" (i % 4) < 2 AS accepted FROM range(6000000) t(i)) TO '{big}' (HEADER)")
     db = tmp_path / "s.duckdb"
-    proc = subprocess.Popen([*specmon_cmd, "ingest", "--db", str(db), str(big)], stderr=subprocess.PIPE,
+    proc = started([*specmon_cmd, "ingest", "--db", str(db), str(big)], stderr=subprocess.PIPE,
                             preexec_fn=as_from_a_terminal)
     until(lambda: db.exists(), what="the database")
     time.sleep(1.5)  # the load is under way in DuckDB by now
