@@ -388,6 +388,36 @@ def main() -> None:  # noqa: C901 (one branch per option and part: a flat list r
     print(text)
 
 
+def range_table(iv: list[dict]) -> str:
+    """The interval cells' lowest and highest coverage and their worst status over every request count and k, a row
+    per correlation and lengths, each figure with its cell's requests in brackets."""
+    def at(value: float, cell: dict) -> str:
+        return f"{value:.3f} ({cell['requests']:,})"
+
+    def extremes(cells: list[dict], low_of, high_of=None) -> str:
+        high_of = high_of or low_of
+        low, high = min(cells, key=low_of), max(cells, key=high_of)
+        return f"{at(low_of(low), low)} to {at(high_of(high), high)}"
+
+    rows = ["\n| correlation | lengths | alpha coverage, min to max | L coverage, min to max | per-position coverage, "
+            "min to max | P(losing \\| at break-even), max | P(healthy \\| at break-even), max |\n"
+            "|---|---|---|---|---|---|---|"]
+    for rho in RHOS:
+        for lengths in LENGTHS:
+            cells = [c for c in iv if (c["rho"], c["lengths"]) == (rho, lengths)]
+            if not cells:
+                continue
+            losing = max(cells, key=lambda c: c["p_losing_at_break_even"])
+            healthy = max(cells, key=lambda c: c["p_healthy_at_break_even"])
+            positions = extremes(cells, lambda c: min(c["coverage_per_position"]),
+                                 lambda c: max(c["coverage_per_position"]))
+            rows.append(f"| {rho} | {lengths} | {extremes(cells, lambda c: c['coverage_alpha'])} | "
+                        f"{extremes(cells, lambda c: c['coverage_L'])} | {positions} | "
+                        f"{at(losing['p_losing_at_break_even'], losing)} | "
+                        f"{at(healthy['p_healthy_at_break_even'], healthy)} |")
+    return "\n".join(rows)
+
+
 def tables(r: dict) -> str:  # noqa: C901 (one branch per table of the docs)
     """The markdown tables of docs/drift.md and the figures its goals quote, from a study result (so no figure in
     the docs is typed in)."""
@@ -407,6 +437,8 @@ def tables(r: dict) -> str:  # noqa: C901 (one branch per table of the docs)
                                f"{min(min(c['coverage_per_position']) for c in cells):.3f} | "
                                f"{max(c['p_losing_at_break_even'] for c in cells):.3f} | "
                                f"{max(c['p_healthy_at_break_even'] for c in cells):.3f} |")
+    if iv:
+        out.append(range_table(iv))
     if iv:
         def span(key: str, f=min) -> str:
             vals = [f(c[key]) if isinstance(c[key], list) else c[key] for c in iv]

@@ -32,6 +32,10 @@ T_EXPANSION_DOF = 3000.0
 # From this many clusters the degrees of freedom's working model is fitted to the clusters' residuals (how a
 # cluster's variance grows with its size); with fewer, that fit is too noisy and the exchangeable model is kept.
 FITTED_MODEL_MIN_CLUSTERS = 50
+# From this many clusters, a variance at or below the binomial one is taken as the binomial one with the normal
+# quantile (cluster_interval); with fewer it is weak evidence that clusters do not differ (3 to 5 requests of
+# correlation 0.05-0.2 fall there 7-38% of the time), and the normal quantile covered 0.90-0.95 there.
+BINOMIAL_FLOOR_MIN_CLUSTERS = 10
 
 
 @dataclass(frozen=True)
@@ -478,6 +482,11 @@ def cluster_interval(sums: RatioSums, confidence: float = 0.95) -> Interval:
     estimator, whose ratio to the binomial variance is the design effect (floored at 1); the quantile is Student's t
     at the Satterthwaite degrees of freedom of sums.dof (ClusterSums.dof, SerialSums.dof) instead of z. Why: with 20
     clusters the plain cluster-robust variance is biased low and z ignores its noise; both make intervals too short.
+    Where at least BINOMIAL_FLOOR_MIN_CLUSTERS clusters vary no more than binomial counts would (the floor holds),
+    the variance taken is the binomial one, which follows from alpha and N and is not estimated from the clusters, so
+    the quantile is z: the t quantile there made the interval too wide where requests do not differ (coverage
+    0.981-0.992 at 20 requests in the study, 0.967-0.979 with z). The Interval's dof stays the clusters' (L's
+    interval reads it with their variance).
     Shape: the hull of two intervals, the Wilson score interval at n_eff = N / design effect (right near 0 and 1)
     and the interval on the log scale, alpha * exp(+-t se / alpha) (log_ratio_bounds): with few clusters of unequal
     acceptance the ratio estimator is skewed to the right (a sample short of the rare good, long requests is low
@@ -490,15 +499,19 @@ def cluster_interval(sums: RatioSums, confidence: float = 0.95) -> Interval:
         return Interval(math.nan, math.nan, math.nan, 0.0, sums.clusters, math.nan, 0.0)
     alpha = sums.a / sums.n
     binomial_var = alpha * (1 - alpha) / sums.n
-    design_effect, dof = 1.0, math.inf
+    design_effect, dof, quantile_dof = 1.0, math.inf, math.inf
     if sums.clusters >= 2:
+        variance = sums.ratio_variance()
         if binomial_var > 0:
-            design_effect = max(1.0, sums.ratio_variance() / binomial_var)
+            design_effect = max(1.0, variance / binomial_var)
         dof = sums.dof(design_effect)
+        if binomial_var == 0 or variance > binomial_var or sums.clusters < BINOMIAL_FLOOR_MIN_CLUSTERS:
+            quantile_dof = dof
     n_eff = sums.n / design_effect
-    lo, hi = wilson_interval(alpha * n_eff, n_eff, confidence, dof)
+    lo, hi = wilson_interval(alpha * n_eff, n_eff, confidence, quantile_dof)
     if sums.clusters >= 2 and binomial_var > 0:
-        log_lo, log_hi = log_ratio_bounds(alpha, math.sqrt(binomial_var * design_effect), t_quantile(confidence, dof))
+        log_lo, log_hi = log_ratio_bounds(alpha, math.sqrt(binomial_var * design_effect),
+                                          t_quantile(confidence, quantile_dof))
         lo, hi = min(lo, log_lo), min(1.0, max(hi, log_hi))
     return Interval(alpha, lo, hi, float(sums.n), int(sums.clusters), design_effect, n_eff, dof)
 
