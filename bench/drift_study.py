@@ -70,15 +70,7 @@ def interval_cell(rng: np.random.Generator, rho: float, lengths: str, g: int, k:
     position_hits = np.zeros(k)
     misses_low = losing = healthy = 0
     for _ in range(reps):
-        sizes = streams.request_lengths(rng, g, lengths)
-        request = np.repeat(np.arange(g), sizes)
-        p = streams.request_rates(rng, g, mean, rho)[request]
-        alive = np.ones(len(request), dtype=bool)
-        acc_pos = []
-        for _ in range(k):
-            alive &= rng.random(len(request)) < p
-            acc_pos.append(np.bincount(request, weights=alive, minlength=g))
-        acc_pos = np.array(acc_pos)  # (k, g): steps whose prefix reached position i, per request
+        sizes, acc_pos = streams.request_counts(rng, g, mean, rho, k, lengths)  # acc_pos: (k, g)
         accepted = acc_pos.sum(axis=0)
         checked = sizes + acc_pos[:-1].sum(axis=0)
         iv = stats.cluster_robust_interval(accepted, checked)

@@ -31,16 +31,8 @@ def cell(rho: float, requests: int, reps: int, seed: int) -> dict:
     mean = streams.mean_for_alpha(ALPHA, rho, K)
     samples = []
     for _ in range(reps):
-        sizes = streams.request_lengths(rng, requests, "lognormal")
-        request = np.repeat(np.arange(requests), sizes)
-        p = streams.request_rates(rng, requests, mean, rho)[request]
-        alive = np.ones(len(request), dtype=bool)
-        reached = []
-        for _ in range(K):
-            alive &= rng.random(len(request)) < p
-            reached.append(np.bincount(request, weights=alive, minlength=requests))
-        accepted = np.sum(reached, axis=0)
-        samples.append((accepted, sizes + np.sum(reached[:-1], axis=0)))
+        sizes, passed = streams.request_counts(rng, requests, mean, rho, K, "lognormal")
+        samples.append((passed.sum(axis=0), sizes + passed[:-1].sum(axis=0)))
     out: dict = {"rho": rho, "requests": requests, "replicates": reps,
                  "mc_se_at_0.95": math.sqrt(0.95 * 0.05 / reps)}
     kept = stats.BINOMIAL_FLOOR_MIN_CLUSTERS

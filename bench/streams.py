@@ -29,6 +29,21 @@ def request_lengths(rng: np.random.Generator, n: int, lengths: str) -> np.ndarra
     raise ValueError(f"lengths must be geometric or lognormal, got {lengths!r}")
 
 
+def request_counts(rng: np.random.Generator, requests: int, mean: float, rho: float, k: int,
+                   lengths: str) -> tuple[np.ndarray, np.ndarray]:
+    """That many requests' lengths in steps and, per position i = 1..k (a row each), their steps that accepted
+    position i: each request with its own acceptance (request_rates, beta)."""
+    sizes = request_lengths(rng, requests, lengths)
+    request = np.repeat(np.arange(requests), sizes)
+    p = request_rates(rng, requests, mean, rho)[request]
+    alive = np.ones(len(request), dtype=bool)
+    passed = []
+    for _ in range(k):
+        alive &= rng.random(len(request)) < p
+        passed.append(np.bincount(request, weights=alive, minlength=requests))
+    return sizes, np.array(passed)
+
+
 def _two_point(mean: float, rho: float) -> tuple[float, float]:
     """(hard, easy) acceptance with share TWO_POINT_HARD of hard requests, mean `mean` and variance rho m (1 - m)."""
     q = TWO_POINT_HARD
