@@ -432,8 +432,8 @@ def tables(r: dict) -> str:  # noqa: C901 (one branch per table of the docs)
     if iv:
         out.append(range_table(iv))
     if iv:
-        def span(key: str, f=min) -> str:
-            vals = [f(c[key]) if isinstance(c[key], list) else c[key] for c in iv]
+        def span(key: str) -> str:  # over the cells, or over every position of every cell
+            vals = [v for c in iv for v in (c[key] if isinstance(c[key], list) else [c[key]])]
             return f"min {min(vals):.3f}, mean {np.mean(vals):.3f}, max {max(vals):.3f}"
         out.append(f"\ncells: {len(iv)}; alpha coverage {span('coverage_alpha')}; L coverage {span('coverage_L')}; "
                    f"per-position coverage {span('coverage_per_position')}; P(losing) "
