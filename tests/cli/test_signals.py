@@ -64,8 +64,8 @@ def start_ingest(started, specmon_cmd, tmp_path):
     folder = tmp_path / "tmp"
     folder.mkdir(exist_ok=True)
     proc = started([*specmon_cmd, "ingest", "--db", str(tmp_path / "s.duckdb"), "-"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "TMPDIR": str(folder)}, preexec_fn=as_from_a_terminal)
+                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                   env={**os.environ, "TMPDIR": str(folder)}, preexec_fn=as_from_a_terminal)
     proc.stdin.write(LINE * 1000)
     proc.stdin.flush()
     until(lambda: spools(folder), what="the spooled copy")
@@ -144,9 +144,8 @@ def start_serve(started, specmon_cmd, tmp_path, watch: bool):
         (tmp_path / "empty.log").write_text("")
         (tmp_path / "watch.toml").write_text(f'interval = 0.2\n[[log]]\npath = "{tmp_path / "empty.log"}"\n')
         extra = ["--watch", str(tmp_path / "watch.toml")]
-    proc = started([*specmon_cmd, "serve", "--db", str(tmp_path / "serve.duckdb"), "--demo",
-                             "--port", str(port),
-                             *extra], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=as_from_a_terminal)
+    proc = started([*specmon_cmd, "serve", "--db", str(tmp_path / "serve.duckdb"), "--demo", "--port", str(port),
+                    *extra], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=as_from_a_terminal)
 
     def healthy():
         try:
@@ -234,7 +233,7 @@ def test_a_signal_during_a_duckdb_query_ends_cleanly(started, specmon_cmd, tmp_p
         f" (i % 4) < 2 AS accepted FROM range(6000000) t(i)) TO '{big}' (HEADER)")
     db = tmp_path / "s.duckdb"
     proc = started([*specmon_cmd, "ingest", "--db", str(db), str(big)], stderr=subprocess.PIPE,
-                            preexec_fn=as_from_a_terminal)
+                   preexec_fn=as_from_a_terminal)
     until(lambda: db.exists(), what="the database")
     time.sleep(1.5)  # the load is under way in DuckDB by now
     assert proc.poll() is None, "the load ended before the signal; make the file larger"

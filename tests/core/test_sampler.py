@@ -94,13 +94,18 @@ def test_simulated_log_round_trips_through_json():
     assert len(first["target_logprobs"]) == 4 and len(first["draft_logprobs"][0]) == 3
 
 
+def heavy_tailed_lengths(rng: np.random.Generator, requests: int) -> np.ndarray:
+    """Requests' checked positions: lognormal, sigma 1.2, mean about 60."""
+    return np.maximum(1, np.round(rng.lognormal(np.log(60) - 0.72, 1.2, requests))).astype(int)
+
+
 def test_cluster_interval_holds_with_twenty_requests_of_heavy_tailed_length():
     # 20 requests, lognormal sizes, intra-request correlation 0.2: the plain cluster-robust Wilson interval
     # covered about 0.83-0.88 here; the CR2 variance with the t quantile must reach the stated 0.95
     rng = np.random.default_rng(21)
     covered, upper_misses = 0, 0
     for _ in range(400):
-        n = np.maximum(1, np.round(rng.lognormal(np.log(60) - 0.72, 1.2, 20))).astype(int)
+        n = heavy_tailed_lengths(rng, 20)
         a = rng.binomial(n, rng.beta(0.7 * 4, 0.3 * 4, 20))
         iv = stats.cluster_robust_interval(a, n)
         covered += iv.lo <= 0.7 <= iv.hi
@@ -117,7 +122,7 @@ def test_cluster_interval_is_not_over_wide_where_requests_do_not_differ():
     rng = np.random.default_rng(23)
     covered = 0
     for _ in range(2000):
-        n = np.maximum(1, np.round(rng.lognormal(np.log(60) - 0.72, 1.2, 20))).astype(int)
+        n = heavy_tailed_lengths(rng, 20)
         iv = stats.cluster_robust_interval(rng.binomial(n, 0.7), n)
         covered += iv.lo <= 0.7 <= iv.hi
     assert 0.94 <= covered / 2000 <= 0.978
@@ -129,7 +134,7 @@ def test_a_few_requests_at_or_below_the_binomial_variance_keep_the_t_quantile():
     rng = np.random.default_rng(29)
     covered = 0
     for _ in range(2000):
-        n = np.maximum(1, np.round(rng.lognormal(np.log(60) - 0.72, 1.2, 4))).astype(int)
+        n = heavy_tailed_lengths(rng, 4)
         iv = stats.cluster_robust_interval(rng.binomial(n, rng.beta(0.7 * 19, 0.3 * 19, 4)), n)
         covered += iv.lo <= 0.7 <= iv.hi
     assert covered / 2000 >= 0.95
